@@ -1,0 +1,1 @@
+"""parbench harness: cli -> matrix -> launch -> worker -> measure -> record -> report."""

@@ -1,0 +1,7 @@
+"""`python -m harness` runs the command line (see harness.cli)."""
+
+import sys
+
+from harness.cli import main
+
+sys.exit(main())

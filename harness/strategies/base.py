@@ -1,0 +1,272 @@
+"""The one small interface every strategy implements, and the pieces they share.
+
+A `Strategy` is consulted twice. Before launch (in the harness process) it validates a spec, says how the
+global batch is laid out, why a cell must be skipped here, and which launcher starts it. Inside each rank
+(in `harness.worker`) it starts its communication library, wraps the model and optimizer, and returns a
+`Trainer` that runs one optimizer step over the rank's micro-batches. Strategies must not import their
+optional libraries (deepspeed, horovod) at module level: the registry is imported before launch.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import enum
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
+from workloads import Workload
+
+# One optimizer for every strategy (torch AdamW, handed to DeepSpeed as a client optimizer), so that
+# strategies differ only in how they distribute the work. One parameter group: ZeRO flattens groups.
+ADAMW_HYPERPARAMETERS: Mapping[str, Any] = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
+
+MicroBatch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Launcher(enum.StrEnum):
+    """How a cell's processes are started: each strategy's own ecosystem launcher."""
+
+    SINGLE_PROCESS = "python"
+    TORCHRUN = "torchrun"
+    HOROVODRUN = "horovodrun"
+
+
+class PrecisionRecipe(enum.StrEnum):
+    """How low precision is applied; every row names the one it used."""
+
+    FP32 = "fp32"                        # no low precision anywhere
+    AUTOCAST = "autocast"                # torch.autocast: fp32 weights, bf16 compute (the default everywhere)
+    DEEPSPEED_BF16 = "deepspeed-bf16"    # DeepSpeed's `bf16` section: bf16 weights + fp32 master copy
+    FSDP_MP_POLICY = "fsdp-mp-policy"    # FSDP2 MixedPrecisionPolicy: bf16 params for compute, fp32 reduce
+
+
+@dataclass(frozen=True)
+class Option:
+    """A strategy option: its default, the values it takes, and what it does."""
+
+    default: OptionValue
+    help: str
+    choices: tuple[OptionValue, ...] | None = None   # allowed values, or None for any of `default`'s type
+    minimum: float | None = None
+
+    def check(self, strategy: str, name: str, value: OptionValue) -> None:
+        if self.choices is not None:
+            if value not in self.choices:
+                allowed = ", ".join(str(c) for c in self.choices)
+                raise SpecError(f"option {name}={value!r} of strategy {strategy} is not one of: {allowed}")
+            return
+        expected = type(self.default)
+        ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise SpecError(f"option {name} of strategy {strategy} takes a {expected.__name__}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise SpecError(f"option {name} of strategy {strategy} must be >= {self.minimum}, got {value!r}")
+
+
+@dataclass
+class RankContext:
+    """Where this process stands: filled in by `Strategy.start` inside a rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str                 # "gloo", "nccl", or "none" for a single process
+    shared_device: bool          # several ranks on one GPU: valid for memory, meaningless for speed
+
+
+@dataclass
+class Trainer(abc.ABC):
+    """A wrapped model and optimizer that runs optimizer steps for one rank."""
+
+    context: RankContext
+    config: dict[str, Any] = field(default_factory=dict)   # what was configured, recorded in the row
+    precision_recipe: PrecisionRecipe = PrecisionRecipe.FP32
+
+    @abc.abstractmethod
+    def train_step(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
+        """One optimizer step over this rank's micro-batches; returns the mean loss it saw (detached)."""
+
+    def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
+        """Per-step losses of the whole global batch from each rank's `train_step` losses.
+
+        Called once after the timed steps, so its collective never lands in a timed step.
+        """
+        if self.context.world_size == 1:
+            return local_losses
+        total = local_losses.clone()
+        torch.distributed.all_reduce(total)
+        return total / self.context.world_size
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (any picklable object), in rank order; for use outside timed steps."""
+        if self.context.world_size == 1:
+            return [value]
+        gathered: list[Any] = [None] * self.context.world_size
+        torch.distributed.all_gather_object(gathered, value)
+        return gathered
+
+    def barrier(self) -> None:
+        """All ranks meet here; called before each step's clock starts."""
+        if self.context.world_size > 1:
+            torch.distributed.barrier()
+
+    def close(self) -> None:
+        """Release the communication library; called once at the end of the cell."""
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class Strategy(abc.ABC):
+    """How one parallelisation scheme is launched, validated and wrapped around a workload."""
+
+    name: ClassVar[str]
+    launcher: ClassVar[Launcher]
+    description: ClassVar[str]
+    requires: ClassVar[tuple[str, ...]] = ()       # importable modules the strategy needs
+    options: ClassVar[Mapping[str, Option]] = {}
+
+    # ---- before launch -------------------------------------------------------------------------
+
+    def check_options(self, given: Mapping[str, OptionValue]) -> None:
+        for name, value in given.items():
+            if name not in self.options:
+                known = ", ".join(sorted(self.options)) or "none"
+                raise SpecError(f"strategy {self.name} has no option {name!r}; its options: {known}")
+            self.options[name].check(self.name, name, value)
+
+    def resolve_options(self, given: Mapping[str, OptionValue]) -> dict[str, OptionValue]:
+        return {name: given.get(name, option.default) for name, option in self.options.items()}
+
+    def validate(self, spec: RunSpec) -> None:
+        """Raise SpecError for combinations this strategy cannot run (beyond the generic checks)."""
+
+    def layout(self, spec: RunSpec) -> Layout:
+        replicas = spec.world_size
+        per_replica = spec.global_batch // replicas
+        return Layout(data_parallel=replicas, pipeline_stages=1, per_replica_batch=per_replica,
+                      micro_batches=max(1, per_replica // spec.micro_batch))
+
+    def skip_reason(self, spec: RunSpec) -> str | None:
+        """Why this cell cannot run on this machine (checked before launch), or None."""
+        missing = [module for module in self.requires if importlib.util.find_spec(module) is None]
+        if missing:
+            return f"{self.name} needs {', '.join(missing)}, which is not installed here"
+        if spec.device is DeviceKind.CUDA and not torch.cuda.is_available():
+            return "device cuda requested but no CUDA device is visible"
+        return None
+
+    # ---- inside a rank ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def start(self, spec: RunSpec) -> RankContext:
+        """Start the communication library in this process and say where the rank stands."""
+
+    @abc.abstractmethod
+    def wrap(self, spec: RunSpec, context: RankContext, workload: Workload,
+             layers: list[nn.Module]) -> Trainer:
+        """Wrap freshly built (identically seeded) layers and an AdamW optimizer for training."""
+
+    def sample_indices(self, spec: RunSpec, context: RankContext, micro_batch_index: int) -> torch.Tensor:
+        """Global sample indices this process feeds in one micro-batch of a step."""
+        from workloads.data import rank_sample_indices
+
+        layout = self.layout(spec)
+        return rank_sample_indices(replica=self.replica(spec, context), micro_batch_index=micro_batch_index,
+                                   micro_batches=layout.micro_batches, micro_batch=spec.micro_batch)
+
+    def replica(self, spec: RunSpec, context: RankContext) -> int:
+        """This rank's data-parallel index."""
+        return context.rank
+
+
+# ---- pieces shared by the strategies -------------------------------------------------------------
+
+
+def make_adamw(parameters, device: torch.device) -> torch.optim.AdamW:
+    """The common optimizer: fused kernels on CUDA (what a tuned job uses), the reference loop on CPU."""
+    implementation = {"fused": True} if device.type == "cuda" else {"foreach": False}
+    return torch.optim.AdamW(parameters, **ADAMW_HYPERPARAMETERS, **implementation)
+
+
+def optimizer_description(device: torch.device) -> dict[str, Any]:
+    return {"optimizer": "torch.optim.AdamW", **{k: list(v) if isinstance(v, tuple) else v
+                                                  for k, v in ADAMW_HYPERPARAMETERS.items()},
+            "optimizer_impl": "fused" if device.type == "cuda" else "single-tensor"}
+
+
+def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextManager:
+    """torch.autocast for bf16 runs (fp32 weights, bf16 compute); a no-op for fp32."""
+    if spec.precision is Precision.BF16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def torchrun_context(device_kind: DeviceKind) -> RankContext:
+    """Start torch.distributed from torchrun's environment: NCCL with one GPU per rank, else gloo.
+
+    Ranks outnumbering the GPUs share them over gloo (NCCL refuses two ranks on one GPU); such runs are
+    marked `shared_device` and only good for memory and correctness.
+    """
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device, backend, shared = place_rank(device_kind, local_rank, local_world_size)
+    # Also at world size 1: the wrappers need a process group, and their cost there is what we measure.
+    if not torch.distributed.is_initialized():
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        torch.distributed.init_process_group(backend=backend, **kwargs)
+    return RankContext(rank=rank, world_size=world_size, local_rank=local_rank,
+                       local_world_size=local_world_size, device=device, backend=backend, shared_device=shared)
+
+
+def place_rank(device_kind: DeviceKind, local_rank: int, local_world_size: int) -> tuple[torch.device, str, bool]:
+    """(device, collective backend, shared) for a rank on this host."""
+    if device_kind is DeviceKind.CPU:
+        return torch.device("cpu"), "gloo", False
+    count = torch.cuda.device_count()
+    device = torch.device("cuda", local_rank % count)
+    torch.cuda.set_device(device)
+    shared = local_world_size > count
+    return device, ("gloo" if shared else "nccl"), shared
+
+
+def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Sequence[MicroBatch],
+               spec: RunSpec, device: torch.device,
+               no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> torch.Tensor:
+    """Forward and backward over micro-batches, each loss scaled by 1/K so gradients are the batch mean.
+
+    `no_sync` (DDP's, for instance) suppresses gradient communication on all but the last micro-batch.
+    Returns the mean unscaled loss (detached).
+    """
+    count = len(micro_batches)
+    total = torch.zeros((), device=device)
+    for index, (inputs, targets) in enumerate(micro_batches):
+        last = index == count - 1
+        context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+        with context:
+            with autocast(spec, device):
+                outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
+            (loss / count).backward()
+        total += loss.detach()
+    return total / count
+
+
+def is_block(layer: nn.Module) -> bool:
+    """Layers that are repeated units of the model (residual or transformer blocks), for per-block wrapping."""
+    from workloads.gpt import Block
+    from workloads.resnet import BasicBlock, Bottleneck
+
+    return isinstance(layer, (Block, BasicBlock, Bottleneck))

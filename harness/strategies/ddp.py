@@ -1,0 +1,69 @@
+"""PyTorch DistributedDataParallel, started by torchrun, configured as a tuned DDP job would be.
+
+Defaults: gradients as views into the communication buckets (no copy per step), a static graph where it is
+valid (our models use every parameter every step; DDP's reducer asserts when `no_sync` accumulation meets
+a static graph, so with several micro-batches per step the graph is left dynamic), 25 MB buckets (DDP's
+default), and `no_sync` on all but the last micro-batch of an accumulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from harness.spec import Precision, RunSpec
+from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer, accumulate,
+                                     make_adamw, optimizer_description, torchrun_context)
+from workloads import Workload
+
+
+@dataclass
+class DDPTrainer(Trainer):
+    model: DistributedDataParallel | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    workload: Workload | None = None
+    spec: RunSpec | None = None
+
+    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          no_sync=self.model.no_sync)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+
+class DDP(Strategy):
+    name = "ddp"
+    launcher = Launcher.TORCHRUN
+    description = "torch DistributedDataParallel (torchrun)"
+    options = {
+        "bucket_cap_mb": Option(25.0, "gradient bucket size in MiB", minimum=0.001),
+        "gradient_as_bucket_view": Option(True, "gradients alias the all-reduce buckets (saves a copy)"),
+        "static_graph": Option(None, "declare the graph static; default: when a step has one micro-batch",
+                               choices=(None, True, False)),
+        "broadcast_buffers": Option(True, "broadcast BatchNorm buffers from rank 0 before each forward"),
+    }
+
+    def start(self, spec):
+        return torchrun_context(spec.device)
+
+    def wrap(self, spec, context, workload, layers):
+        options = spec.resolved_options
+        if options["static_graph"] is None:
+            options["static_graph"] = spec.layout.micro_batches == 1
+        model = nn.Sequential(*layers).to(context.device)
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[context.device.index] if context.device.type == "cuda" else None,
+            bucket_cap_mb=options["bucket_cap_mb"],
+            gradient_as_bucket_view=options["gradient_as_bucket_view"],
+            static_graph=options["static_graph"],
+            broadcast_buffers=options["broadcast_buffers"],
+        )
+        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
+        return DDPTrainer(context=context, model=ddp, optimizer=make_adamw(ddp.parameters(), context.device),
+                          workload=workload, spec=spec, precision_recipe=recipe,
+                          config={**options, **optimizer_description(context.device)})

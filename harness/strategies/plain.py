@@ -1,0 +1,58 @@
+"""The plain single-device training loop with no wrapper: the reference every strategy is held against.
+
+Its losses are the parity reference, and its speed at world size 1 is the yardstick for each wrapper's
+own overhead (a strategy at world size 1 should cost almost nothing over this loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.spec import Precision, RunSpec, SpecError
+from harness.strategies.base import (Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy, Trainer,
+                                     accumulate, make_adamw, optimizer_description, place_rank)
+from workloads import Workload
+
+
+@dataclass
+class PlainTrainer(Trainer):
+    model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    workload: Workload | None = None
+    spec: RunSpec | None = None
+
+    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+
+def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model: nn.Module) -> PlainTrainer:
+    """An unwrapped model on this rank's device with the common optimizer (also the compute-only baseline)."""
+    model = model.to(context.device)
+    recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
+    return PlainTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
+                        workload=workload, spec=spec, precision_recipe=recipe,
+                        config=optimizer_description(context.device))
+
+
+class Plain(Strategy):
+    name = "plain"
+    launcher = Launcher.SINGLE_PROCESS
+    description = "single device, no wrapper: the reference loop"
+
+    def validate(self, spec: RunSpec) -> None:
+        if spec.world_size != 1:
+            raise SpecError(f"strategy plain runs on one device: world_size must be 1, got {spec.world_size}")
+
+    def start(self, spec: RunSpec) -> RankContext:
+        device, _, _ = place_rank(spec.device, 0, 1)
+        return RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=device,
+                           backend="none", shared_device=False)
+
+    def wrap(self, spec, context, workload, layers):
+        return plain_trainer(spec, context, workload, nn.Sequential(*layers))

@@ -1,0 +1,51 @@
+"""Real 2-rank DDP over gloo on CPU, launched by torchrun through the harness, against the plain loop."""
+
+import math
+
+import pytest
+
+from harness.matrix import Machine, Selection, build_matrix
+from harness.parity import RELATIVE_TOLERANCE, Verdict
+from harness.record import read_results
+from harness.runner import RunOptions, run_specs
+from harness.spec import DeviceKind, Precision, Status
+
+
+@pytest.fixture(scope="module")
+def smoke_rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "smoke.jsonl"
+    specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+                         Selection(workloads=("resnet20-cifar", "gpt-tiny")))
+    run_specs(specs, RunOptions(results=out, timeout_s=300))
+    return read_results([out])
+
+
+def test_smoke_writes_one_ok_row_per_cell(smoke_rows):
+    assert [(r.spec.workload, r.spec.strategy, r.spec.world_size) for r in smoke_rows] == [
+        ("resnet20-cifar", "plain", 1), ("resnet20-cifar", "ddp", 2), ("gpt-tiny", "plain", 1), ("gpt-tiny", "ddp", 2)]
+    assert all(r.status is Status.OK for r in smoke_rows), [r.message for r in smoke_rows]
+    for row in smoke_rows:
+        assert row.environment["torch"] and row.launch_command and row.schema_version == 1
+        assert len(row.measurements["step_time_s"]) == row.spec.timed_steps
+        assert row.measurements["step_time_median_s"] > 0
+
+
+def test_losses_are_finite_and_fall(smoke_rows):
+    for row in smoke_rows:
+        losses = row.measurements["loss_per_step"]
+        assert len(losses) == row.spec.warmup_steps + row.spec.timed_steps
+        assert all(math.isfinite(x) for x in losses)
+        assert losses[-1] < losses[0]
+
+
+def test_ddp_at_world_size_2_matches_world_size_1_in_fp32(smoke_rows):
+    by_key = {(r.spec.workload, r.spec.world_size): r for r in smoke_rows}
+    tolerance = RELATIVE_TOLERANCE[Precision.FP32]
+    for workload in ("resnet20-cifar", "gpt-tiny"):
+        reference = by_key[(workload, 1)].measurements["loss_per_step"]
+        ddp = by_key[(workload, 2)]
+        assert ddp.spec.global_batch == by_key[(workload, 1)].spec.global_batch
+        for step in range(4):
+            assert abs(ddp.measurements["loss_per_step"][step] - reference[step]) <= tolerance * reference[step]
+        assert ddp.measurements["parity_verdict"] == Verdict.MATCH
+        assert ddp.launch_command[-6].endswith("torchrun") or "torchrun" in " ".join(ddp.launch_command)

@@ -1,0 +1,85 @@
+import math
+
+import pytest
+import torch
+
+from workloads import WORKLOADS, count_parameters
+from workloads.data import image_batch, rank_sample_indices, token_batch
+from workloads.gpt import palm_train_flops_per_token
+from workloads.resnet import conv2d_macs, training_flops_per_sample
+
+
+def meta_parameters(name):
+    with torch.device("meta"):
+        return count_parameters(WORKLOADS[name].build_model())
+
+
+@pytest.mark.parametrize("name, published", [
+    ("resnet50", 25_557_032), ("resnet18", 11_689_512), ("resnet20-cifar", 269_722),
+    ("gpt2-small", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080),
+    ("gpt2-xl", 1_557_611_200),
+])
+def test_parameter_counts_equal_published(name, published):
+    assert meta_parameters(name) == published
+
+
+def test_gpt_head_is_tied_to_token_embedding():
+    layers = WORKLOADS["gpt-tiny"].build_layers()
+    assert layers[-1].weight is layers[0].wte.weight
+
+
+def test_every_workload_is_an_ordered_list_of_layers():
+    for workload in WORKLOADS.values():
+        with torch.device("meta"):
+            layers = workload.build_layers()
+        assert len(layers) == workload.layer_count >= 4, workload.name
+
+
+def test_batches_are_a_function_of_seed_step_and_sample_index():
+    whole_x, whole_y = token_batch(3, 7, torch.arange(8), 16, 100)
+    part_x, part_y = token_batch(3, 7, torch.tensor([5, 6]), 16, 100)
+    assert torch.equal(whole_x[5:7], part_x) and torch.equal(whole_y[5:7], part_y)
+    again_x, _ = token_batch(3, 7, torch.arange(8), 16, 100)
+    assert torch.equal(whole_x, again_x)
+    other_step, _ = token_batch(3, 8, torch.arange(8), 16, 100)
+    other_seed, _ = token_batch(4, 7, torch.arange(8), 16, 100)
+    assert not torch.equal(whole_x, other_step) and not torch.equal(whole_x, other_seed)
+    images, labels = image_batch(0, 0, torch.arange(4), 3, 8, 10)
+    images2, labels2 = image_batch(0, 0, torch.arange(2, 4), 3, 8, 10)
+    assert torch.equal(images[2:], images2) and torch.equal(labels[2:], labels2)
+    assert images.dtype == torch.float32 and labels.max() < 10
+
+
+def test_next_token_targets_are_the_inputs_shifted():
+    inputs, targets = token_batch(0, 0, torch.arange(2), 16, 100)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_replica_micro_batches_cut_the_global_batch_the_same_at_every_world_size():
+    one_rank = [rank_sample_indices(replica=0, micro_batch_index=k, micro_batches=4, micro_batch=2)
+                for k in range(4)]
+    two_ranks = [rank_sample_indices(replica=r, micro_batch_index=k, micro_batches=2, micro_batch=2)
+                 for r in range(2) for k in range(2)]
+    assert [t.tolist() for t in one_rank] == [t.tolist() for t in two_ranks]
+    assert torch.cat(one_rank).tolist() == list(range(8))
+
+
+def test_conv_macs_of_resnet50_first_layer_by_hand():
+    # 7x7 conv, 3 -> 64 channels, stride 2 on 224x224: output 112x112.
+    assert conv2d_macs(3, 64, (7, 7), (112, 112)) == 64 * 112 * 112 * 3 * 49 == 118_013_952
+
+
+def test_resnet50_training_flops_match_its_known_forward_macs():
+    # 4.09 GMACs per 224x224 image (conv + fc) is the figure fvcore and the literature give.
+    macs = WORKLOADS["resnet50"].forward_macs_per_sample
+    assert macs == 4_089_184_256
+    assert WORKLOADS["resnet50"].train_flops_per_sample == training_flops_per_sample(macs) == 6 * macs
+
+
+def test_gpt2_small_flops_per_token_follow_palm_appendix_b():
+    # N excludes the position embedding: 124,439,808 - 1024 * 768.
+    n = 124_439_808 - 1024 * 768
+    assert WORKLOADS["gpt2-small"].matmul_params == n
+    expected = 6 * n + 12 * 12 * 12 * 64 * 1024
+    assert palm_train_flops_per_token(n, 12, 12, 64, 1024) == expected
+    assert math.isclose(WORKLOADS["gpt2-small"].train_flops_per_sample, expected * 1024)

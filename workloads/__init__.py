@@ -1,0 +1,33 @@
+"""Workloads: models, synthetic data and analytic FLOPs, in one literal registry.
+
+    python -m harness list
+"""
+
+from __future__ import annotations
+
+from workloads.base import Family, Tie, Workload, count_parameters
+from workloads.gpt import GPT_CONFIGS, GPTWorkload
+from workloads.resnet import RESNET_CONFIGS, ResNetWorkload
+
+WORKLOADS: dict[str, Workload] = {
+    "resnet20-cifar": ResNetWorkload("resnet20-cifar", *RESNET_CONFIGS["resnet20-cifar"]),
+    "resnet18": ResNetWorkload("resnet18", *RESNET_CONFIGS["resnet18"]),
+    "resnet50": ResNetWorkload("resnet50", *RESNET_CONFIGS["resnet50"]),
+    "gpt-tiny": GPTWorkload("gpt-tiny", *GPT_CONFIGS["gpt-tiny"]),
+    "gpt2-small": GPTWorkload("gpt2-small", *GPT_CONFIGS["gpt2-small"]),
+    "gpt2-medium": GPTWorkload("gpt2-medium", *GPT_CONFIGS["gpt2-medium"]),
+    "gpt2-large": GPTWorkload("gpt2-large", *GPT_CONFIGS["gpt2-large"]),
+    "gpt2-xl": GPTWorkload("gpt2-xl", *GPT_CONFIGS["gpt2-xl"]),
+}
+
+
+def get_workload(name: str) -> Workload:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        from harness.spec import SpecError
+
+        raise SpecError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}") from None
+
+
+__all__ = ["WORKLOADS", "Family", "Tie", "Workload", "count_parameters", "get_workload"]

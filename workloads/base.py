@@ -1,0 +1,86 @@
+"""The contract every workload meets: an ordered list of layers, synthetic batches, a loss and its FLOPs.
+
+A model is an ordered list of layers so that pipeline parallelism can cut it between any two of them;
+every other strategy runs the same layers as one `nn.Sequential`. Weights shared between layers (GPT's
+tied embedding and output head) are declared as `Tie`s so a pipeline can keep the copies in step.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class Family(enum.StrEnum):
+    RESNET = "resnet"
+    GPT = "gpt"
+
+
+@dataclass(frozen=True)
+class Tie:
+    """Layer `user` reuses a weight owned by layer `owner` (attribute path `weight_attr` on the owner)."""
+
+    key: str
+    owner: int
+    user: int
+    weight_attr: str
+    # How the user layer computes its output from the owner module, for pipelines that hold a copy of
+    # the owner rather than the user layer itself.
+    user_forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+class Workload(abc.ABC):
+    """A model family member plus its data; instances live in `workloads.WORKLOADS`."""
+
+    name: str
+    family: Family
+    published_params: int | None = None   # from the paper or reference implementation, for tests
+
+    @abc.abstractmethod
+    def build_layers(self) -> list[nn.Module]:
+        """Fresh layers, initialised from torch's global RNG (the caller seeds it)."""
+
+    @property
+    @abc.abstractmethod
+    def layer_count(self) -> int:
+        """len(build_layers()), known without building them (pipelines validate stage counts with it)."""
+
+    def ties(self) -> tuple[Tie, ...]:
+        return ()
+
+    def build_model(self) -> nn.Sequential:
+        return nn.Sequential(*self.build_layers())
+
+    @abc.abstractmethod
+    def batch(self, seed: int, step: int, indices: torch.Tensor,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) for the given global sample indices of a step, made on `device`."""
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy; outputs are logits (N, classes) or (N, T, vocab)."""
+        return nn.functional.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
+
+    @property
+    @abc.abstractmethod
+    def train_flops_per_sample(self) -> float:
+        """Analytic matmul FLOPs of one sample's forward and backward pass (see each family's formula)."""
+
+    @property
+    def tokens_per_sample(self) -> int | None:
+        """Tokens in one sample for language models; None for images."""
+        return None
+
+    def describe(self) -> dict[str, object]:
+        """What a row records about the workload besides its name."""
+        return {"family": self.family.value, "train_flops_per_sample": self.train_flops_per_sample,
+                "tokens_per_sample": self.tokens_per_sample}
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct trainable parameters; a tied weight counts once (as in the published figures)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
