@@ -21,7 +21,13 @@ def run_cli(capsys, *args):
     (["--global-batch", "12", "--world-sizes", "2"], "global_batch 12 must be divisible by"),
     (["--matrix", "huge"], "unknown matrix 'huge'; known: smoke, full"),
     (["--strategy", "ddp", "--option", "stages=2"], "option 'stages' belongs to none of the selected"),
+    (["--strategy", "zero1", "--option", "stage3_prefetch=1"], "option 'stage3_prefetch' belongs to none"),
     (["--precision", "fp8"], "precision 'fp8' is not one of: fp32, bf16"),
+    (["--strategy", "pipeline", "--option", "stages=9", "--world-sizes", "9", "--global-batch", "36",
+      "--micro-batch", "4"], "pipeline stages=9 exceeds the 7 layers of gpt-tiny; allowed: 1..7"),
+    (["--strategy", "pipeline", "--option", "stages=2", "--world-sizes", "3", "--global-batch", "12"],
+     "world_size 3 is not divisible by pipeline stages=2"),
+    (["--strategy", "zero2", "--option", "offload_optimizer=gpu"], "offload_optimizer='gpu' of strategy zero2"),
 ])
 def test_bad_input_exits_2_with_one_line_and_launches_nothing(tmp_path, monkeypatch, capsys, args, fragment):
     monkeypatch.chdir(tmp_path)
@@ -39,7 +45,8 @@ def test_bad_input_exits_2_with_one_line_and_launches_nothing(tmp_path, monkeypa
 def test_list_names_matrices_workloads_and_strategies(capsys):
     code, out, _ = run_cli(capsys, "list")
     assert code == 0
-    for name in ("smoke", "full", "gpt2-small", "resnet50", "plain", "ddp"):
+    for name in ("smoke", "full", "gpt2-small", "resnet50", "plain", "dataparallel", "ddp", "horovod", "zero1",
+                 "zero2", "zero3", "fsdp2", "pipeline"):
         assert name in out
 
 
@@ -48,4 +55,5 @@ def test_the_module_entry_point_reports_errors_the_same_way(tmp_path):
                           text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["parbench: error: unknown strategy 'mpi'; known: "
-                                                "plain, ddp"]
+                                                "plain, dataparallel, ddp, horovod, zero1, zero2, zero3, fsdp2, "
+                                                "pipeline"]

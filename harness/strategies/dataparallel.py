@@ -1,0 +1,54 @@
+"""PyTorch DataParallel: one process replicating the model over every visible GPU each step.
+
+One process feeds the whole global batch; DataParallel scatters each micro-batch over the devices and
+gathers the outputs on the first. Micro-batch in the spec is per device, as everywhere else, so the
+process runs micro-batches of `micro_batch x world_size` samples built from the same sample indices the
+replicas of a multi-process strategy would use. DataParallel is CUDA-only, and with fewer than two GPUs it
+is a single-device loop, not parallel: such cells are skipped with that reason and never appear as a
+scaling result.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness.spec import DeviceKind, RunSpec
+from harness.strategies.base import Launcher, RankContext, Strategy, place_rank
+from harness.strategies.plain import plain_trainer
+
+
+class DataParallel(Strategy):
+    name = "dataparallel"
+    launcher = Launcher.SINGLE_PROCESS
+    description = "torch.nn.DataParallel over the visible GPUs (one process)"
+
+    def skip_reason(self, spec: RunSpec) -> str | None:
+        if spec.device is not DeviceKind.CUDA:
+            return "DataParallel replicates over CUDA devices only; on CPU it would not be parallel"
+        gpus = torch.cuda.device_count()
+        if spec.world_size < 2:
+            return "DataParallel over one device is not parallel (world size 1)"
+        if gpus < spec.world_size:
+            return f"DataParallel needs {spec.world_size} GPUs, {gpus} visible"
+        return super().skip_reason(spec)
+
+    def start(self, spec: RunSpec) -> RankContext:
+        device, _, _ = place_rank(spec.device, 0, 1)
+        return RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=device,
+                           backend="none", shared_device=False)
+
+    def sample_indices(self, spec, context, micro_batch_index):
+        """All replicas' samples of this micro-batch, in replica order (DataParallel's scatter order)."""
+        from workloads.data import rank_sample_indices
+
+        layout = self.layout(spec)
+        return torch.cat([rank_sample_indices(replica=replica, micro_batch_index=micro_batch_index,
+                                              micro_batches=layout.micro_batches, micro_batch=spec.micro_batch)
+                          for replica in range(spec.world_size)])
+
+    def wrap(self, spec, context, workload, layers):
+        model = nn.DataParallel(nn.Sequential(*layers).to(context.device), device_ids=list(range(spec.world_size)))
+        trainer = plain_trainer(spec, context, workload, model)
+        trainer.config = {**trainer.config, "device_ids": list(range(spec.world_size))}
+        return trainer

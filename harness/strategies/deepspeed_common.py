@@ -1,0 +1,60 @@
+"""What the DeepSpeed strategies (ZeRO stages, pipeline) share: start-up, precision and the base config.
+
+DeepSpeed is started under torchrun (one of the two launchers DeepSpeed documents): torchrun's
+environment names the rank, `torch.distributed` is initialised as for every other torchrun strategy, and
+`deepspeed.init_distributed` adopts that process group. The optimizer is the common torch AdamW handed
+over as a client optimizer, so no DeepSpeed op needs a JIT compile and the update rule is the same as
+everywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from harness.spec import Precision, RunSpec
+from harness.strategies.base import Option, PrecisionRecipe, RankContext, torchrun_context
+
+PRECISION_OPTION = Option(
+    "autocast", "bf16 recipe: DeepSpeed's torch_autocast section (fp32 weights, like torch.autocast "
+    "everywhere else) or its bf16 section (bf16 weights with fp32 master copies)",
+    choices=("autocast", "deepspeed-bf16"))
+
+
+def start_deepspeed(spec: RunSpec) -> RankContext:
+    context = torchrun_context(spec.device)
+    if context.shared_device:
+        # DeepSpeed binds cuda:LOCAL_RANK; ranks sharing one GPU must all name the device they were given.
+        os.environ["LOCAL_RANK"] = str(context.device.index)
+    import deepspeed
+    import deepspeed.ops
+
+    # DeepSpeed's comm backend probes every op builder (compiler subprocesses) and, on CPU, JIT-compiles a
+    # shared-memory all-reduce (minutes on a small machine) that only `inference_all_reduce` uses; training
+    # collectives go through torch.distributed either way. An empty compatibility table skips both
+    # (deepspeed/comm/torch.py, build_shm_op, is its only reader in 0.19).
+    deepspeed.ops.__compatible_ops__ = {}
+    deepspeed.init_distributed(dist_backend=context.backend)
+    return context
+
+
+def precision_config(spec: RunSpec) -> tuple[dict[str, Any], PrecisionRecipe]:
+    """The config sections for the spec's precision, and the recipe a row records."""
+    if spec.precision is Precision.FP32:
+        return {}, PrecisionRecipe.FP32
+    if spec.resolved_options.get("precision_recipe", "autocast") == "deepspeed-bf16":
+        return {"bf16": {"enabled": True}}, PrecisionRecipe.DEEPSPEED_BF16
+    return {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}, PrecisionRecipe.AUTOCAST
+
+
+def base_config(spec: RunSpec, micro_batches: int) -> dict[str, Any]:
+    """Batch geometry and the settings every DeepSpeed cell shares."""
+    return {
+        "train_batch_size": spec.global_batch,
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": micro_batches,
+        "gradient_clipping": 0.0,              # no strategy clips: identical update rule everywhere
+        "zero_allow_untested_optimizer": True,  # the client optimizer is torch's AdamW
+        "steps_per_print": 2**31 - 1,          # no progress printing inside timed steps
+        "wall_clock_breakdown": False,
+    }

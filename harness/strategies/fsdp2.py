@@ -1,0 +1,83 @@
+"""PyTorch FSDP2 (`torch.distributed.fsdp.fully_shard`), the native rival to ZeRO-3, started by torchrun.
+
+Each repeated block (residual or transformer block) is sharded as its own unit and then the root, as
+PyTorch's FSDP2 examples do, so a block's parameters are gathered just before it runs and freed after.
+Gradient accumulation keeps gradient sync off on all but the last micro-batch (FSDP2's equivalent of
+DDP's `no_sync`). In bf16 the default recipe is torch.autocast around fp32 sharded weights, like every
+other strategy; FSDP2's own MixedPrecisionPolicy (bf16 parameters for compute, fp32 gradient reduction)
+is the `mixed_precision=policy` option.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.spec import Precision, RunSpec
+from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer, accumulate,
+                                     is_block, make_adamw, optimizer_description, torchrun_context)
+from workloads import Workload
+
+
+@dataclass
+class FSDP2Trainer(Trainer):
+    model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    workload: Workload | None = None
+    spec: RunSpec | None = None
+
+    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          no_sync=self._no_sync)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    @contextlib.contextmanager
+    def _no_sync(self):
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+
+class FSDP2(Strategy):
+    name = "fsdp2"
+    launcher = Launcher.TORCHRUN
+    description = "PyTorch FSDP2 fully_shard per block, then the root (torchrun)"
+    options = {
+        "reshard_after_forward": Option(True, "free gathered block parameters after forward (ZeRO-3 "
+                                        "behaviour); False keeps them until backward (ZeRO-2-like)"),
+        "mixed_precision": Option("autocast", "bf16 recipe: torch.autocast over fp32 shards, or FSDP2's "
+                                  "MixedPrecisionPolicy (bf16 params, fp32 reduce)", choices=("autocast", "policy")),
+    }
+
+    def start(self, spec):
+        return torchrun_context(spec.device)
+
+    def wrap(self, spec, context, workload, layers):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        options = spec.resolved_options
+        mesh = init_device_mesh(context.device.type, (context.world_size,))
+        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
+        shard_kwargs = {"mesh": mesh, "reshard_after_forward": options["reshard_after_forward"]}
+        run_spec = spec
+        if spec.precision is Precision.BF16 and options["mixed_precision"] == "policy":
+            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            recipe = PrecisionRecipe.FSDP_MP_POLICY
+            run_spec = spec.replace(precision=Precision.FP32)   # the policy casts; no autocast on top
+        model = nn.Sequential(*layers).to(context.device)
+        blocks = [layer for layer in model if is_block(layer)]
+        for block in blocks:
+            fully_shard(block, **shard_kwargs)
+        fully_shard(model, **shard_kwargs)
+        return FSDP2Trainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
+                            workload=workload, spec=run_spec, precision_recipe=recipe,
+                            config={**options, "sharded_units": len(blocks) + 1,
+                                    **optimizer_description(context.device)})

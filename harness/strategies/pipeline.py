@@ -1,0 +1,104 @@
+"""DeepSpeed pipeline parallelism: the workload's layer list cut into `stages`, balanced by parameters.
+
+With world size W and S stages there are W/S pipeline replicas trained data-parallel. DeepSpeed's
+topology puts the pipeline axis outermost (PipeDataParallelTopology: rank = stage * replicas + replica),
+so a rank's data-parallel index is rank % replicas. Each optimizer step runs the micro-batches of the
+rank's replica through DeepSpeed's 1F1B schedule (`train_batch`).
+
+Weights shared between layers (GPT's tied embedding and head) become DeepSpeed `TiedLayerSpec`s, which
+DeepSpeed builds on each stage that uses them and keeps equal by all-reducing their gradients; the copies
+are then loaded with the reference layer's weights so every strategy starts from the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.spec import Layout, RunSpec, SpecError
+from harness.strategies.base import (Launcher, MicroBatch, Option, Strategy, Trainer, make_adamw,
+                                     optimizer_description)
+from harness.strategies.deepspeed_common import PRECISION_OPTION, base_config, precision_config, start_deepspeed
+from workloads import get_workload
+
+
+@dataclass
+class PipelineTrainer(Trainer):
+    engine: Any = None
+
+    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        # train_batch returns the step's mean loss, already averaged over the replicas, on every stage.
+        return self.engine.train_batch(data_iter=iter(micro_batches)).detach().float()
+
+
+class Pipeline(Strategy):
+    name = "pipeline"
+    launcher = Launcher.TORCHRUN
+    description = "DeepSpeed pipeline parallelism, 1F1B schedule (torchrun)"
+    requires = ("deepspeed",)
+    options = {
+        "stages": Option(2, "pipeline stages; world_size / stages replicas are data-parallel", minimum=1),
+        "partition_method": Option("parameters", "how layers are balanced over stages",
+                                   choices=("parameters", "uniform")),
+        "precision_recipe": PRECISION_OPTION,
+    }
+
+    def validate(self, spec: RunSpec) -> None:
+        stages = spec.resolved_options["stages"]
+        layers = get_workload(spec.workload).layer_count
+        if stages > layers:
+            raise SpecError(f"pipeline stages={stages} exceeds the {layers} layers of {spec.workload}; "
+                            f"allowed: 1..{layers}")
+        if spec.world_size % stages:
+            raise SpecError(f"world_size {spec.world_size} is not divisible by pipeline stages={stages}")
+        replicas = spec.world_size // stages
+        if spec.global_batch % (replicas * spec.micro_batch):
+            raise SpecError(f"global_batch {spec.global_batch} must be divisible by pipeline replicas x "
+                            f"micro_batch = {replicas} x {spec.micro_batch}")
+
+    def layout(self, spec: RunSpec) -> Layout:
+        stages = spec.resolved_options["stages"]
+        replicas = spec.world_size // stages
+        per_replica = spec.global_batch // replicas
+        return Layout(data_parallel=replicas, pipeline_stages=stages, per_replica_batch=per_replica,
+                      micro_batches=per_replica // spec.micro_batch)
+
+    def replica(self, spec, context) -> int:
+        return context.rank % self.layout(spec).data_parallel
+
+    def start(self, spec):
+        return start_deepspeed(spec)
+
+    def wrap(self, spec, context, workload, layers):
+        import deepspeed
+        from deepspeed.pipe import PipelineModule, TiedLayerSpec
+
+        options = spec.resolved_options
+        pipeline_layers: list[Any] = list(layers)
+        for tie in workload.ties():
+            owner = layers[tie.owner]
+            pipeline_layers[tie.owner] = TiedLayerSpec(tie.key, type(owner), **owner.init_kwargs,
+                                                       tied_weight_attr=tie.weight_attr)
+            pipeline_layers[tie.user] = TiedLayerSpec(tie.key, type(owner), **owner.init_kwargs,
+                                                      forward_fn=tie.user_forward, tied_weight_attr=tie.weight_attr)
+        module = PipelineModule(layers=pipeline_layers, num_stages=options["stages"], loss_fn=workload.loss,
+                                partition_method=options["partition_method"], activation_checkpoint_interval=0)
+        for tie in workload.ties():
+            if tie.key in module.tied_modules:  # this stage holds a copy: start it from the reference weights
+                module.tied_modules[tie.key].load_state_dict(layers[tie.owner].state_dict())
+        module = module.to(context.device)
+
+        precision, recipe = precision_config(spec)
+        layout = self.layout(spec)
+        config = {**base_config(spec, layout.micro_batches), **precision}
+        engine, _, _, _ = deepspeed.initialize(model=module, optimizer=make_adamw(module.parameters(), context.device),
+                                               config=config)
+        if engine.grid.get_data_parallel_id() != self.replica(spec, context):
+            raise RuntimeError("DeepSpeed's topology disagrees with the data-parallel index the data was cut by")
+        parts = list(module.parts)
+        return PipelineTrainer(context=context, engine=engine, precision_recipe=recipe,
+                               config={"deepspeed_config": config, "stages": options["stages"],
+                                       "partition_method": options["partition_method"], "layer_boundaries": parts,
+                                       "stage": engine.stage_id, **optimizer_description(context.device)})
