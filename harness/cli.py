@@ -3,6 +3,8 @@
     python -m harness run --matrix full
     python -m harness run --matrix smoke --strategy ddp --world-sizes 2 --global-batch 32
     python -m harness list
+    python -m harness memory --params 1.5B --dp 8
+    python -m harness comm --world-size 2
 
 Bad input ends with one line `parbench: error: ...` and exit status 2, before any process is launched.
 """
@@ -10,6 +12,7 @@ Bad input ends with one line `parbench: error: ...` and exit status 2, before an
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +32,28 @@ def _int_csv(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in _csv(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+
+
+SIZE_SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+BYTE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _count(text: str, suffixes: dict[str, float] = SIZE_SUFFIXES) -> int:
+    """'124M', '1.5B', '4096' -> a whole number (byte sizes use binary K/M/G)."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("I")
+    unit = raw[-1] if raw and raw[-1] in suffixes and not raw[-1].isdigit() else ""
+    try:
+        value = float(raw[: len(raw) - len(unit)]) * suffixes[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number with an optional suffix "
+                                         f"({', '.join(s for s in suffixes if s)}), got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return int(value)
+
+
+def _bytes(text: str) -> int:
+    return _count(text, BYTE_SUFFIXES)
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -78,6 +103,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="results JSONL (default: results/<matrix>-<time>.jsonl)")
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per launch before its ranks are killed")
     run.add_argument("--dry-run", action="store_true", help="print the cells and exit")
+    run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU where the built-in "
+                     "table has none (CPUs)")
+
+    memory = commands.add_parser("memory", help="predicted model-state memory per rank for every strategy")
+    memory.add_argument("--params", type=_count, required=True, help="parameters, e.g. 124M, 1.5B")
+    memory.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
+    memory.add_argument("--recipe", default="autocast", help="precision recipe: fp32, autocast, deepspeed-bf16")
+    memory.add_argument("--stages", type=int, default=2, help="pipeline stages (for the pipeline row)")
+    memory.add_argument("--largest-layer", type=_count, help="parameters of the largest layer (DeepSpeed's "
+                        "ZeRO-3 estimate; default: params / 20)")
+    memory.add_argument("--gpus-per-node", type=int, help="for DeepSpeed's estimator (default: --dp)")
+    memory.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed's estimator")
+
+    comm = commands.add_parser("comm", help="collective microbenchmark: time, algbw, busbw per size")
+    comm.add_argument("--world-size", type=int, default=2)
+    comm.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible")
+    comm.add_argument("--collectives", type=_csv, help="default: all_reduce, all_gather, reduce_scatter, "
+                      "broadcast, all_to_all")
+    comm.add_argument("--min-bytes", type=_bytes, default=1024, help="smallest size (default 1K)")
+    comm.add_argument("--max-bytes", type=_bytes, default=16 << 20, help="largest size (default 16M)")
+    comm.add_argument("--warmup", type=int, default=5)
+    comm.add_argument("--iters", type=int, default=20)
+    comm.add_argument("--out", type=Path, help="results JSONL (default: results/comm-<time>.jsonl)")
+    comm.add_argument("--timeout", type=float, default=600.0)
 
     commands.add_parser("list", help="matrices, workloads and strategies")
     return parser
@@ -105,7 +154,8 @@ def command_run(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     launches = sum(spec.repeats for spec in specs)
     print(f"parbench: {len(specs)} cells, {launches} launches -> {out}", file=sys.stderr)
-    results = run_specs(specs, RunOptions(results=out, timeout_s=args.timeout),
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else None
+    results = run_specs(specs, RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak),
                         on_result=lambda r: print(f"  {r.status.value:<8} {r.spec.label}", file=sys.stderr))
     print(summary_table(results))
     print(f"\nrows appended to {out}")
@@ -121,7 +171,8 @@ def command_list(args: argparse.Namespace) -> int:
         print(f"  {name:<14} {(function.__doc__ or '').strip().splitlines()[0]}")
     print("workloads:")
     for name, workload in WORKLOADS.items():
-        print(f"  {name:<14} {workload.family.value:<7} {workload.train_flops_per_sample:.3g} train FLOPs/sample")
+        print(f"  {name:<14} {workload.family.value:<7} {workload.layer_count:>3} layers  "
+              f"{workload.train_flops_per_sample:.3g} train FLOPs/sample")
     print("strategies:")
     for name, strategy in STRATEGIES.items():
         options = ", ".join(f"{k}={v.default}" for k, v in strategy.options.items())
@@ -130,7 +181,70 @@ def command_list(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": command_run, "list": command_list}
+def command_memory(args: argparse.Namespace) -> int:
+    from harness.memory_model import RECIPE_STATE_BYTES, ZERO_STAGE, deepspeed_estimate, zero_model_states
+
+    if args.recipe not in RECIPE_STATE_BYTES:
+        raise SpecError(f"recipe {args.recipe!r} is not one of: {', '.join(RECIPE_STATE_BYTES)}")
+    if args.dp < 1 or args.stages < 1:
+        raise SpecError(f"--dp and --stages must be >= 1, got {args.dp} and {args.stages}")
+    use_deepspeed = not args.no_deepspeed and importlib.util.find_spec("deepspeed") is not None
+    state = RECIPE_STATE_BYTES[args.recipe]
+    gib = float(1 << 30)
+    print(f"model states per rank, {args.params:,} parameters, {args.dp} data-parallel ranks, recipe "
+          f"{args.recipe} ({state.weights}+{state.gradients}+{state.optimizer} bytes/parameter; "
+          f"Rajbhandari et al. 2020, sec. 5.1)")
+    print(f"{'strategy':<13} {'stage':>5} {'weights GiB':>12} {'grads GiB':>10} {'optim GiB':>10} "
+          f"{'total GiB':>10} {'DeepSpeed est. GiB':>19}")
+    for strategy, stage in ZERO_STAGE.items():
+        if strategy in ("plain", "dataparallel"):
+            continue
+        params = args.params // args.stages if strategy == "pipeline" else args.params
+        dp = 1 if strategy == "pipeline" else args.dp
+        states = zero_model_states(params, dp, stage, state)
+        estimate = None
+        if use_deepspeed and strategy.startswith("zero"):
+            estimate = deepspeed_estimate(stage, args.params, args.largest_layer or args.params // 20,
+                                          args.gpus_per_node or args.dp)
+        shown = f"{estimate['gpu_bytes'] / gib:>19.3f}" if estimate else f"{'-':>19}"
+        print(f"{strategy:<13} {stage:>5} {states['weights'] / gib:>12.3f} {states['gradients'] / gib:>10.3f} "
+              f"{states['optimizer'] / gib:>10.3f} {states['total'] / gib:>10.3f} {shown}")
+    if args.stages > 1:
+        print(f"pipeline: {args.stages} stages, each holding ~1/{args.stages} of the model unsharded")
+    return 0
+
+
+def command_comm(args: argparse.Namespace) -> int:
+    from harness import commbench
+
+    collectives = args.collectives or commbench.COLLECTIVES
+    unknown = [c for c in collectives if c not in commbench.COLLECTIVES]
+    if unknown:
+        raise SpecError(f"unknown collective {unknown[0]!r}; known: {', '.join(commbench.COLLECTIVES)}")
+    if args.world_size < 2:
+        raise SpecError(f"--world-size must be >= 2 for a collective benchmark, got {args.world_size}")
+    if args.warmup < 0 or args.iters < 1:
+        raise SpecError(f"--warmup must be >= 0 and --iters >= 1, got {args.warmup} and {args.iters}")
+    try:
+        commbench.sizes_between(args.min_bytes, args.max_bytes)
+    except ValueError as error:
+        raise SpecError(str(error)) from None
+    device = Machine.detect(args.device).device
+    out = args.out or Path("results") / f"comm-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+    print(f"parbench: collective benchmark at world size {args.world_size} on {device.value} -> {out}",
+          file=sys.stderr)
+    try:
+        rows = commbench.run(args.world_size, device.value, collectives, args.min_bytes, args.max_bytes,
+                             args.warmup, args.iters, out, args.timeout)
+    except commbench.BenchmarkFailed as error:
+        print(f"parbench: error: {error}", file=sys.stderr)
+        return 1
+    print(commbench.format_table(rows))
+    print(f"\nrow appended to {out}")
+    return 0
+
+
+COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

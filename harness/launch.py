@@ -72,6 +72,15 @@ def _executable(name: str, module: str) -> list[str]:
     return [found] if found else [sys.executable, "-m", module]
 
 
+def torchrun_command(nnodes: int, ranks_per_node: int, placement: Placement, port: int,
+                     program: list[str]) -> list[str]:
+    """torchrun with a c10d rendezvous on the given port (one per cell, so cells never meet)."""
+    return [*_executable("torchrun", "torch.distributed.run"),
+            f"--nnodes={nnodes}", f"--nproc-per-node={ranks_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={placement.master_addr}:{port}",
+            f"--rdzv-id=parbench-{port}", "--max-restarts=0", *program]
+
+
 def launch_command(spec: RunSpec, cell_dir: Path, port: int, timeout_s: float,
                    placement: Placement = Placement()) -> list[str]:
     worker = ["-m", "harness.worker", "--spec", str(cell_dir / SPEC_FILE), "--out", str(cell_dir)]
@@ -79,10 +88,7 @@ def launch_command(spec: RunSpec, cell_dir: Path, port: int, timeout_s: float,
     if launcher is Launcher.SINGLE_PROCESS:
         return [sys.executable, *worker]
     if launcher is Launcher.TORCHRUN:
-        return [*_executable("torchrun", "torch.distributed.run"),
-                f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.ranks_per_node}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={placement.master_addr}:{port}",
-                f"--rdzv-id=parbench-{port}", "--max-restarts=0", *worker]
+        return torchrun_command(spec.nnodes, spec.ranks_per_node, placement, port, worker)
     if launcher is Launcher.HOROVODRUN:
         options = spec.resolved_options
         hosts = ",".join(f"{h}:{spec.ranks_per_node}" for h in placement.hosts) or f"localhost:{spec.world_size}"
@@ -118,11 +124,30 @@ def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, en
     command = launch_command(spec, cell_dir, port, timeout_s, placement)
     token = uuid.uuid4().hex
     extra_env = launch_environment(spec, token)
-    shown = [f"{k}={v}" for k, v in extra_env.items() if k != CELL_TOKEN_ENV] + command
-    common["launch_command"] = shown
+    common["launch_command"] = shown_command(command, extra_env)
 
+    returncode, timed_out, wall = run_launcher(command, extra_env, cell_dir / LOG_FILE, timeout_s)
+    common["wall_time_s"] = round(wall, 3)
+
+    if timed_out:
+        return RunResult(status=Status.TIMEOUT, message=f"no result within {timeout_s:g} s; all ranks killed",
+                         **common)
+    return _outcome(cell_dir, returncode, common)
+
+
+def shown_command(command: list[str], extra_env: dict[str, str]) -> list[str]:
+    """The command as a user would type it: the environment the harness adds, then the launcher."""
+    return [f"{k}={v}" for k, v in extra_env.items() if k != CELL_TOKEN_ENV] + command
+
+
+def run_launcher(command: list[str], extra_env: dict[str, str], log_path: Path,
+                 timeout_s: float) -> tuple[int | None, bool, float]:
+    """Start a launcher in a session of its own, log its output, wait at most `timeout_s`, and leave no
+    process of it behind. Returns (exit status or None, timed out, wall seconds)."""
+    token = extra_env[CELL_TOKEN_ENV]
+    shown = shown_command(command, extra_env)
     began = time.monotonic()
-    with open(cell_dir / LOG_FILE, "wb") as log:
+    with open(log_path, "wb") as log:
         log.write(f"$ {shlex.join(shown)}\n".encode())
         log.flush()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -138,13 +163,7 @@ def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, en
             raise
         finally:
             kill_cell(process, token)
-    wall = time.monotonic() - began
-    common["wall_time_s"] = round(wall, 3)
-
-    if timed_out:
-        return RunResult(status=Status.TIMEOUT, message=f"no result within {timeout_s:g} s; all ranks killed",
-                         **common)
-    return _outcome(cell_dir, returncode, common)
+    return returncode, timed_out, time.monotonic() - began
 
 
 def _outcome(cell_dir: Path, returncode: int, common: dict[str, Any]) -> RunResult:

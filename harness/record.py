@@ -20,8 +20,13 @@ class ResultsError(ValueError):
 
 
 def append_row(path: Path, result: RunResult) -> None:
+    append_line(path, result.to_dict())
+
+
+def append_line(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as one line, atomically with respect to other appenders."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(result.to_dict(), default=str) + "\n"
+    line = json.dumps(record, default=str) + "\n"
     with open(path, "a", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

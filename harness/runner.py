@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from harness.environment import capture_environment
 from harness.launch import Placement, run_cell
+from harness.mfu import model_flops_utilization, peak_flops
 from harness.parity import parity_for, reference_key
 from harness.record import append_row, read_results
 from harness.spec import RunResult, RunSpec, Status
@@ -25,6 +26,7 @@ class RunOptions:
     results: Path                 # the JSONL file rows are appended to
     timeout_s: float = 900.0      # per launch, after which every rank of the cell is killed
     placement: Placement = Placement()
+    peak_flops_per_s: float | None = None   # the user's peak for MFU where the table has none (CPUs)
 
 
 def cells_dir(results: Path) -> Path:
@@ -43,6 +45,7 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
             result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
                               environment=environment, placement=options.placement)
             result = _with_parity(result, references)
+            result = _with_mfu(result, options.peak_flops_per_s)
             append_row(options.results, result)
             results.append(result)
             if on_result is not None:
@@ -71,6 +74,20 @@ def _with_parity(result: RunResult, references: dict[tuple, list[float]]) -> Run
     _remember_reference(result, references)
     parity = parity_for(result.spec, result.measurements["loss_per_step"], references)
     return dataclasses.replace(result, measurements={**result.measurements, **parity.to_dict()})
+
+
+def _with_mfu(result: RunResult, user_peak: float | None) -> RunResult:
+    """The row with its model FLOPs utilisation (harness.mfu), where a peak is known or given."""
+    if result.status is not Status.OK:
+        return result
+    m = result.measurements
+    table_peak = peak_flops(m.get("device_name", "cpu"), result.spec.precision.value)
+    peak = user_peak or table_peak
+    figures = {"peak_flops_per_s": peak,
+               "peak_flops_source": "user" if user_peak else ("datasheet" if table_peak else None),
+               "model_flops_per_s_per_device": m["train_flops_per_sample"] * m["samples_per_s_per_device"],
+               "mfu": model_flops_utilization(m["train_flops_per_sample"], m["samples_per_s_per_device"], peak)}
+    return dataclasses.replace(result, measurements={**m, **figures})
 
 
 def _slug(text: str) -> str:

@@ -19,16 +19,22 @@ import os
 import resource
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
+from harness.comm_counter import CollectiveCounter
+from harness.comm_model import analytic_volume
+from harness.memory_model import ZERO_STAGE, deepspeed_estimate, predicted_model_state_bytes
 from harness.spec import RunSpec, Status
 from harness.stats import summarize
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import RankContext
+from harness.strategies.plain import plain_trainer
 from harness.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
 
@@ -49,9 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(os.environ[THREADS_ENV]))
     rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", 0)))
     try:
+        counter = CollectiveCounter()
+        strategy.instrument(counter)      # before start: DeepSpeed keeps the torch functions it finds
+        _phase(rank, "interpreter and imports ready")
         context = strategy.start(spec)
         rank = context.rank
-        measurements = run_cell(spec, strategy, context)
+        _phase(rank, f"{spec.strategy} started ({context.backend})")
+        measurements = run_cell(spec, strategy, context, counter)
+        _phase(rank, "steps done")
         if context.rank == 0:
             _write_json(args.out / MEASUREMENTS_FILE, measurements)
         return 0
@@ -64,15 +75,17 @@ def main(argv: list[str] | None = None) -> int:
         return 3 if status is Status.OOM else 1
 
 
-def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext) -> dict[str, Any]:
+def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: CollectiveCounter) -> dict[str, Any]:
     workload = get_workload(spec.workload)
     layout = strategy.layout(spec)
     torch.manual_seed(spec.seed)
     layers = workload.build_layers()                  # on CPU from the seed: identical on every rank
     parameters = count_parameters(torch.nn.Sequential(*layers))
+    largest_layer = max(count_parameters(layer) for layer in layers)
     if context.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(context.device)
     trainer = strategy.wrap(spec, context, workload, layers)
+    _phase(context.rank, "model wrapped")
 
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
@@ -81,15 +94,112 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext) -> dict[st
                                         context.device)
                          for index in range(layout.micro_batches)]
         trainer.barrier()
-        with timer.measure(record=step >= spec.warmup_steps):
+        timed = step >= spec.warmup_steps
+        with timer.measure(record=timed), counter.counting(record=timed):
             losses.append(trainer.train_step(micro_batches))
+        if step == spec.warmup_steps and context.device.type == "cuda":
+            # Weights, gradients and optimizer state still held after a whole step: the model states.
+            torch.cuda.synchronize(context.device)
+            after_step_allocated = float(torch.cuda.memory_allocated(context.device))
 
+    _phase(context.rank, "timed steps done")
+    memory = _memory_figures(context)   # before the compute-only pass below adds a model of its own
+    if context.device.type == "cuda":
+        memory.append(after_step_allocated)
+    compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
+    _phase(context.rank, "compute-only pass done")
     global_losses = trainer.global_losses(torch.stack(losses).float()).tolist()
-    by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds,
-                              "memory": _memory_figures(context), "host": socket.gethostname()})
+    by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
+                              "host": socket.gethostname(), "comm": counter.per_step(),
+                              "compute_only": compute_only})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
+    measurements.update(_communication(spec, strategy, layout, parameters, by_rank, compute_only_note,
+                                       measurements["step_time_median_s"]))
+    measurements.update(_memory_predictions(spec, strategy, layout, context, trainer, parameters, largest_layer))
     trainer.close()
     return measurements
+
+
+def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
+                        trainer: Trainer) -> tuple[list[float] | None, str]:
+    """Step times of this rank's own work with no communication: the unwrapped model, built from the same
+    seed, trained on the same micro-batches with the same optimizer and precision. Ranks still run side
+    by side (they meet at a barrier before each step), so they contend for the host as in the real step.
+    Returns (times or None, why not)."""
+    reason = strategy.compute_only_unavailable(spec)
+    if reason:
+        return None, reason
+    torch.manual_seed(spec.seed)
+    unwrapped = plain_trainer(spec, context, workload, torch.nn.Sequential(*workload.build_layers()))
+    layout = strategy.layout(spec)
+    timer = StepTimer(context.device)
+    try:
+        for step in range(1 + spec.timed_steps):      # one untimed warm-up step
+            data_step = spec.warmup_steps + max(0, step - 1)
+            micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
+                                            context.device)
+                             for index in range(layout.micro_batches)]
+            trainer.barrier()
+            with timer.measure(record=step >= 1):
+                unwrapped.train_step(micro_batches)
+    except torch.OutOfMemoryError:
+        return None, "the unwrapped model did not fit beside the wrapped one"
+    finally:
+        del unwrapped
+        if context.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return timer.seconds, ""
+
+
+def _communication(spec: RunSpec, strategy: Strategy, layout, parameters: int, by_rank: list[dict[str, Any]],
+                   compute_only_note: str, step_median_s: float) -> dict[str, Any]:
+    """Counted collectives per step per rank next to the analytic volume; exposed communication time."""
+    comm_by_rank = [r["comm"] for r in by_rank]
+    kinds = sorted({kind for per_rank in comm_by_rank for kind in per_rank})
+    figures: dict[str, Any] = {
+        "comm_per_step_by_rank": comm_by_rank,
+        "comm_bytes_per_step_max_rank": {k: max(r.get(k, {}).get("bytes", 0.0) for r in comm_by_rank)
+                                         for k in kinds},
+        "comm_calls_per_step_max_rank": {k: max(r.get(k, {}).get("calls", 0.0) for r in comm_by_rank)
+                                         for k in kinds},
+        "comm_bytes_per_step_analytic": analytic_volume(
+            spec.strategy, parameters, layout.data_parallel, layout.micro_batches,
+            options=spec.resolved_options),
+        "comm_intercepted": strategy.comm_interception,
+    }
+    figures["comm_bytes_per_step_total"] = sum(figures["comm_bytes_per_step_max_rank"].values())
+    compute_only = [r["compute_only"] for r in by_rank]
+    if any(times is None for times in compute_only):
+        figures.update({"compute_only_step_time_s": None, "compute_only_step_time_median_s": None,
+                        "exposed_comm_s": None, "exposed_comm_share": None,
+                        "exposed_comm_unavailable_because": compute_only_note})
+        return figures
+    slowest = [max(per_rank) for per_rank in zip(*compute_only)]
+    compute_median = summarize(slowest)["median"]
+    exposed = step_median_s - compute_median
+    figures.update({"compute_only_step_time_s": slowest, "compute_only_step_time_median_s": compute_median,
+                    "exposed_comm_s": exposed, "exposed_comm_share": exposed / step_median_s})
+    return figures
+
+
+def _memory_predictions(spec: RunSpec, strategy: Strategy, layout, context: RankContext, trainer: Trainer,
+                        parameters: int, largest_layer: int) -> dict[str, Any]:
+    """Model-state memory per rank predicted by the ZeRO paper and, for ZeRO-2/3, by DeepSpeed."""
+    figures: dict[str, Any] = {
+        "model_state_bytes_predicted": predicted_model_state_bytes(
+            spec.strategy, parameters, layout.data_parallel, layout.pipeline_stages,
+            trainer.precision_recipe.value),
+        "zero_stage_equivalent": ZERO_STAGE[spec.strategy],
+    }
+    stage = ZERO_STAGE[spec.strategy]
+    if "deepspeed" in sys.modules and spec.strategy.startswith("zero"):
+        options = spec.resolved_options
+        estimate = deepspeed_estimate(stage, parameters, largest_layer, context.local_world_size,
+                                      nodes=spec.nnodes,
+                                      offload_optimizer=options.get("offload_optimizer") == "cpu",
+                                      offload_param=options.get("offload_param") == "cpu")
+        figures["model_state_bytes_deepspeed_estimate"] = estimate["gpu_bytes"] if estimate else None
+    return figures
 
 
 def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContext, trainer: Trainer,
@@ -137,7 +247,15 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         figures["peak_allocated_bytes_max"] = max(figures["peak_allocated_bytes_by_rank"])
         figures["peak_allocated_bytes_min"] = min(figures["peak_allocated_bytes_by_rank"])
         figures["peak_reserved_bytes_max"] = max(figures["peak_reserved_bytes_by_rank"])
+        figures["allocated_after_step_bytes_by_rank"] = [m[3] for m in memory_by_rank]
+        figures["allocated_after_step_bytes_max"] = max(figures["allocated_after_step_bytes_by_rank"])
     return figures
+
+
+def _phase(rank: int, what: str) -> None:
+    """Log seconds since this process started, so a cell's log shows where its launch time goes."""
+    started = psutil.Process().create_time()
+    print(f"[parbench rank {rank}] +{time.time() - started:.1f}s {what}", file=sys.stderr, flush=True)
 
 
 def _memory_figures(context: RankContext) -> list[float]:

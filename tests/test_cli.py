@@ -57,3 +57,42 @@ def test_the_module_entry_point_reports_errors_the_same_way(tmp_path):
     assert done.stderr.strip().splitlines() == ["parbench: error: unknown strategy 'mpi'; known: "
                                                 "plain, dataparallel, ddp, horovod, zero1, zero2, zero3, fsdp2, "
                                                 "pipeline"]
+
+
+def test_memory_prints_the_zero_predictions_without_running(capsys):
+    code, out, _ = run_cli(capsys, "memory", "--params", "7.5B", "--dp", "64", "--recipe", "deepspeed-bf16",
+                           "--no-deepspeed")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.split()}
+    assert rows["ddp"][5] == "111.759"          # 120e9 bytes in GiB
+    assert rows["zero3"][5] == "1.746"          # 1.875e9 bytes in GiB
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["memory", "--params", "lots", "--dp", "2"], "expected a number with an optional suffix"),
+    (["memory", "--params", "1M", "--dp", "2", "--recipe", "fp8"], "recipe 'fp8' is not one of"),
+    (["comm", "--world-size", "1"], "--world-size must be >= 2"),
+    (["comm", "--collectives", "all_reduce,gossip"], "unknown collective 'gossip'"),
+])
+def test_memory_and_comm_refuse_bad_input_in_one_line(capsys, args, fragment):
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and fragment in err
+
+
+def test_comm_benchmark_runs_at_two_ranks_and_prints_busbw_per_size(tmp_path, capsys):
+    out = tmp_path / "comm.jsonl"
+    code, printed, _ = run_cli(capsys, "comm", "--world-size", "2", "--device", "cpu", "--min-bytes", "1K",
+                               "--max-bytes", "16K", "--warmup", "1", "--iters", "3", "--out", str(out))
+    assert code == 0
+    names = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+    lines = [line.split() for line in printed.splitlines() if line.split() and line.split()[0] in names]
+    assert [(line[0], int(line[1])) for line in lines] == [
+        (name, size) for name in names for size in (1024, 2048, 4096, 8192, 16384)]
+    import json
+    row = json.loads(out.read_text())
+    assert row["kind"] == "commbench" and row["world_size"] == 2 and row["backend"] == "gloo"
+    for measured in row["rows"]:
+        factor = {"all_reduce": 1.0, "broadcast": 1.0}.get(measured["collective"], 0.5)
+        assert measured["busbw_bytes_per_s"] == pytest.approx(measured["algbw_bytes_per_s"] * factor)
+        assert measured["algbw_bytes_per_s"] == pytest.approx(measured["size_bytes"] / measured["time_s"])

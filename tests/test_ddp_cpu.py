@@ -49,3 +49,31 @@ def test_ddp_at_world_size_2_matches_world_size_1_in_fp32(smoke_rows):
             assert abs(ddp.measurements["loss_per_step"][step] - reference[step]) <= tolerance * reference[step]
         assert ddp.measurements["parity_verdict"] == Verdict.MATCH
         assert ddp.launch_command[-6].endswith("torchrun") or "torchrun" in " ".join(ddp.launch_command)
+
+
+def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
+    for row in smoke_rows:
+        m = row.measurements
+        if row.spec.strategy != "ddp":
+            assert m["comm_bytes_per_step_total"] == 0
+            continue
+        gradient_bytes = m["parameters"] * 4                  # fp32 gradients
+        for per_rank in m["comm_per_step_by_rank"]:
+            # One averaging all-reduce per bucket, on the last micro-batch only (no_sync before it);
+            # buckets are views of the gradients, so there is no padding to allow for.
+            assert per_rank["all_reduce"]["bytes"] == gradient_bytes
+            assert set(per_rank) == {"all_reduce"}
+        assert m["comm_bytes_per_step_analytic"] == {"all_reduce": gradient_bytes}
+
+
+def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
+    for row in smoke_rows:
+        m = row.measurements
+        assert m["model_state_bytes_predicted"] == 16 * m["parameters"]     # fp32 Adam, unsharded
+        assert m["mfu"] is None and m["peak_flops_per_s"] is None          # a CPU has no datasheet peak
+        assert m["model_flops_per_s_per_device"] > 0
+        if row.spec.strategy == "plain":
+            assert m["exposed_comm_s"] is None and "no communication" in m["exposed_comm_unavailable_because"]
+        else:
+            assert len(m["compute_only_step_time_s"]) == row.spec.timed_steps
+            assert m["exposed_comm_share"] == m["exposed_comm_s"] / m["step_time_median_s"]

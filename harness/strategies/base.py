@@ -135,6 +135,7 @@ class Strategy(abc.ABC):
     description: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()       # importable modules the strategy needs
     options: ClassVar[Mapping[str, Option]] = {}
+    comm_interception: ClassVar[str] = "torch.distributed collectives"   # what the counter sees
 
     # ---- before launch -------------------------------------------------------------------------
 
@@ -167,6 +168,14 @@ class Strategy(abc.ABC):
         return None
 
     # ---- inside a rank ---------------------------------------------------------------------------
+
+    def instrument(self, counter: Any) -> None:
+        """Let a `harness.comm_counter.CollectiveCounter` see this strategy's collectives (called first)."""
+        counter.install_torch()
+
+    def compute_only_unavailable(self, spec: RunSpec) -> str:
+        """Why a communication-free run of a rank's own work would not be comparable (empty if it is)."""
+        return ""
 
     @abc.abstractmethod
     def start(self, spec: RunSpec) -> RankContext:

@@ -22,6 +22,10 @@ class DataParallel(Strategy):
     name = "dataparallel"
     launcher = Launcher.SINGLE_PROCESS
     description = "torch.nn.DataParallel over the visible GPUs (one process)"
+    comm_interception = "none: DataParallel copies through torch.cuda.comm, which is not intercepted"
+
+    def compute_only_unavailable(self, spec: RunSpec) -> str:
+        return "one process drives every GPU; its scatter/gather is not separable from its compute"
 
     def skip_reason(self, spec: RunSpec) -> str | None:
         if spec.device is not DeviceKind.CUDA:

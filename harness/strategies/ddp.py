@@ -1,5 +1,8 @@
 """PyTorch DistributedDataParallel, started by torchrun, configured as a tuned DDP job would be.
 
+Gradients are all-reduced by DDP's Python `allreduce_hook` (the same averaging all-reduce as its built-in
+C++ path, one call per bucket) so that the harness's collective counter sees each bucket.
+
 Defaults: gradients as views into the communication buckets (no copy per step), a static graph where it is
 valid (our models use every parameter every step; DDP's reducer asserts when `no_sync` accumulation meets
 a static graph, so with several micro-batches per step the graph is left dynamic), 25 MB buckets (DDP's
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.spec import Precision, RunSpec
@@ -39,6 +43,7 @@ class DDP(Strategy):
     name = "ddp"
     launcher = Launcher.TORCHRUN
     description = "torch DistributedDataParallel (torchrun)"
+    comm_interception = "torch.distributed, through DDP's allreduce_hook (one call per bucket)"
     options = {
         "bucket_cap_mb": Option(25.0, "gradient bucket size in MiB", minimum=0.001),
         "gradient_as_bucket_view": Option(True, "gradients alias the all-reduce buckets (saves a copy)"),
@@ -63,7 +68,9 @@ class DDP(Strategy):
             static_graph=options["static_graph"],
             broadcast_buffers=options["broadcast_buffers"],
         )
+        ddp.register_comm_hook(state=None, hook=allreduce_hook)
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return DDPTrainer(context=context, model=ddp, optimizer=make_adamw(ddp.parameters(), context.device),
                           workload=workload, spec=spec, precision_recipe=recipe,
-                          config={**options, **optimizer_description(context.device)})
+                          config={**options, "comm_hook": "allreduce_hook",
+                                  **optimizer_description(context.device)})

@@ -55,12 +55,17 @@ class Horovod(Strategy):
     name = "horovod"
     launcher = Launcher.HOROVODRUN
     description = "Horovod DistributedOptimizer all-reduce (horovodrun)"
+    comm_interception = "Horovod's all-reduce entry points (and torch.distributed, unused by Horovod)"
     requires = ("horovod.torch",)
     options = {
         "fusion_threshold_mb": Option(128, "tensor fusion buffer in MiB (horovodrun --fusion-threshold-mb)",
                                       minimum=0),
         "cycle_time_ms": Option(1.0, "background cycle time in ms (horovodrun --cycle-time-ms)", minimum=0),
     }
+
+    def instrument(self, counter) -> None:
+        counter.install_torch()
+        counter.install_horovod()
 
     def start(self, spec: RunSpec) -> RankContext:
         import horovod.torch as hvd

@@ -37,6 +37,7 @@ class Pipeline(Strategy):
     name = "pipeline"
     launcher = Launcher.TORCHRUN
     description = "DeepSpeed pipeline parallelism, 1F1B schedule (torchrun)"
+    comm_interception = "torch.distributed collectives and point-to-point sends (DeepSpeed's p2p)"
     requires = ("deepspeed",)
     options = {
         "stages": Option(2, "pipeline stages; world_size / stages replicas are data-parallel", minimum=1),
@@ -70,6 +71,10 @@ class Pipeline(Strategy):
 
     def start(self, spec):
         return start_deepspeed(spec)
+
+    def compute_only_unavailable(self, spec: RunSpec) -> str:
+        return ("a stage's work has no communication-free equivalent: waiting on its neighbours is the "
+                "schedule's bubble as much as communication")
 
     def wrap(self, spec, context, workload, layers):
         import deepspeed

@@ -44,6 +44,10 @@ class Plain(Strategy):
     name = "plain"
     launcher = Launcher.SINGLE_PROCESS
     description = "single device, no wrapper: the reference loop"
+    comm_interception = "none: one process, no communication"
+
+    def compute_only_unavailable(self, spec: RunSpec) -> str:
+        return "the plain loop has no communication to expose"
 
     def validate(self, spec: RunSpec) -> None:
         if spec.world_size != 1:

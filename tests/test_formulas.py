@@ -1,0 +1,79 @@
+"""Derived figures against hand-computed values: ZeRO memory, nccl-tests busbw, MFU, scaling efficiency."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from harness.comm_model import analytic_volume, bus_bandwidth
+from harness.memory_model import FP32_ADAM, MIXED_PRECISION_ADAM, predicted_model_state_bytes, zero_model_states
+from harness.mfu import model_flops_utilization, peak_flops
+from harness.scaling import scaling_efficiency
+from harness.stats import bootstrap_median_ci
+
+
+@pytest.mark.parametrize("stage, expected_gb", [(0, 120.0), (1, 31.40625), (2, 16.640625), (3, 1.875)])
+def test_zero_memory_per_stage_reproduces_the_paper_figure_1(stage, expected_gb):
+    # Rajbhandari et al. 2020, fig. 1: 7.5B parameters, K = 12, N_d = 64 -> 120, 31.4, 16.6, 1.9 GB.
+    states = zero_model_states(7_500_000_000, 64, stage, MIXED_PRECISION_ADAM)
+    assert math.isclose(states["total"] / 1e9, expected_gb, rel_tol=1e-9)
+
+
+def test_fp32_recipe_shards_its_own_bytes():
+    # 1M parameters, 4 ranks, (4, 4, 8) bytes: ZeRO-1 keeps 8 MB whole and 8 MB / 4 of Adam moments.
+    assert zero_model_states(1_000_000, 4, 1, FP32_ADAM)["total"] == 8e6 + 2e6
+    assert predicted_model_state_bytes("ddp", 1_000_000, 4, 1, "autocast") == 16e6
+    assert predicted_model_state_bytes("fsdp2", 1_000_000, 4, 1, "fp32") == 4e6
+    assert predicted_model_state_bytes("pipeline", 1_000_000, 1, 2, "fp32") == 8e6
+
+
+@pytest.mark.parametrize("collective, ranks, factor", [
+    ("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("all_gather", 2, 0.5), ("reduce_scatter", 4, 0.75),
+    ("all_to_all", 4, 0.75), ("broadcast", 8, 1.0)])
+def test_busbw_uses_nccl_tests_factors(collective, ranks, factor):
+    algbw, busbw = bus_bandwidth(collective, 2e9, 0.5, ranks)
+    assert algbw == 4e9
+    assert math.isclose(busbw, 4e9 * factor)
+
+
+def test_analytic_volume_follows_each_strategy():
+    assert analytic_volume("ddp", 1000, 2, 4) == {"all_reduce": 4000}
+    assert analytic_volume("zero2", 1000, 2, 4) == {"reduce_scatter": 16000, "all_gather": 4000}
+    assert analytic_volume("zero3", 1000, 2, 1) == {"all_gather": 8000, "reduce_scatter": 4000}
+    assert analytic_volume("fsdp2", 1000, 2, 2, options={"reshard_after_forward": False}) == {
+        "all_gather": 8000, "reduce_scatter": 4000}
+    assert analytic_volume("ddp", 1000, 1, 4) == {}
+    assert analytic_volume("pipeline", 1000, 1, 4) is None
+
+
+def test_mfu_of_an_h100_run_by_hand():
+    peak = peak_flops("NVIDIA H100 80GB HBM3", "bf16")
+    assert peak == 989.4e12
+    assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756.5e12
+    assert peak_flops("cpu", "fp32") is None
+    # GPT-2 small: 876 GFLOPs per 1024-token sample, 400 samples/s -> 350.4 TFLOP/s -> 35.4%.
+    assert math.isclose(model_flops_utilization(876e9, 400, peak), 876e9 * 400 / 989.4e12)
+    assert model_flops_utilization(876e9, 400, None) is None
+
+
+def test_strong_and_weak_scaling_efficiency_by_hand():
+    common = {"workload": "w", "precision": "fp32", "micro_batch": 4, "device": "cpu", "shared_device": False}
+    table = pd.DataFrame([
+        {**common, "strategy": "plain", "world_size": 1, "global_batch": 16, "samples_per_s": 100.0},
+        {**common, "strategy": "plain", "world_size": 1, "global_batch": 8, "samples_per_s": 90.0},
+        {**common, "strategy": "ddp", "world_size": 1, "global_batch": 16, "samples_per_s": 95.0},
+        {**common, "strategy": "ddp", "world_size": 2, "global_batch": 16, "samples_per_s": 150.0},
+        {**common, "strategy": "ddp", "world_size": 4, "global_batch": 16, "samples_per_s": 999.0,
+         "shared_device": True},
+    ])
+    out = scaling_efficiency(table).set_index(["strategy", "world_size", "global_batch"])
+    assert math.isclose(out.loc[("ddp", 2, 16), "strong_efficiency_vs_ws1"], 150 / (2 * 95))
+    assert math.isclose(out.loc[("ddp", 2, 16), "strong_efficiency_vs_plain"], 150 / (2 * 100))
+    assert math.isclose(out.loc[("ddp", 2, 16), "weak_efficiency_vs_plain"], 150 / (2 * 90))
+    assert math.isnan(out.loc[("ddp", 2, 16), "weak_efficiency_vs_ws1"])        # no ddp ws1 at batch 8
+    assert math.isnan(out.loc[("ddp", 4, 16), "strong_efficiency_vs_ws1"])      # shared GPU: no speed
+
+
+def test_bootstrap_interval_brackets_the_median():
+    low, high = bootstrap_median_ci([1.0, 1.1, 0.9, 1.05, 0.95])
+    assert low <= 1.0 <= high and high - low < 0.25
