@@ -5,6 +5,9 @@
     python -m harness list
     python -m harness memory --params 1.5B --dp 8
     python -m harness comm --world-size 2
+    python -m harness report results/full-*.jsonl --out report/
+    python -m harness compare results/base.jsonl results/new.jsonl
+    python -m harness reproduce 3f2a9c
 
 Bad input ends with one line `parbench: error: ...` and exit status 2, before any process is launched.
 """
@@ -13,14 +16,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
+from tqdm import tqdm
+
 from harness.matrix import MATRICES, Machine, Selection, build_matrix
 from harness.record import ResultsError
-from harness.spec import RunSpec, SpecError
+from harness.faults import fault_from_environment
+from harness.spec import RunResult, RunSpec, SpecError
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -102,7 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="strategy option for every selected cell (repeatable)")
     run.add_argument("--out", type=Path, help="results JSONL (default: results/<matrix>-<time>.jsonl)")
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per launch before its ranks are killed")
+    run.add_argument("--resume", action="store_true", help="with --out: skip launches already recorded ok there")
     run.add_argument("--dry-run", action="store_true", help="print the cells and exit")
+    run.add_argument("--profile-steps", type=int, default=0, help="GPU only: after the timed steps, profile "
+                     "this many steps for NCCL kernel time and its overlap with compute")
     run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU where the built-in "
                      "table has none (CPUs)")
 
@@ -128,6 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--out", type=Path, help="results JSONL (default: results/comm-<time>.jsonl)")
     comm.add_argument("--timeout", type=float, default=600.0)
 
+    report = commands.add_parser("report", help="Markdown + self-contained HTML report, CSV and Parquet")
+    report.add_argument("results", type=Path, nargs="+", help="results JSONL files (cell and comm rows)")
+    report.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report/)")
+
+    compare = commands.add_parser("compare", help="flag regressions between two results files (exit 1 if any)")
+    compare.add_argument("base", type=Path)
+    compare.add_argument("new", type=Path)
+    compare.add_argument("--threshold", type=float, default=0.15, help="relative change that matters (0.15)")
+    compare.add_argument("--alpha", type=float, default=0.01, help="significance level of the test (0.01)")
+    compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
+
+    reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
+    reproduce.add_argument("run_id", help="a row's run_id (a unique prefix is enough)")
+    reproduce.add_argument("--results", type=Path, nargs="+", help="files to search (default: results/*.jsonl)")
+    reproduce.add_argument("--timeout", type=float, default=900.0)
+
     commands.add_parser("list", help="matrices, workloads and strategies")
     return parser
 
@@ -147,6 +173,16 @@ def command_run(args: argparse.Namespace) -> int:
     from harness.runner import RunOptions, run_specs, summary_table
 
     specs = plan_run(args)
+    if args.profile_steps < 0:
+        raise SpecError(f"--profile-steps must be >= 0, got {args.profile_steps}")
+    if args.resume and args.out is None:
+        raise SpecError("--resume needs --out FILE: the results file whose recorded launches to skip")
+    try:
+        fault_from_environment()
+    except ValueError as error:
+        raise SpecError(str(error)) from None
+    if args.profile_steps:
+        os.environ["PARBENCH_PROFILE_STEPS"] = str(args.profile_steps)   # ranks inherit it; rows record it
     if args.dry_run:
         for spec in specs:
             print(spec.label, f"x{spec.repeats}")
@@ -155,8 +191,20 @@ def command_run(args: argparse.Namespace) -> int:
     launches = sum(spec.repeats for spec in specs)
     print(f"parbench: {len(specs)} cells, {launches} launches -> {out}", file=sys.stderr)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else None
-    results = run_specs(specs, RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak),
-                        on_result=lambda r: print(f"  {r.status.value:<8} {r.spec.label}", file=sys.stderr))
+    options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume)
+    # The bar shows the cell being launched and tqdm's ETA (mean time per launch so far x launches left);
+    # off when stderr is not a terminal, where the per-launch lines below are the log.
+    with tqdm(total=launches, unit="launch", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+        def started(spec: RunSpec, repeat: int) -> None:
+            bar.set_description(f"{spec.label} r{repeat}")
+
+        def finished(result: RunResult) -> None:
+            bar.write(f"  {result.status.value:<8} {result.spec.label} r{result.repeat} "
+                      f"({result.wall_time_s:.0f} s){'  ' + result.message[:100] if result.message else ''}",
+                      file=sys.stderr)
+            bar.update(1)
+
+        results = run_specs(specs, options, on_result=finished, on_start=started)
     print(summary_table(results))
     print(f"\nrows appended to {out}")
     return 0
@@ -244,7 +292,51 @@ def command_comm(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm}
+def command_report(args: argparse.Namespace) -> int:
+    from harness.report import write_report
+
+    written = write_report(args.results, args.out)
+    for path in written:
+        print(path)
+    return 0
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    from harness.compare import Change, compare_results, format_findings
+    from harness.record import read_results
+
+    if not 0 < args.alpha < 1 or args.threshold < 0:
+        raise SpecError(f"--alpha must be in (0, 1) and --threshold >= 0, got {args.alpha} and {args.threshold}")
+    findings, unmatched = compare_results(read_results([args.base]), read_results([args.new]),
+                                          threshold=args.threshold, alpha=args.alpha)
+    print(format_findings(findings, unmatched, show_all=args.all))
+    return 1 if any(f.change is Change.REGRESSION for f in findings) else 0
+
+
+def command_reproduce(args: argparse.Namespace) -> int:
+    from harness.environment import capture_environment
+    from harness.reproduce import environment_differences, find_row, same_losses
+    from harness.runner import RunOptions, run_specs, summary_table
+
+    paths = args.results or sorted(Path("results").glob("*.jsonl"))
+    found = find_row(args.run_id, paths)
+    original = found.result
+    for line in environment_differences(original.environment, capture_environment()):
+        print(f"parbench: warning: {line}", file=sys.stderr)
+    print(f"parbench: reproducing {original.spec.label} (run {original.run_id[:12]}) -> {found.path}",
+          file=sys.stderr)
+    spec = original.spec.replace(repeats=1)
+    [again] = run_specs([spec], RunOptions(results=found.path, timeout_s=args.timeout))
+    print(summary_table([again]))
+    if again.status.value != "ok":
+        return 1
+    verdict = "identical, bit for bit" if same_losses(original, again) else "different"
+    print(f"\nlosses {verdict}; new row {again.run_id[:12]} appended to {found.path}")
+    return 0
+
+
+COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm,
+            "report": command_report, "compare": command_compare, "reproduce": command_reproduce}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -114,7 +114,7 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
     """Launch the benchmark with torchrun, like a cell, and append its row (with bandwidths) to `out`."""
     from harness.environment import capture_environment
     from harness.launch import CELL_TOKEN_ENV, Placement, free_port, run_launcher, shown_command, torchrun_command
-    from harness.record import append_line
+    from harness.record import COMMBENCH_KIND, append_line
 
     run_dir = out.with_name(out.stem + "-cells") / f"commbench-ws{world_size}-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +131,7 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
         raise BenchmarkFailed(f"collective benchmark failed ({why}); see {run_dir / 'log.txt'}")
     measured = json.loads(results_path.read_text())
     rows = with_bandwidth(measured["rows"], measured["world_size"])
-    append_line(out, {"kind": "commbench", "world_size": measured["world_size"], "backend": measured["backend"],
+    append_line(out, {"kind": COMMBENCH_KIND, "world_size": measured["world_size"], "backend": measured["backend"],
                       "device": device, "warmup": warmup, "iters": iters, "rows": rows,
                       "wall_time_s": round(wall, 3), "launch_command": shown_command(command, extra_env),
                       "environment": capture_environment(freeze_dir=out.parent)})

@@ -56,11 +56,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def threads_per_rank(spec: RunSpec) -> int:
-    """CPU threads each rank may use: the user's OMP_NUM_THREADS, else the cores shared out evenly."""
+    """CPU threads each rank may use: the user's OMP_NUM_THREADS, else one.
+
+    One thread per rank makes a core play the part of a device: every rank runs the same kernels with the
+    same threading at every world size, and N ranks use N cores, as N GPUs would, so CPU scaling figures
+    compare like with like. A lone rank spreading over all cores would change its own kernels' speed
+    with the world size.
+    """
     if os.environ.get("OMP_NUM_THREADS"):
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    ranks_here = 1 if get_strategy(spec.strategy).launcher is Launcher.SINGLE_PROCESS else spec.ranks_per_node
-    return max(1, (os.cpu_count() or 1) // ranks_here)
+    return 1
 
 
 def _executable(name: str, module: str) -> list[str]:
@@ -126,13 +131,27 @@ def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, en
     extra_env = launch_environment(spec, token)
     common["launch_command"] = shown_command(command, extra_env)
 
+    oom_kills_before = oom_kill_count()
     returncode, timed_out, wall = run_launcher(command, extra_env, cell_dir / LOG_FILE, timeout_s)
     common["wall_time_s"] = round(wall, 3)
 
     if timed_out:
         return RunResult(status=Status.TIMEOUT, message=f"no result within {timeout_s:g} s; all ranks killed",
                          **common)
-    return _outcome(cell_dir, returncode, common)
+    oom_killed = oom_kills_before is not None and (oom_kill_count() or 0) > oom_kills_before
+    return _outcome(cell_dir, returncode, oom_killed, common)
+
+
+def oom_kill_count() -> int | None:
+    """Processes the kernel's out-of-memory killer has killed since boot (/proc/vmstat, Linux >= 4.13)."""
+    try:
+        with open("/proc/vmstat") as vmstat:
+            for line in vmstat:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def shown_command(command: list[str], extra_env: dict[str, str]) -> list[str]:
@@ -166,7 +185,9 @@ def run_launcher(command: list[str], extra_env: dict[str, str], log_path: Path,
     return returncode, timed_out, time.monotonic() - began
 
 
-def _outcome(cell_dir: Path, returncode: int, common: dict[str, Any]) -> RunResult:
+def _outcome(cell_dir: Path, returncode: int, oom_killed: bool, common: dict[str, Any]) -> RunResult:
+    """The row of a launch that ended on its own. A root cause beats its echoes: when one rank runs out of
+    memory or is killed, its peers fail too ("connection closed by peer") and write reports of their own."""
     measurements_path = cell_dir / MEASUREMENTS_FILE
     errors = sorted(cell_dir.glob(ERROR_FILE.format(rank="*")))
     if returncode == 0 and measurements_path.exists() and not errors:
@@ -175,21 +196,28 @@ def _outcome(cell_dir: Path, returncode: int, common: dict[str, Any]) -> RunResu
     oom = [r for r in reports if r.get("status") == Status.OOM.value]
     if oom:
         return RunResult(status=Status.OOM, message=oom[0]["message"], **common)
+    if oom_killed:
+        return RunResult(status=Status.OOM, message="the kernel's out-of-memory killer killed a process "
+                         f"while the cell ran (/proc/vmstat oom_kill); launcher exited {returncode}", **common)
+    log = _read(cell_dir / LOG_FILE)
+    if returncode == -signal.SIGKILL or "Signal 9 (SIGKILL)" in log:
+        return RunResult(status=Status.FAILED, message="a rank was killed by SIGKILL (not by the kernel's "
+                         "out-of-memory killer, whose count did not move); see log.txt", **common)
     if reports:
         return RunResult(status=Status.FAILED, message=reports[0]["message"], **common)
-    log_tail = _last_lines(cell_dir / LOG_FILE)
-    if returncode is not None and (returncode == -signal.SIGKILL or "Signal 9 (SIGKILL)" in log_tail):
-        return RunResult(status=Status.OOM, message="a rank was killed by SIGKILL, as the kernel's "
-                         "out-of-memory killer does; see log.txt", **common)
-    return RunResult(status=Status.FAILED, message=f"launcher exited {returncode}: {log_tail[-300:]}", **common)
+    return RunResult(status=Status.FAILED, message=f"launcher exited {returncode}: {_last_lines(log)[-300:]}",
+                     **common)
 
 
-def _last_lines(path: Path, count: int = 5) -> str:
+def _read(path: Path) -> str:
     try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        return path.read_text(errors="replace")
     except OSError:
         return ""
-    return " | ".join(lines[-count:])
+
+
+def _last_lines(text: str, count: int = 5) -> str:
+    return " | ".join([line for line in text.splitlines() if line.strip()][-count:])
 
 
 def kill_cell(process: subprocess.Popen, token: str) -> None:

@@ -69,8 +69,8 @@ class BatchPlan:
 
 # Batches sized so that world sizes 1, 2 and 4 all divide them with the same micro-batch.
 CPU_PLANS = {
-    "resnet20-cifar": BatchPlan(global_batch=16, micro_batch=4, warmup_steps=2, timed_steps=6),
-    "gpt-tiny": BatchPlan(global_batch=16, micro_batch=4, warmup_steps=2, timed_steps=6),
+    "resnet20-cifar": BatchPlan(global_batch=16, micro_batch=4, warmup_steps=3, timed_steps=10),
+    "gpt-tiny": BatchPlan(global_batch=16, micro_batch=4, warmup_steps=3, timed_steps=10),
 }
 GPU_PLANS = {
     "resnet50": BatchPlan(global_batch=256, micro_batch=64, warmup_steps=5, timed_steps=20),

@@ -37,8 +37,12 @@ def append_line(path: Path, record: dict[str, Any]) -> None:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Raw row dicts of every file, in order; a malformed line raises ResultsError naming file:line."""
+COMMBENCH_KIND = "commbench"   # rows written by `python -m harness comm` carry "kind": "commbench"
+
+
+def read_rows(paths: Iterable[Path], kind: str | None = None) -> list[dict[str, Any]]:
+    """Raw row dicts of every file, in order: cell rows, or with `kind="commbench"` the collective
+    benchmark's rows. A malformed line raises ResultsError naming file:line."""
     rows: list[dict[str, Any]] = []
     for path in paths:
         path = Path(path)
@@ -53,8 +57,11 @@ def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ResultsError(f"{path}:{number}: not a JSON row ({error.msg} at column {error.colno})") from None
-            if not isinstance(row, dict) or "spec" not in row or "status" not in row:
+            if not isinstance(row, dict) or not (row.get("kind") == COMMBENCH_KIND or
+                                                 ("spec" in row and "status" in row)):
                 raise ResultsError(f"{path}:{number}: not a parbench row (no spec/status)")
+            if row.get("kind") != kind:
+                continue
             row["_source"] = f"{path}:{number}"
             rows.append(row)
     return rows

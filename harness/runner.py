@@ -2,13 +2,15 @@
 
     python -m harness run --matrix smoke
 
-Each row is appended as soon as its cell ends, so an interrupted run keeps everything already measured.
+Each row is appended as soon as its cell ends, so an interrupted run keeps everything already measured,
+and `resume` picks it up again: launches already recorded `ok` in the results file are not repeated.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from statistics import median
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -19,6 +21,7 @@ from harness.mfu import model_flops_utilization, peak_flops
 from harness.parity import parity_for, reference_key
 from harness.record import append_row, read_results
 from harness.spec import RunResult, RunSpec, Status
+from harness.stats import bootstrap_median_ci
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class RunOptions:
     timeout_s: float = 900.0      # per launch, after which every rank of the cell is killed
     placement: Placement = Placement()
     peak_flops_per_s: float | None = None   # the user's peak for MFU where the table has none (CPUs)
+    resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`
 
 
 def cells_dir(results: Path) -> Path:
@@ -35,12 +39,23 @@ def cells_dir(results: Path) -> Path:
 
 
 def run_specs(specs: Sequence[RunSpec], options: RunOptions,
-              on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+              on_result: Callable[[RunResult], None] | None = None,
+              on_start: Callable[[RunSpec, int], None] | None = None) -> list[RunResult]:
+    """Launch every repeat of every cell in order; returns the rows of this call, with the rows a resumed
+    run found already recorded in their place."""
     environment = capture_environment(freeze_dir=options.results.parent)
     references = _existing_references(options.results)
+    recorded = recorded_ok(options.results) if options.resume else {}
     results = []
     for spec in specs:
         for repeat in range(spec.repeats):
+            if (spec.cell_id, repeat) in recorded:
+                results.append(recorded[spec.cell_id, repeat])
+                if on_result is not None:
+                    on_result(recorded[spec.cell_id, repeat])
+                continue
+            if on_start is not None:
+                on_start(spec, repeat)
             cell_dir = cells_dir(options.results) / f"{_slug(spec.label)}-{spec.cell_id}-r{repeat}"
             result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
                               environment=environment, placement=options.placement)
@@ -51,6 +66,13 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
             if on_result is not None:
                 on_result(result)
     return results
+
+
+def recorded_ok(path: Path) -> dict[tuple[str, int], RunResult]:
+    """{(cell_id, repeat): row} of the launches already recorded ok in a results file."""
+    if not path.exists():
+        return {}
+    return {(r.spec.cell_id, r.repeat): r for r in read_results([path]) if r.status is Status.OK}
 
 
 def _existing_references(path: Path) -> dict[tuple, list[float]]:
@@ -95,17 +117,34 @@ def _slug(text: str) -> str:
 
 
 def summary_table(results: Sequence[RunResult]) -> str:
-    """One line per launch: the cell, its status and its headline figures."""
-    header = (f"{'cell':<58} {'status':<8} {'step ms':>9} {'samples/s':>10} {'loss first->last':>18} "
-              f"{'parity':>10}")
-    lines = [header, "-" * len(header)]
+    """One line per cell: its status and headline figures. With several repeats, throughput is the median
+    across the repeats' medians with its 95% bootstrap confidence interval; `stalled` counts the timed
+    steps the host descheduled (harness.timing), which the raw medians include; exposed communication and
+    the parity verdict are the first repeat's."""
+    cells: dict[str, list[RunResult]] = {}
     for result in results:
-        m = result.measurements
-        if result.status is Status.OK:
-            losses = m["loss_per_step"]
-            lines.append(f"{result.spec.label[:58]:<58} {result.status.value:<8} "
-                         f"{m['step_time_median_s'] * 1e3:>9.1f} {m['samples_per_s']:>10.1f} "
-                         f"{losses[0]:>8.4f}->{losses[-1]:<8.4f} {m.get('parity_verdict', ''):>10}")
-        else:
-            lines.append(f"{result.spec.label[:58]:<58} {result.status.value:<8} {result.message[:60]}")
+        cells.setdefault(result.spec.cell_id, []).append(result)
+    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'95% CI':>15} {'stalled':>8} "
+              f"{'exposed':>8} {'loss first->last':>18} {'parity':>10}")
+    lines = [header, "-" * len(header)]
+    for launches in cells.values():
+        first = launches[0]
+        ok = [r for r in launches if r.status is Status.OK]
+        label = first.spec.label[:52]
+        if not ok:
+            lines.append(f"{label:<52} {first.status.value:<7} {first.message[:70]}")
+            continue
+        m = ok[0].measurements
+        step = median([r.measurements["step_time_median_s"] for r in ok])
+        throughput = [r.measurements["samples_per_s"] for r in ok]
+        low, high = bootstrap_median_ci(throughput)
+        interval = f"{low:.0f}-{high:.0f}" if len(ok) > 1 else "1 launch"
+        exposed = m.get("exposed_comm_share")
+        exposed_text = f"{exposed:.0%}" if exposed is not None else "-"
+        stalled = sum(r.measurements.get("host_stalled_steps", 0) for r in ok)
+        stalled_text = f"{stalled}/{sum(len(r.measurements['step_time_s']) for r in ok)}"
+        losses = m["loss_per_step"]
+        status = "ok" if len(ok) == len(launches) else f"{len(ok)}/{len(launches)}ok"
+        lines.append(f"{label:<52} {status:<7} {step * 1e3:>8.1f} {median(throughput):>10.1f} {interval:>15} "
+                     f"{stalled_text:>8} {exposed_text:>8} {losses[0]:>8.4f}->{losses[-1]:<8.4f} {m.get('parity_verdict', ''):>10}")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ import torch
 
 from harness.comm_counter import CollectiveCounter
 from harness.comm_model import analytic_volume
+from harness.faults import fault_from_environment
 from harness.memory_model import ZERO_STAGE, deepspeed_estimate, predicted_model_state_bytes
 from harness.spec import RunSpec, Status
 from harness.stats import summarize
@@ -41,6 +42,7 @@ from workloads import Workload, count_parameters, get_workload
 MEASUREMENTS_FILE = "measurements.json"
 ERROR_FILE = "rank{rank}.error.json"
 THREADS_ENV = "PARBENCH_THREADS_PER_RANK"
+PROFILE_ENV = "PARBENCH_PROFILE_STEPS"      # GPU only: steps to run under the profiler after the timed ones
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +91,10 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
 
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
+    fault = fault_from_environment()
     for step in range(spec.warmup_steps + spec.timed_steps):
+        if fault:
+            fault.fire(context.rank, step)
         micro_batches = [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index),
                                         context.device)
                          for index in range(layout.micro_batches)]
@@ -108,24 +113,27 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
         memory.append(after_step_allocated)
     compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
     _phase(context.rank, "compute-only pass done")
+    profiled = _profile(spec, strategy, context, workload, trainer)
     global_losses = trainer.global_losses(torch.stack(losses).float()).tolist()
     by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
+                              "stalled": timer.stalled, "host_lost": timer.host_lost_seconds,
                               "host": socket.gethostname(), "comm": counter.per_step(),
                               "compute_only": compute_only})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_communication(spec, strategy, layout, parameters, by_rank, compute_only_note,
-                                       measurements["step_time_median_s"]))
+                                       measurements))
+    measurements.update(profiled)
     measurements.update(_memory_predictions(spec, strategy, layout, context, trainer, parameters, largest_layer))
     trainer.close()
     return measurements
 
 
 def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
-                        trainer: Trainer) -> tuple[list[float] | None, str]:
+                        trainer: Trainer) -> tuple[dict[str, list] | None, str]:
     """Step times of this rank's own work with no communication: the unwrapped model, built from the same
     seed, trained on the same micro-batches with the same optimizer and precision. Ranks still run side
     by side (they meet at a barrier before each step), so they contend for the host as in the real step.
-    Returns (times or None, why not)."""
+    Returns ({"times", "stalled"} or None, why not)."""
     reason = strategy.compute_only_unavailable(spec)
     if reason:
         return None, reason
@@ -148,12 +156,35 @@ def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext,
         del unwrapped
         if context.device.type == "cuda":
             torch.cuda.empty_cache()
-    return timer.seconds, ""
+    return {"times": timer.seconds, "stalled": timer.stalled}, ""
+
+
+def _profile(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
+             trainer: Trainer) -> dict[str, Any]:
+    """NCCL kernel time and its overlapped fraction from a profiled pass (harness.profile_pass), on GPU
+    when PARBENCH_PROFILE_STEPS asks for it; after the timed steps, so it never touches them."""
+    steps = int(os.environ.get(PROFILE_ENV, "0") or 0)
+    if steps <= 0 or context.device.type != "cuda":
+        return {}
+    from harness.profile_pass import profile_steps
+
+    layout = strategy.layout(spec)
+
+    def run_step(step: int) -> None:
+        data_step = spec.warmup_steps + step
+        trainer.barrier()
+        trainer.train_step([workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
+                                           context.device) for index in range(layout.micro_batches)])
+
+    return profile_steps(run_step, steps)      # rank 0's figures become the row's
 
 
 def _communication(spec: RunSpec, strategy: Strategy, layout, parameters: int, by_rank: list[dict[str, Any]],
-                   compute_only_note: str, step_median_s: float) -> dict[str, Any]:
-    """Counted collectives per step per rank next to the analytic volume; exposed communication time."""
+                   compute_only_note: str, measured: dict[str, Any]) -> dict[str, Any]:
+    """Counted collectives per step per rank next to the analytic volume; exposed communication time.
+
+    Exposed time compares the medians of the steps the host did not stall (harness.timing) in both
+    passes: a stall lands on one pass and not the other, and would otherwise decide the difference."""
     comm_by_rank = [r["comm"] for r in by_rank]
     kinds = sorted({kind for per_rank in comm_by_rank for kind in per_rank})
     figures: dict[str, Any] = {
@@ -174,12 +205,25 @@ def _communication(spec: RunSpec, strategy: Strategy, layout, parameters: int, b
                         "exposed_comm_s": None, "exposed_comm_share": None,
                         "exposed_comm_unavailable_because": compute_only_note})
         return figures
-    slowest = [max(per_rank) for per_rank in zip(*compute_only)]
-    compute_median = summarize(slowest)["median"]
-    exposed = step_median_s - compute_median
-    figures.update({"compute_only_step_time_s": slowest, "compute_only_step_time_median_s": compute_median,
-                    "exposed_comm_s": exposed, "exposed_comm_share": exposed / step_median_s})
+    slowest = [max(per_rank) for per_rank in zip(*(c["times"] for c in compute_only))]
+    stalled = _stalled_steps([c["stalled"] for c in compute_only])
+    compute_unstalled = [t for i, t in enumerate(slowest) if i not in stalled]
+    figures.update({"compute_only_step_time_s": slowest,
+                    "compute_only_step_time_median_s": summarize(slowest)["median"],
+                    "compute_only_host_stalled_steps": len(stalled)})
+    step_median = measured["step_time_unstalled_median_s"]
+    if step_median is None or not compute_unstalled:
+        figures.update({"exposed_comm_s": None, "exposed_comm_share": None,
+                        "exposed_comm_unavailable_because": "the host stalled every step of a pass"})
+        return figures
+    exposed = step_median - summarize(compute_unstalled)["median"]
+    figures.update({"exposed_comm_s": exposed, "exposed_comm_share": exposed / step_median})
     return figures
+
+
+def _stalled_steps(stalled_by_rank: list[list[bool]]) -> set[int]:
+    """Steps the host stalled on any rank: a synchronous step waits for its slowest rank."""
+    return {step for step, flags in enumerate(zip(*stalled_by_rank)) if any(flags)}
 
 
 def _memory_predictions(spec: RunSpec, strategy: Strategy, layout, context: RankContext, trainer: Trainer,
@@ -209,6 +253,8 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
     # A synchronous step ends when its slowest rank ends.
     step_time = [max(per_rank) for per_rank in zip(*times_by_rank)]
     step_stats = summarize(step_time)
+    stalled = _stalled_steps([r["stalled"] for r in by_rank])
+    unstalled = [t for i, t in enumerate(step_time) if i not in stalled]
     devices = spec.world_size
     samples_per_s = spec.global_batch / step_stats["median"]
     tokens = workload.tokens_per_sample
@@ -221,6 +267,10 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "step_time_median_s": step_stats["median"],
         "step_time_iqr_s": step_stats["iqr"],
         "step_time_p90_s": step_stats["p90"],
+        "host_stalled_steps": len(stalled),
+        "host_stalled_step_indices": sorted(stalled),
+        "host_lost_cpu_s_per_step": by_rank[0]["host_lost"],
+        "step_time_unstalled_median_s": summarize(unstalled)["median"] if unstalled else None,
         "samples_per_s": samples_per_s,
         "samples_per_s_per_device": samples_per_s / devices,
         "tokens_per_s": samples_per_s * tokens if tokens else None,

@@ -1,6 +1,7 @@
 """Real 2-rank DDP over gloo on CPU, launched by torchrun through the harness, against the plain loop."""
 
 import math
+import statistics
 
 import pytest
 
@@ -76,4 +77,8 @@ def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
             assert m["exposed_comm_s"] is None and "no communication" in m["exposed_comm_unavailable_because"]
         else:
             assert len(m["compute_only_step_time_s"]) == row.spec.timed_steps
-            assert m["exposed_comm_share"] == m["exposed_comm_s"] / m["step_time_median_s"]
+            assert m["exposed_comm_share"] == m["exposed_comm_s"] / m["step_time_unstalled_median_s"]
+        stalled = m["host_stalled_step_indices"]
+        assert m["host_stalled_steps"] == len(stalled) and len(m["host_lost_cpu_s_per_step"]) == row.spec.timed_steps
+        unstalled = [t for i, t in enumerate(m["step_time_s"]) if i not in stalled]
+        assert m["step_time_unstalled_median_s"] == pytest.approx(statistics.median(unstalled))

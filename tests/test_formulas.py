@@ -77,3 +77,30 @@ def test_strong_and_weak_scaling_efficiency_by_hand():
 def test_bootstrap_interval_brackets_the_median():
     low, high = bootstrap_median_ci([1.0, 1.1, 0.9, 1.05, 0.95])
     assert low <= 1.0 <= high and high - low < 0.25
+
+
+def test_nccl_overlap_from_kernel_intervals_by_hand():
+    from harness.profile_pass import overlap_figures
+
+    kernels = [("ncclDevKernel_AllReduce", 0.0, 4.0), ("ncclDevKernel_AllReduce", 3.0, 6.0),   # union 0-6
+               ("volta_sgemm", 1.0, 2.0), ("elementwise", 5.0, 9.0)]                          # hides 1 + 1
+    figures = overlap_figures(kernels, steps=2)
+    assert figures == {"nccl_kernel_s_per_step": 3.0, "nccl_overlapped_fraction": 2.0 / 6.0}
+    assert overlap_figures([("gemm", 0, 1)], 1)["nccl_overlapped_fraction"] is None
+
+
+@pytest.mark.gpu
+def test_profiler_pass_sees_nccl_kernels_of_a_real_all_reduce(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    from harness.profile_pass import profile_steps
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        tensor = torch.ones(1 << 24, device="cuda")
+        figures = profile_steps(lambda step: dist.all_reduce(tensor), steps=2)
+    finally:
+        dist.destroy_process_group()
+    assert figures["nccl_kernel_s_per_step"] > 0

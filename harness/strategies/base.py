@@ -160,7 +160,7 @@ class Strategy(abc.ABC):
 
     def skip_reason(self, spec: RunSpec) -> str | None:
         """Why this cell cannot run on this machine (checked before launch), or None."""
-        missing = [module for module in self.requires if importlib.util.find_spec(module) is None]
+        missing = [module for module in self.requires if not _importable(module)]
         if missing:
             return f"{self.name} needs {', '.join(missing)}, which is not installed here"
         if spec.device is DeviceKind.CUDA and not torch.cuda.is_available():
@@ -279,3 +279,11 @@ def is_block(layer: nn.Module) -> bool:
     from workloads.resnet import BasicBlock, Bottleneck
 
     return isinstance(layer, (Block, BasicBlock, Bottleneck))
+
+
+def _importable(module: str) -> bool:
+    """Whether `module` can be found; a submodule whose parent is absent or fails to import cannot."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
