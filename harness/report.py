@@ -34,8 +34,27 @@ CELL_COLUMNS = ["workload", "strategy", "options", "world_size", "global_batch",
                 "device", "shared_device"]
 
 
+UNSTALLED = "unstalled steps"
+ALL_STEPS = "all steps"
+
+
+def throughput_basis(table: pd.DataFrame) -> str:
+    """Which steps the report's throughput, plots and efficiencies rest on. Where the host stalled any
+    step of these rows (harness.timing) and every ok row has an unstalled median, the unstalled steps:
+    a stalled step measures the host, and stalls hit cells at random, so a ratio of two cells' raw
+    throughputs would mostly compare their stalls. Otherwise all steps."""
+    ok = table[table["status"] == "ok"] if "status" in table else table.iloc[0:0]
+    if ok.empty or "host_stalled_steps" not in ok or "step_time_unstalled_median_s" not in ok:
+        return ALL_STEPS
+    if ok["host_stalled_steps"].fillna(0).sum() == 0 or ok["step_time_unstalled_median_s"].isna().any():
+        return ALL_STEPS
+    return UNSTALLED
+
+
 def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """One line per cell: status, medians across repeats with a 95% bootstrap interval of throughput."""
+    """One line per cell: status, medians across repeats with a 95% bootstrap interval of throughput
+    (samples/s over the steps `throughput_basis` picks; `samples_per_s_all_steps` is the raw one)."""
+    basis = throughput_basis(table)
     lines = []
     for _, launches in table.groupby("cell_id", sort=False):
         first = launches.iloc[0]
@@ -45,7 +64,9 @@ def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
                      "status": "ok" if len(ok) == len(launches) else first["status"] if ok.empty else "partial",
                      "message": "" if not ok.empty else first["message"]})
         if not ok.empty:
-            throughput = ok["samples_per_s"].astype(float).tolist()
+            raw = ok["samples_per_s"].astype(float)
+            throughput = (raw if basis == ALL_STEPS else
+                          ok["global_batch"] / ok["step_time_unstalled_median_s"].astype(float)).tolist()
             low, high = bootstrap_median_ci(throughput)
             line.update({
                 "step_time_ms": ok["step_time_median_s"].median() * 1e3,
@@ -53,7 +74,7 @@ def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
                 "host_stalled_share": (ok["host_stalled_steps"].sum() / ok["timed_steps"].sum()
                                        if "host_stalled_steps" in ok else None),
                 "samples_per_s": pd.Series(throughput).median(), "samples_per_s_ci_low": low,
-                "samples_per_s_ci_high": high,
+                "samples_per_s_ci_high": high, "samples_per_s_all_steps": raw.median(), "throughput_basis": basis,
                 "tokens_per_s": ok["tokens_per_s"].median() if "tokens_per_s" in ok else None,
                 "exposed_comm_share": _median(ok, "exposed_comm_share"),
                 "comm_bytes_per_step": _median(ok, "comm_bytes_per_step_total"),
@@ -228,6 +249,7 @@ def plot_losses(results: Sequence[RunResult], workload: str) -> str | None:
 SUMMARY_COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("options", "options"),
                    ("world_size", "ws"), ("status", "status"), ("step_time_ms", "step ms"),
                    ("host_stalled_share", "host-stalled steps"), ("step_time_unstalled_ms", "unstalled step ms"),
+                   ("samples_per_s_all_steps", "samples/s, all steps"),
                    ("samples_per_s", "samples/s"), ("samples_per_s_ci_low", "CI low"),
                    ("samples_per_s_ci_high", "CI high"), ("strong_efficiency_vs_ws1", "strong eff. vs ws1"),
                    ("strong_efficiency_vs_plain", "strong eff. vs plain"), ("exposed_comm_share", "exposed comm"),
@@ -258,7 +280,8 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
              "| " + " | ".join(titles) + " |", "|" + " --- |" * len(titles)]
     lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
     lines += ["", "Step time and throughput: medians across repeats (95% bootstrap CI); efficiencies by the "
-              "formulas in the README; rows on a shared GPU carry no speed figures.", "", "## Environment", ""]
+              "formulas in the README; rows on a shared GPU carry no speed figures.", "", _basis_note(summary),
+              "", "## Environment", ""]
     for environment in environments:
         lines.append("- " + ", ".join(f"{k}: {escape(str(v))}" for k, v in environment.items()))
     return "\n".join(lines) + "\n"
@@ -280,6 +303,7 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, results: Sequence[Ru
     parts += ["<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in rows]
     parts.append("</table><p>Medians across repeats with 95% bootstrap intervals. Efficiencies: "
                  "E(N) = X(N) / (N X_ref(1)) (README, 'Derived figures'). Shared-GPU rows carry no speed.</p>")
+    parts.append(f"<p>{e(_basis_note(summary))}</p>")
     workloads = list(dict.fromkeys(table["workload"])) if not table.empty else []
     sections = [("Throughput", plot_throughput, summary), ("Scaling efficiency", plot_efficiency, summary),
                 ("Memory: measured vs predicted", plot_memory, summary),
@@ -300,6 +324,14 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, results: Sequence[Ru
     parts += ["<li>" + e(", ".join(f"{k}: {v}" for k, v in env.items())) + "</li>" for env in environments]
     parts.append("</ul></body></html>")
     return "\n".join(parts)
+
+
+def _basis_note(summary: pd.DataFrame) -> str:
+    if "throughput_basis" not in summary or not (summary["throughput_basis"] == UNSTALLED).any():
+        return "Throughput (samples/s), its plot and the efficiencies use every timed step."
+    return ("The host stalled some timed steps (column 'host-stalled steps'; README, 'Host stalls'), so "
+            "samples/s, its interval, the throughput plot and the efficiencies use the unstalled steps; "
+            "'samples/s, all steps' is the raw figure the rows carry.")
 
 
 def _environments(results: Sequence[RunResult]) -> list[dict]:

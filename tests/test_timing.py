@@ -1,5 +1,6 @@
 """Host-stall detection: steps during which the virtual machine was not running are named, not hidden."""
 
+import pandas as pd
 import torch
 
 from harness.compare import Change, compare_results
@@ -48,3 +49,13 @@ def test_compare_sets_stalled_steps_aside():
     slower = [t * 1.25 for t in clean]
     findings, _ = compare_results([_row(clean, [])], [_row(slower, [])])
     assert [f.change for f in findings] == [Change.REGRESSION]
+
+
+def test_the_report_rests_throughput_on_unstalled_steps_only_where_the_host_stalled():
+    from harness.report import ALL_STEPS, UNSTALLED, throughput_basis
+
+    rows = pd.DataFrame({"status": ["ok", "ok", "failed"], "host_stalled_steps": [0, 3, None],
+                         "step_time_unstalled_median_s": [0.03, 0.05, None]})
+    assert throughput_basis(rows) == UNSTALLED
+    assert throughput_basis(rows.assign(host_stalled_steps=[0, 0, None])) == ALL_STEPS
+    assert throughput_basis(rows.drop(columns="host_stalled_steps")) == ALL_STEPS    # rows from before stalls
