@@ -28,19 +28,21 @@ class Machine:
     device: DeviceKind
     gpus: int
     cores: int
+    nodes: int = 1      # hosts a multi-rank cell may spread over (a hostfile's, or Slurm's)
 
     @classmethod
-    def detect(cls, device: DeviceKind | str | None = None) -> "Machine":
+    def detect(cls, device: DeviceKind | str | None = None, nodes: int = 1) -> "Machine":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         chosen = DeviceKind(device) if device else (DeviceKind.CUDA if gpus else DeviceKind.CPU)
         if chosen is DeviceKind.CUDA and not gpus:
             raise SpecError("device cuda requested but no CUDA device is visible; allowed here: cpu")
-        return cls(device=chosen, gpus=gpus, cores=os.cpu_count() or 1)
+        return cls(device=chosen, gpus=gpus, cores=os.cpu_count() or 1, nodes=nodes)
 
     @property
     def parallel_devices(self) -> int:
-        """How many ranks can run truly in parallel: GPUs, or CPU cores."""
-        return self.gpus if self.device is DeviceKind.CUDA else self.cores
+        """How many ranks can run truly in parallel: GPUs, or CPU cores, on each of the nodes (taken to be
+        like this one)."""
+        return (self.gpus if self.device is DeviceKind.CUDA else self.cores) * self.nodes
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,12 @@ def _plans(machine: Machine, select: Selection) -> dict[str, BatchPlan]:
 
 
 def _cells(machine: Machine, select: Selection, strategies: Sequence[str], world_sizes: Sequence[int],
-           repeats: int, precision: Precision) -> list[RunSpec]:
+           repeats: int, precision: Precision, plans: dict[str, BatchPlan] | None = None) -> list[RunSpec]:
     """Every workload x strategy x world size, plus the plain reference at world size 1."""
     chosen = select.strategies if select.strategies is not None else ("plain", *strategies)
     sizes = select.world_sizes if select.world_sizes is not None else tuple(world_sizes)
     specs = []
-    for workload, plan in _plans(machine, select).items():
+    for workload, plan in (plans or _plans(machine, select)).items():
         for strategy in chosen:
             for world_size in (1,) if strategy == "plain" else sizes:
                 options = {"stages": min(2, world_size)} if strategy == "pipeline" else {}
@@ -132,9 +134,72 @@ def full(machine: Machine, select: Selection) -> list[RunSpec]:
     return _cells(machine, select, ALL_BUT_PLAIN, (1, 2), repeats=repeats, precision=precision)
 
 
+def _powers_of_two_up_to(limit: int) -> tuple[int, ...]:
+    sizes = [1]
+    while sizes[-1] * 2 <= limit:
+        sizes.append(sizes[-1] * 2)
+    return tuple(sizes)
+
+
+DATA_PARALLEL = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3")
+
+
+def scaling(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Strong and weak scaling of the data-parallel strategies over world sizes 1, 2, 4, ... up to the
+    devices (x nodes): strong keeps the matrix's global batch, weak keeps its per-rank share at the largest
+    size; the plain loop at each global batch is the reference (harness.scaling)."""
+    precision = Precision.BF16 if machine.device is DeviceKind.CUDA else Precision.FP32
+    sizes = select.world_sizes or _powers_of_two_up_to(machine.parallel_devices)
+    specs: dict[str, RunSpec] = {}
+    for spec in _cells(machine, select, DATA_PARALLEL, sizes, repeats=3, precision=precision):
+        specs.setdefault(spec.cell_id, spec)
+        per_rank = spec.global_batch // max(sizes)
+        if spec.strategy == "plain" or "global_batch" in dict(select.overrides) or per_rank < spec.micro_batch:
+            continue
+        weak = spec.replace(global_batch=per_rank * spec.world_size)
+        reference = spec.replace(strategy="plain", world_size=1, global_batch=per_rank, options=())
+        with_reference = select.strategies is None or "plain" in select.strategies
+        for cell in (weak, reference) if with_reference else (weak,):
+            specs.setdefault(cell.cell_id, cell)
+    return sorted(specs.values(), key=lambda s: (s.workload, s.strategy != "plain", s.strategy, s.world_size,
+                                                s.global_batch))
+
+
+MEMORY_PLANS = {
+    DeviceKind.CPU: {"gpt-tiny": BatchPlan(global_batch=8, micro_batch=4, warmup_steps=2, timed_steps=3)},
+    DeviceKind.CUDA: {name: BatchPlan(global_batch=8, micro_batch=1, warmup_steps=2, timed_steps=5)
+                      for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+}
+MEMORY_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
+
+
+def zero_memory(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Peak memory per rank of DDP, ZeRO-1/2/3 and FSDP2 against the ZeRO paper's prediction, on the
+    transformer family (GPT-2 small to xl on GPUs; a cell that runs out of memory is a finding, recorded
+    as oom) at the largest world size; short runs, since memory, not speed, is the point."""
+    precision = Precision.BF16 if machine.device is DeviceKind.CUDA else Precision.FP32
+    plans = MEMORY_PLANS[machine.device]
+    chosen = select.workloads or tuple(plans)
+    missing = [w for w in chosen if w not in plans]
+    if missing:
+        raise SpecError(f"no memory-sweep plan for workload(s) {', '.join(missing)} on {machine.device.value}; "
+                        f"allowed: {', '.join(plans)}")
+    largest = _powers_of_two_up_to(machine.parallel_devices)[-1]
+    sizes = select.world_sizes or (max(2, largest),)
+    specs = []
+    for workload in chosen:
+        plan = plans[workload]
+        narrowed = dataclasses.replace(select, workloads=(workload,))
+        specs += _cells(machine, narrowed, MEMORY_STRATEGIES, sizes, repeats=1, precision=precision,
+                        plans={workload: plan})
+    return specs
+
+
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
+    "scaling": scaling,
+    "zero-memory": zero_memory,
 }
 
 

@@ -96,3 +96,16 @@ def test_comm_benchmark_runs_at_two_ranks_and_prints_busbw_per_size(tmp_path, ca
         factor = {"all_reduce": 1.0, "broadcast": 1.0}.get(measured["collective"], 0.5)
         assert measured["busbw_bytes_per_s"] == pytest.approx(measured["algbw_bytes_per_s"] * factor)
         assert measured["algbw_bytes_per_s"] == pytest.approx(measured["size_bytes"] / measured["time_s"])
+
+
+def test_scaling_and_memory_matrices_hold_the_cells_their_figures_need(capsys):
+    assert main(["run", "--matrix", "scaling", "--workload", "gpt-tiny", "--strategy", "plain,ddp",
+                 "--dry-run"]) == 0
+    cells = capsys.readouterr().out.split()
+    # strong: gb16 at ws1 and ws2; weak: the ws2 share (8 per rank) at ws1; plain references at both batches
+    for label in ("gpt-tiny/ddp/ws1/gb16", "gpt-tiny/ddp/ws2/gb16", "gpt-tiny/ddp/ws1/gb8",
+                  "gpt-tiny/plain/ws1/gb16", "gpt-tiny/plain/ws1/gb8"):
+        assert sum(cell.startswith(label + "/") for cell in cells) == 1, label
+    assert main(["run", "--matrix", "zero-memory", "--dry-run"]) == 0
+    strategies = [line.split("/")[1] for line in capsys.readouterr().out.splitlines()]
+    assert strategies == ["plain", "ddp", "zero1", "zero2", "zero3", "fsdp2"]
