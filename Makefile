@@ -2,9 +2,13 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup run smoke test
+.PHONY: setup test-tools run smoke test
 setup:
 	PARBENCH_VENV=$(VENV) scripts/setup-env.sh
+
+# Slurm, munge and iproute2 for the multi-node tests (apt, where root; they skip with the reason elsewhere).
+test-tools:
+	scripts/install-test-tools.sh
 
 run: setup
 	$(PYTHON) -m harness run --matrix full
@@ -12,5 +16,5 @@ run: setup
 smoke: setup
 	$(PYTHON) -m harness run --matrix smoke
 
-test: setup
+test: setup test-tools
 	$(PYTHON) -m pytest

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from harness.matrix import MATRICES, Machine, Selection, build_matrix
 from harness.record import ResultsError
 from harness.faults import fault_from_environment
+from harness.placement import Placement, make_placement, with_nodes
 from harness.spec import RunResult, RunSpec, SpecError
 
 
@@ -111,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per launch before its ranks are killed")
     run.add_argument("--resume", action="store_true", help="with --out: skip launches already recorded ok there")
     run.add_argument("--dry-run", action="store_true", help="print the cells and exit")
+    run.add_argument("--hostfile", type=Path, help="DeepSpeed/MPI hostfile ('HOST slots=N' lines): run the "
+                     "cells on these hosts, multi-rank cells spread over --nnodes of them")
+    run.add_argument("--nnodes", type=int, help="nodes a multi-rank cell spreads over (default: every host of "
+                     "the hostfile; 1 under --slurm)")
+    run.add_argument("--remote-shell", help="with --hostfile: how to run a command on a host "
+                     "(default 'ssh -o BatchMode=yes {host}'; {host} and {node} are filled in)")
+    run.add_argument("--slurm", action="store_true", help="submit each launch as a Slurm job (sbatch --wait)")
+    run.add_argument("--slurm-args", help="extra sbatch arguments, e.g. '--partition gpu --account proj'")
     run.add_argument("--profile-steps", type=int, default=0, help="GPU only: after the timed steps, profile "
                      "this many steps for NCCL kernel time and its overlap with compute")
     run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU where the built-in "
@@ -158,21 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def plan_run(args: argparse.Namespace) -> list[RunSpec]:
-    """The validated cells a `run` invocation asks for; raises SpecError before anything launches."""
-    machine = Machine.detect(args.device)
+def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
+    """The validated cells a `run` invocation asks for and where they go; raises SpecError before anything
+    launches."""
+    placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args)
+    if args.slurm and shutil.which("sbatch") is None:
+        raise SpecError("--slurm needs Slurm's sbatch on PATH; it was not found")
+    machine = Machine.detect(args.device, nodes=placement.nnodes)
     overrides = tuple((name, getattr(args, name)) for name in
                       ("global_batch", "micro_batch", "precision", "warmup_steps", "timed_steps", "seed")
                       if getattr(args, name) is not None)
     select = Selection(workloads=args.workload, strategies=args.strategy, world_sizes=args.world_sizes,
                        repeats=args.repeats, overrides=overrides, options=tuple(args.option))
-    return build_matrix(args.matrix, machine, select)
+    return [with_nodes(spec, placement) for spec in build_matrix(args.matrix, machine, select)], placement
 
 
 def command_run(args: argparse.Namespace) -> int:
     from harness.runner import RunOptions, run_specs, summary_table
 
-    specs = plan_run(args)
+    specs, placement = plan_run(args)
     if args.profile_steps < 0:
         raise SpecError(f"--profile-steps must be >= 0, got {args.profile_steps}")
     if args.resume and args.out is None:
@@ -191,7 +205,8 @@ def command_run(args: argparse.Namespace) -> int:
     launches = sum(spec.repeats for spec in specs)
     print(f"parbench: {len(specs)} cells, {launches} launches -> {out}", file=sys.stderr)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else None
-    options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume)
+    options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume,
+                         placement=placement)
     # The bar shows the cell being launched and tqdm's ETA (mean time per launch so far x launches left);
     # off when stderr is not a terminal, where the per-launch lines below are the log.
     with tqdm(total=launches, unit="launch", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from harness.environment import capture_environment
-from harness.launch import Placement, run_cell
+from harness.launch import run_cell
 from harness.mfu import model_flops_utilization, peak_flops
+from harness.placement import Placement
 from harness.parity import parity_for, reference_key
 from harness.record import append_row, read_results
 from harness.spec import RunResult, RunSpec, Status

@@ -165,7 +165,8 @@ class RunSpec:
         """Short human name for tables and logs."""
         options = ",".join(f"{k}={v}" for k, v in self.options)
         tail = f"[{options}]" if options else ""
-        return (f"{self.workload}/{self.strategy}{tail}/ws{self.world_size}/gb{self.global_batch}"
+        nodes = f"x{self.nnodes}nodes" if self.nnodes > 1 else ""
+        return (f"{self.workload}/{self.strategy}{tail}/ws{self.world_size}{nodes}/gb{self.global_batch}"
                 f"/mb{self.micro_batch}/{self.precision.value}/{self.device.value}")
 
 
@@ -181,6 +182,7 @@ class RunResult:
     measurements: dict[str, Any] = field(default_factory=dict)   # raw figures; names carry units
     environment: dict[str, Any] = field(default_factory=dict)    # versions, hardware, git, env vars
     launch_command: list[str] = field(default_factory=list)
+    node_launch_commands: list[list[str]] = field(default_factory=list)  # multi-node: one per node, in order
     started_at: str = ""                # ISO 8601, UTC
     wall_time_s: float = 0.0            # launch to exit, as seen by the harness
     artifacts_dir: str = ""             # the cell's folder: spec.json, log.txt, per-rank files
@@ -201,6 +203,7 @@ class RunResult:
             "measurements": self.measurements,
             "environment": self.environment,
             "launch_command": self.launch_command,
+            "node_launch_commands": self.node_launch_commands,
             "started_at": self.started_at,
             "wall_time_s": self.wall_time_s,
             "artifacts_dir": self.artifacts_dir,
@@ -220,6 +223,7 @@ class RunResult:
             measurements=dict(data.get("measurements", {})),
             environment=dict(data.get("environment", {})),
             launch_command=list(data.get("launch_command", [])),
+            node_launch_commands=[list(c) for c in data.get("node_launch_commands", [])],
             started_at=data.get("started_at", ""),
             wall_time_s=float(data.get("wall_time_s", 0.0)),
             artifacts_dir=data.get("artifacts_dir", ""),

@@ -77,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         return 3 if status is Status.OOM else 1
 
 
+def _node_rank() -> int:
+    """Which node of a multi-node launch this rank runs on, as its launcher numbers them (torchrun:
+    GROUP_RANK, DeepSpeed's launcher: CROSS_RANK, horovodrun: HOROVOD_CROSS_RANK); 0 on one host."""
+    for name in ("GROUP_RANK", "CROSS_RANK", "HOROVOD_CROSS_RANK"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 0
+
+
 def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: CollectiveCounter) -> dict[str, Any]:
     workload = get_workload(spec.workload)
     layout = strategy.layout(spec)
@@ -117,7 +126,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     global_losses = trainer.global_losses(torch.stack(losses).float()).tolist()
     by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
                               "stalled": timer.stalled, "host_lost": timer.host_lost_seconds,
-                              "host": socket.gethostname(), "comm": counter.per_step(),
+                              "host": socket.gethostname(), "node": _node_rank(), "comm": counter.per_step(),
                               "compute_only": compute_only})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_communication(spec, strategy, layout, parameters, by_rank, compute_only_note,
@@ -290,6 +299,7 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "device_name": _device_name(context.device),
         "threads_per_rank": torch.get_num_threads(),
         "hosts": sorted({r["host"] for r in by_rank}),
+        "node_rank_by_rank": [r["node"] for r in by_rank],
     }
     if context.device.type == "cuda":
         figures["peak_allocated_bytes_by_rank"] = [m[1] for m in memory_by_rank]

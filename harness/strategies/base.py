@@ -36,6 +36,7 @@ class Launcher(enum.StrEnum):
     SINGLE_PROCESS = "python"
     TORCHRUN = "torchrun"
     HOROVODRUN = "horovodrun"
+    DEEPSPEED = "deepspeed"              # DeepSpeed's own launcher, given a hostfile (multi-node runs)
 
 
 class PrecisionRecipe(enum.StrEnum):
@@ -132,6 +133,7 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
     launcher: ClassVar[Launcher]
+    multi_node_launcher: ClassVar[Launcher | None] = None   # across a hostfile's hosts, if not `launcher`
     description: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()       # importable modules the strategy needs
     options: ClassVar[Mapping[str, Option]] = {}
@@ -230,7 +232,8 @@ def torchrun_context(device_kind: DeviceKind) -> RankContext:
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    # torchrun says LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE.
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
     device, backend, shared = place_rank(device_kind, local_rank, local_world_size)
     # Also at world size 1: the wrappers need a process group, and their cost there is what we measure.
     if not torch.distributed.is_initialized():

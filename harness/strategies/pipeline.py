@@ -36,6 +36,7 @@ class PipelineTrainer(Trainer):
 class Pipeline(Strategy):
     name = "pipeline"
     launcher = Launcher.TORCHRUN
+    multi_node_launcher = Launcher.DEEPSPEED
     description = "DeepSpeed pipeline parallelism, 1F1B schedule (torchrun)"
     comm_interception = "torch.distributed collectives and point-to-point sends (DeepSpeed's p2p)"
     requires = ("deepspeed",)

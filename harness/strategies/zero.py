@@ -42,6 +42,7 @@ class DeepSpeedTrainer(Trainer):
 class ZeRO(Strategy):
     launcher = Launcher.TORCHRUN
     requires = ("deepspeed",)
+    multi_node_launcher = Launcher.DEEPSPEED
 
     def __init__(self, stage: int) -> None:
         self.stage = stage

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# System tools the multi-node tests use: Debian's slurm-wlm and munge (a real one-node Slurm cluster) and
+# iproute2 (network namespaces as hosts). Installed with apt where we are root and they are missing;
+# elsewhere this says what is missing and the tests needing it skip with that reason.
+set -uo pipefail
+packages=()
+command -v sbatch >/dev/null && command -v slurmctld >/dev/null && command -v slurmd >/dev/null || packages+=(slurm-wlm)
+command -v munged >/dev/null || packages+=(munge)
+command -v ip >/dev/null || packages+=(iproute2)
+[ ${#packages[@]} = 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "install-test-tools: ${packages[*]} missing and not installable here (needs root and apt); the Slurm and" \
+         "namespace tests will skip" >&2
+    exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get install -y -q "${packages[@]}" >/tmp/parbench-apt.log 2>&1; then
+    apt-get update -q >>/tmp/parbench-apt.log 2>&1
+    apt-get install -y -q "${packages[@]}" >>/tmp/parbench-apt.log 2>&1 \
+        || { echo "install-test-tools: apt-get install ${packages[*]} failed; see /tmp/parbench-apt.log" >&2; exit 0; }
+fi
+echo "install-test-tools: installed ${packages[*]}"
