@@ -28,7 +28,7 @@ from tqdm import tqdm
 from harness.matrix import MATRICES, Machine, Selection, build_matrix
 from harness.record import ResultsError
 from harness.faults import fault_from_environment
-from harness.placement import Placement, make_placement, with_nodes
+from harness.placement import Placement, make_placement
 from harness.spec import RunResult, RunSpec, SpecError
 
 
@@ -180,7 +180,7 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
                       if getattr(args, name) is not None)
     select = Selection(workloads=args.workload, strategies=args.strategy, world_sizes=args.world_sizes,
                        repeats=args.repeats, overrides=overrides, options=tuple(args.option))
-    return [with_nodes(spec, placement) for spec in build_matrix(args.matrix, machine, select)], placement
+    return [placement.place(spec) for spec in build_matrix(args.matrix, machine, select)], placement
 
 
 def command_run(args: argparse.Namespace) -> int:

@@ -238,13 +238,11 @@ def shown_command(command: list[str], extra_env: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in extra_env.items() if k != CELL_TOKEN_ENV] + command
 
 
-def run_launcher(launch: Launch | list[str], extra_env: dict[str, str], log_path: Path,
+def run_launcher(launch: Launch, extra_env: dict[str, str], log_path: Path,
                  timeout_s: float) -> tuple[int | None, bool, float]:
     """Start a launch's processes, each in a session of its own, log their output, wait at most
     `timeout_s`, and leave no process of them behind. Returns (the first non-zero exit status in node order,
     else 0, or None on timeout; timed out; wall seconds)."""
-    if not isinstance(launch, Launch):
-        launch = Launch(commands=(tuple(launch),))
     token = extra_env[CELL_TOKEN_ENV]
     began = time.monotonic()
     processes: list[subprocess.Popen] = []

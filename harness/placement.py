@@ -156,8 +156,3 @@ def cleanup_script(spec_path: Path) -> str:
     """Kills what is left of a cell on a host: its launchers and ranks all name the cell's spec file."""
     pattern = "harness[.]worker --spec " + re.escape(str(spec_path))
     return f"pkill -KILL -f {shlex.quote(pattern)} || true"
-
-
-def with_nodes(spec: RunSpec, placement: Placement) -> RunSpec:
-    return placement.place(spec) if (placement.multi_host or placement.slurm) else spec
-
