@@ -28,6 +28,10 @@ from workloads import Workload
 ADAMW_HYPERPARAMETERS: Mapping[str, Any] = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
+# Called by `Trainer.train_step` once per step, after the step's gradients are reduced and before the
+# optimizer changes any weight: the one point where every strategy holds the same thing (reduced
+# gradients, last step's weights and optimizer state), read by the parity probe and the memory reading.
+GradientsReady = Callable[[], None]
 
 
 class Launcher(enum.StrEnum):
@@ -94,9 +98,15 @@ class Trainer(abc.ABC):
     config: dict[str, Any] = field(default_factory=dict)   # what was configured, recorded in the row
     precision_recipe: PrecisionRecipe = PrecisionRecipe.FP32
 
+    # False where a strategy's step cannot be stopped between reduction and update (DeepSpeed's pipeline
+    # runs both inside `train_batch`); `gradients_ready` is then never called.
+    reaches_gradients_ready: ClassVar[bool] = True
+
     @abc.abstractmethod
-    def train_step(self, micro_batches: Sequence[MicroBatch]) -> torch.Tensor:
-        """One optimizer step over this rank's micro-batches; returns the mean loss it saw (detached)."""
+    def train_step(self, micro_batches: Sequence[MicroBatch],
+                   gradients_ready: GradientsReady | None = None) -> torch.Tensor:
+        """One optimizer step over this rank's micro-batches; returns the mean loss it saw (detached).
+        Calls `gradients_ready` (if given) after the gradients are reduced and before the update."""
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         """Per-step losses of the whole global batch from each rank's `train_step` losses.

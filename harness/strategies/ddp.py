@@ -31,9 +31,11 @@ class DDPTrainer(Trainer):
     workload: Workload | None = None
     spec: RunSpec | None = None
 
-    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+    def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
                           no_sync=self.model.no_sync)
+        if gradients_ready is not None:     # DDP's last backward has waited for every bucket's all-reduce
+            gradients_ready()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss

@@ -39,9 +39,16 @@ class HorovodTrainer(Trainer):
     spec: RunSpec | None = None
     hvd: Any = None
 
-    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+    def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device)
-        self.optimizer.step()          # waits for the outstanding all-reduces, then updates
+        if gradients_ready is None:
+            self.optimizer.step()      # waits for the outstanding all-reduces, then updates
+        else:
+            # Horovod's documented split (as for gradient clipping): wait for the all-reduces, then update.
+            self.optimizer.synchronize()
+            gradients_ready()
+            with self.optimizer.skip_synchronize():
+                self.optimizer.step()
         self.optimizer.zero_grad()     # Horovod's takes no arguments; torch's default sets grads to None
         return loss
 

@@ -28,7 +28,9 @@ from workloads import get_workload
 class PipelineTrainer(Trainer):
     engine: Any = None
 
-    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+    reaches_gradients_ready = False      # train_batch reduces and updates in one call
+
+    def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         # train_batch returns the step's mean loss, already averaged over the replicas, on every stage.
         return self.engine.train_batch(data_iter=iter(micro_batches)).detach().float()
 

@@ -27,13 +27,16 @@ class DeepSpeedTrainer(Trainer):
     engine: Any = None
     workload: Workload | None = None
 
-    def train_step(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+    def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         # The engine divides each loss by gradient_accumulation_steps in backward and steps the
-        # optimizer at the accumulation boundary (the last micro-batch).
+        # optimizer at the accumulation boundary (the last micro-batch). Its backward at the boundary
+        # finishes the gradient reduction (reduce_gradients / the stage-3 reduce-scatter epilogue).
         total = torch.zeros((), device=self.context.device)
-        for inputs, targets in micro_batches:
+        for index, (inputs, targets) in enumerate(micro_batches):
             loss = self.workload.loss(self.engine(inputs), targets)
             self.engine.backward(loss)
+            if gradients_ready is not None and index == len(micro_batches) - 1:
+                gradients_ready()
             self.engine.step()
             total += loss.detach().float()
         return total / len(micro_batches)
