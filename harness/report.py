@@ -5,8 +5,8 @@
 The HTML embeds every plot as inline SVG (matplotlib, rendered here) and fetches nothing, so it opens
 offline and can be archived with the rows. Every string that came from a row or a user (labels, options,
 messages, environment values) is HTML-escaped. Figures are computed from the rows by the formulas in
-the README: scaling efficiency by harness.scaling, medians across repeats with a bootstrap interval by
-harness.stats. Rows from a shared GPU never appear in speed or scaling plots.
+the README, all of them derived from the raw rows by `harness.derive` (the same tables the console summary
+prints). Rows from a shared GPU never appear in speed or scaling plots.
 """
 
 from __future__ import annotations
@@ -24,78 +24,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.commbench import with_bandwidth  # noqa: E402
+from harness.derive.cells import cell_table, launch_table  # noqa: E402
+from harness.derive.rows import Row, is_ok, load_rows, measurements, spec  # noqa: E402
+from harness.derive.throughput import Basis  # noqa: E402
 from harness.record import COMMBENCH_KIND, read_rows  # noqa: E402
-from harness.scaling import scaling_efficiency  # noqa: E402
-from harness.spec import RunResult  # noqa: E402
-from harness.stats import bootstrap_median_ci  # noqa: E402
-from harness.table import load_table  # noqa: E402
-
-CELL_COLUMNS = ["workload", "strategy", "options", "world_size", "global_batch", "micro_batch", "precision",
-                "device", "shared_device"]
-
-
-UNSTALLED = "unstalled steps"
-ALL_STEPS = "all steps"
-
-
-def throughput_basis(table: pd.DataFrame) -> str:
-    """Which steps the report's throughput, plots and efficiencies rest on. Where the host stalled any
-    step of these rows (harness.timing) and every ok row has an unstalled median, the unstalled steps:
-    a stalled step measures the host, and stalls hit cells at random, so a ratio of two cells' raw
-    throughputs would mostly compare their stalls. Otherwise all steps."""
-    ok = table[table["status"] == "ok"] if "status" in table else table.iloc[0:0]
-    if ok.empty or "host_stalled_steps" not in ok or "step_time_unstalled_median_s" not in ok:
-        return ALL_STEPS
-    if ok["host_stalled_steps"].fillna(0).sum() == 0 or ok["step_time_unstalled_median_s"].isna().any():
-        return ALL_STEPS
-    return UNSTALLED
-
-
-def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """One line per cell: status, medians across repeats with a 95% bootstrap interval of throughput
-    (samples/s over the steps `throughput_basis` picks; `samples_per_s_all_steps` is the raw one)."""
-    basis = throughput_basis(table)
-    lines = []
-    for _, launches in table.groupby("cell_id", sort=False):
-        first = launches.iloc[0]
-        ok = launches[launches["status"] == "ok"]
-        line = {c: first[c] for c in CELL_COLUMNS if c in launches}
-        line.update({"launches": len(launches), "ok": len(ok),
-                     "status": "ok" if len(ok) == len(launches) else first["status"] if ok.empty else "partial",
-                     "message": "" if not ok.empty else first["message"]})
-        if not ok.empty:
-            raw = ok["samples_per_s"].astype(float)
-            throughput = (raw if basis == ALL_STEPS else
-                          ok["global_batch"] / ok["step_time_unstalled_median_s"].astype(float)).tolist()
-            low, high = bootstrap_median_ci(throughput)
-            line.update({
-                "step_time_ms": ok["step_time_median_s"].median() * 1e3,
-                "step_time_unstalled_ms": _median(ok, "step_time_unstalled_median_s", 1e3),
-                "host_stalled_share": (ok["host_stalled_steps"].sum() / ok["timed_steps"].sum()
-                                       if "host_stalled_steps" in ok else None),
-                "samples_per_s": pd.Series(throughput).median(), "samples_per_s_ci_low": low,
-                "samples_per_s_ci_high": high, "samples_per_s_all_steps": raw.median(), "throughput_basis": basis,
-                "tokens_per_s": ok["tokens_per_s"].median() if "tokens_per_s" in ok else None,
-                "exposed_comm_share": _median(ok, "exposed_comm_share"),
-                "comm_bytes_per_step": _median(ok, "comm_bytes_per_step_total"),
-                "peak_rss_mib": _median(ok, "peak_rss_bytes_max") / (1 << 20),
-                "allocated_after_step_mib": _median(ok, "allocated_after_step_bytes_max", 1 / (1 << 20)),
-                "model_state_predicted_mib": _median(ok, "model_state_bytes_predicted", 1 / (1 << 20)),
-                "mfu": _median(ok, "mfu"),
-                "parity": first.get("parity_verdict", ""),
-                "parity_max_abs_diff": first.get("parity_max_abs_diff"),
-            })
-        lines.append(line)
-    summary = pd.DataFrame(lines)
-    if not summary.empty and "samples_per_s" in summary:
-        summary = scaling_efficiency(summary.fillna({"samples_per_s": float("nan")}))
-    return summary
-
-
-def _median(frame: pd.DataFrame, column: str, scale: float = 1.0):
-    if column not in frame or frame[column].isna().all():
-        return None
-    return float(frame[column].astype(float).median()) * scale
 
 
 # ---- plots ----------------------------------------------------------------------------------------------
@@ -123,12 +55,12 @@ def plot_throughput(summary: pd.DataFrame, workload: str) -> str | None:
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     for (strategy, options), group in rows.groupby(["strategy", "options"]):
         group = group.sort_values("world_size")
-        errors = [group["samples_per_s"] - group["samples_per_s_ci_low"],
-                  group["samples_per_s_ci_high"] - group["samples_per_s"]]
+        low, high = group["samples_per_s_low"], group["samples_per_s_high"]
+        errors = [(group["samples_per_s"] - low).fillna(0), (high - group["samples_per_s"]).fillna(0)]
         axis.errorbar(group["world_size"], group["samples_per_s"], yerr=errors, marker="o", capsize=3,
                       label=strategy + (f" [{options}]" if options and strategy != "pipeline" else ""))
     axis.set_xlabel("world size")
-    axis.set_ylabel("samples/s (median, 95% CI)")
+    axis.set_ylabel("samples/s (median; bars: interval across launches)")
     axis.set_title(f"{workload}: throughput")
     axis.set_xticks(sorted(rows["world_size"].unique()))
     axis.legend(fontsize=7, ncol=2)
@@ -143,12 +75,20 @@ def plot_efficiency(summary: pd.DataFrame, workload: str) -> str | None:
                            "weak_efficiency_vs_plain") if c in rows and rows[c].notna().any()]
     if rows.empty or not columns:
         return None
-    labels = [f"{r.strategy} ws{r.world_size}" for r in rows.itertuples()]
+    labels = [f"{r.strategy}{' [' + r.options + ']' if r.options else ''} ws{r.world_size}"
+              for r in rows.itertuples()]
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     width = 0.8 / len(columns)
     for index, column in enumerate(columns):
-        axis.bar([i + index * width for i in range(len(rows))], rows[column].fillna(0), width,
-                 label=column.replace("_", " "))
+        # A cell without a reference has no efficiency: no bar, and "n/a" where it would stand (a
+        # zero-height bar would read as an efficiency of 0).
+        positions = [i + index * width for i in range(len(rows))]
+        values = rows[column].astype(float).tolist()
+        drawn = [(x, v) for x, v in zip(positions, values) if v == v]
+        axis.bar([x for x, _ in drawn], [v for _, v in drawn], width, label=column.replace("_", " "))
+        for x, v in zip(positions, values):
+            if v != v:
+                axis.text(x, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=6)
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xticks([i + width * (len(columns) - 1) / 2 for i in range(len(rows))], labels, rotation=45,
                     ha="right", fontsize=7)
@@ -160,17 +100,19 @@ def plot_efficiency(summary: pd.DataFrame, workload: str) -> str | None:
 
 def plot_memory(summary: pd.DataFrame, workload: str) -> str | None:
     rows = summary[(summary["workload"] == workload) & (summary["status"] == "ok")] if "status" in summary else summary
-    if rows.empty or "model_state_predicted_mib" not in rows:
+    if (rows.empty or "model_state_bytes_predicted" not in rows
+            or rows[["model_state_bytes_predicted", "peak_rss_bytes_max"]].isna().all().all()):
         return None
-    measured_column = ("allocated_after_step_mib" if rows["allocated_after_step_mib"].notna().any()
-                       else "peak_rss_mib")
-    measured_label = ("measured: allocated after a step (model states)" if measured_column.startswith("alloc")
+    measured_column = ("peak_allocated_bytes_max" if rows["peak_allocated_bytes_max"].notna().any()
+                       else "peak_rss_bytes_max")
+    measured_label = ("measured: peak allocated" if measured_column.startswith("peak_alloc")
                       else "measured: peak RSS (includes the runtime)")
     labels = [f"{r.strategy} ws{r.world_size}" for r in rows.itertuples()]
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     positions = range(len(rows))
-    axis.bar([p - 0.2 for p in positions], rows[measured_column].fillna(0), 0.4, label=measured_label)
-    axis.bar([p + 0.2 for p in positions], rows["model_state_predicted_mib"].fillna(0), 0.4,
+    mib = float(1 << 20)
+    axis.bar([p - 0.2 for p in positions], rows[measured_column].astype(float) / mib, 0.4, label=measured_label)
+    axis.bar([p + 0.2 for p in positions], rows["model_state_bytes_predicted"].astype(float) / mib, 0.4,
              label="predicted model states (ZeRO paper)")
     axis.set_xticks(list(positions), labels, rotation=45, ha="right", fontsize=7)
     axis.set_ylabel("MiB per rank (max over ranks)")
@@ -228,15 +170,16 @@ def plot_busbw(commbench: Sequence[dict]) -> str | None:
     return _svg(figure)
 
 
-def plot_losses(results: Sequence[RunResult], workload: str) -> str | None:
-    chosen = [r for r in results if r.spec.workload == workload and r.status.value == "ok" and r.repeat == 0]
+def plot_losses(rows: Sequence[Row], workload: str) -> str | None:
+    chosen = [r for r in rows if spec(r)["workload"] == workload and is_ok(r) and r.get("repeat", 0) == 0]
     if not chosen:
         return None
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
-    for result in chosen:
-        losses = result.measurements["loss_per_step"]
-        style = {"linewidth": 2.5, "color": "black"} if result.spec.strategy == "plain" else {"linewidth": 1}
-        axis.plot(range(len(losses)), losses, label=f"{result.spec.strategy} ws{result.spec.world_size}", **style)
+    for row in chosen:
+        losses = measurements(row)["loss_per_step"]
+        strategy = spec(row)["strategy"]
+        style = {"linewidth": 2.5, "color": "black"} if strategy == "plain" else {"linewidth": 1}
+        axis.plot(range(len(losses)), losses, label=f"{strategy} ws{spec(row)['world_size']}", **style)
     axis.set_xlabel("optimizer step")
     axis.set_ylabel("loss of the global batch")
     axis.set_title(f"{workload}: loss per step (plain loop in black)")
@@ -247,14 +190,13 @@ def plot_losses(results: Sequence[RunResult], workload: str) -> str | None:
 # ---- documents --------------------------------------------------------------------------------------------
 
 SUMMARY_COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("options", "options"),
-                   ("world_size", "ws"), ("status", "status"), ("step_time_ms", "step ms"),
-                   ("host_stalled_share", "host-stalled steps"), ("step_time_unstalled_ms", "unstalled step ms"),
+                   ("world_size", "ws"), ("status", "status"), ("step_time_median_s", "step s"),
+                   ("host_stalled_steps", "host-stalled steps"), ("step_time_unstalled_median_s", "unstalled step s"),
                    ("samples_per_s_all_steps", "samples/s, all steps"),
-                   ("samples_per_s", "samples/s"), ("samples_per_s_ci_low", "CI low"),
-                   ("samples_per_s_ci_high", "CI high"), ("strong_efficiency_vs_ws1", "strong eff. vs ws1"),
+                   ("samples_per_s", "samples/s"), ("samples_per_s_interval", "interval"), ("strong_efficiency_vs_ws1", "strong eff. vs ws1"),
                    ("strong_efficiency_vs_plain", "strong eff. vs plain"), ("exposed_comm_share", "exposed comm"),
-                   ("peak_rss_mib", "peak RSS MiB"), ("allocated_after_step_mib", "allocated MiB"),
-                   ("model_state_predicted_mib", "predicted MiB"), ("mfu", "MFU"), ("parity", "parity"),
+                   ("peak_rss_bytes_max", "peak RSS B"), ("peak_allocated_bytes_max", "peak allocated B"),
+                   ("model_state_bytes_predicted", "predicted model states B"), ("mfu", "MFU"), ("parity", "parity"),
                    ("message", "why")]
 
 
@@ -287,7 +229,7 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
     return "\n".join(lines) + "\n"
 
 
-def html_report(summary: pd.DataFrame, table: pd.DataFrame, results: Sequence[RunResult],
+def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[Row],
                 commbench: Sequence[dict], environments: list[dict], sources: Sequence[Path]) -> str:
     e = html.escape
     titles, rows = _table_cells(summary)
@@ -319,7 +261,7 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, results: Sequence[Ru
     parts.append("<h2>Collective bus bandwidth</h2>" + (f"<div>{busbw}</div>" if busbw else
                  "<p>No <code>python -m harness comm</code> rows in these files.</p>"))
     parts.append("<h2>Loss parity</h2><div class='plots'>")
-    parts += [f"<div>{svg}</div>" for svg in (plot_losses(results, w) for w in workloads) if svg]
+    parts += [f"<div>{svg}</div>" for svg in (plot_losses(raw_rows, w) for w in workloads) if svg]
     parts.append("</div><h2>Environment</h2><ul>")
     parts += ["<li>" + e(", ".join(f"{k}: {v}" for k, v in env.items())) + "</li>" for env in environments]
     parts.append("</ul></body></html>")
@@ -327,19 +269,19 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, results: Sequence[Ru
 
 
 def _basis_note(summary: pd.DataFrame) -> str:
-    if "throughput_basis" not in summary or not (summary["throughput_basis"] == UNSTALLED).any():
+    if "throughput_basis" not in summary or not (summary["throughput_basis"] == Basis.UNSTALLED.value).any():
         return "Throughput (samples/s), its plot and the efficiencies use every timed step."
     return ("The host stalled some timed steps (column 'host-stalled steps'; README, 'Host stalls'), so "
             "samples/s, its interval, the throughput plot and the efficiencies use the unstalled steps; "
             "'samples/s, all steps' is the raw figure the rows carry.")
 
 
-def _environments(results: Sequence[RunResult]) -> list[dict]:
+def _environments(rows: Sequence[Row]) -> list[dict]:
     keys = ("host", "cpu_model", "gpus", "gpu_driver", "python", "torch", "cuda", "nccl", "deepspeed", "horovod",
             "git_sha", "git_dirty", "pip_freeze_sha256")
     distinct = []
-    for result in results:
-        environment = {k: result.environment.get(k) for k in keys}
+    for row in rows:
+        environment = {k: (row.get("environment") or {}).get(k) for k in keys}
         if environment not in distinct:
             distinct.append(environment)
     return distinct
@@ -348,14 +290,15 @@ def _environments(results: Sequence[RunResult]) -> list[dict]:
 def write_report(sources: Iterable[Path], out: Path) -> list[Path]:
     """Write report.md, report.html, rows.csv and rows.parquet into `out`; returns their paths."""
     sources = list(sources)
-    table, results = load_table(sources)
+    rows = load_rows(sources)
     commbench = read_rows(sources, kind=COMMBENCH_KIND)
-    summary = cell_summary(table) if not table.empty else pd.DataFrame()
-    environments = _environments(results)
+    table = launch_table(rows)
+    summary = cell_table(rows)
+    environments = _environments(rows)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "report.md", out / "report.html", out / "rows.csv", out / "rows.parquet"]
     written[0].write_text(markdown_report(summary, environments, sources))
-    written[1].write_text(html_report(summary, table, results, commbench, environments, sources))
+    written[1].write_text(html_report(summary, table, rows, commbench, environments, sources))
     table.to_csv(written[2], index=False)
     table.to_parquet(written[3], index=False)
     return written

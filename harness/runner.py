@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from statistics import median
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -22,7 +21,6 @@ from harness.placement import Placement
 from harness.parity import parity_for, reference_key
 from harness.record import append_row, read_results
 from harness.spec import RunResult, RunSpec, Status
-from harness.stats import bootstrap_median_ci
 
 
 @dataclass(frozen=True)
@@ -117,35 +115,32 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
-def summary_table(results: Sequence[RunResult]) -> str:
-    """One line per cell: its status and headline figures. With several repeats, throughput is the median
-    across the repeats' medians with its 95% bootstrap confidence interval; `stalled` counts the timed
-    steps the host descheduled (harness.timing), which the raw medians include; exposed communication and
-    the parity verdict are the first repeat's."""
-    cells: dict[str, list[RunResult]] = {}
-    for result in results:
-        cells.setdefault(result.spec.cell_id, []).append(result)
-    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'95% CI':>15} {'stalled':>8} "
-              f"{'exposed':>8} {'loss first->last':>18} {'parity':>10}")
+def summary_table(rows: Sequence[dict]) -> str:
+    """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
+    same figures `harness report` shows). Throughput is the median across ok launches on the table's
+    basis (every timed step, or the unstalled ones where the host stalled some: harness.derive.throughput);
+    `stalled` counts the timed steps the host descheduled; the interval is the range of the launches."""
+    from harness.derive.cells import cell_table
+
+    cells = cell_table(rows)
+    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'range':>15} {'stalled':>8} "
+              f"{'exposed':>8} {'loss first->last':>18}")
     lines = [header, "-" * len(header)]
-    for launches in cells.values():
-        first = launches[0]
-        ok = [r for r in launches if r.status is Status.OK]
-        label = first.spec.label[:52]
-        if not ok:
-            lines.append(f"{label:<52} {first.status.value:<7} {first.message[:70]}")
+    losses = {row["cell_id"]: row["measurements"]["loss_per_step"] for row in rows if row.get("status") == "ok"}
+    for cell in cells.to_dict("records"):
+        label = cell["label"][:52]
+        if not cell["ok"]:
+            lines.append(f"{label:<52} {cell['status']:<7} {cell['message'][:70]}")
             continue
-        m = ok[0].measurements
-        step = median([r.measurements["step_time_median_s"] for r in ok])
-        throughput = [r.measurements["samples_per_s"] for r in ok]
-        low, high = bootstrap_median_ci(throughput)
-        interval = f"{low:.0f}-{high:.0f}" if len(ok) > 1 else "1 launch"
-        exposed = m.get("exposed_comm_share")
-        exposed_text = f"{exposed:.0%}" if exposed is not None else "-"
-        stalled = sum(r.measurements.get("host_stalled_steps", 0) for r in ok)
-        stalled_text = f"{stalled}/{sum(len(r.measurements['step_time_s']) for r in ok)}"
-        losses = m["loss_per_step"]
-        status = "ok" if len(ok) == len(launches) else f"{len(ok)}/{len(launches)}ok"
-        lines.append(f"{label:<52} {status:<7} {step * 1e3:>8.1f} {median(throughput):>10.1f} {interval:>15} "
-                     f"{stalled_text:>8} {exposed_text:>8} {losses[0]:>8.4f}->{losses[-1]:<8.4f} {m.get('parity_verdict', ''):>10}")
+        interval = (f"{cell['samples_per_s_low']:.0f}-{cell['samples_per_s_high']:.0f}"
+                    if cell["samples_per_s_low"] is not None else f"{cell['ok']} launch")
+        exposed = cell.get("exposed_comm_share")
+        exposed_text = f"{exposed:.0%}" if exposed is not None and exposed == exposed else "-"
+        stalled_text = f"{cell['host_stalled_steps']}/{cell['timed_steps_recorded']}"
+        first, last = losses[cell["cell_id"]][0], losses[cell["cell_id"]][-1]
+        status = "ok" if cell["status"] == "ok" else f"{cell['ok']}/{cell['launches']}ok"
+        samples = cell["samples_per_s"]
+        lines.append(f"{label:<52} {status:<7} {cell['step_time_median_s'] * 1e3:>8.1f} {samples:>10.1f} "
+                     f"{interval:>15} {stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f}")
+    lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; README, 'Host stalls')" if len(cells) else "")
     return "\n".join(lines)

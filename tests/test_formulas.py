@@ -8,7 +8,7 @@ import pytest
 from harness.comm_model import analytic_volume, bus_bandwidth
 from harness.memory_model import FP32_ADAM, MIXED_PRECISION_ADAM, predicted_model_state_bytes, zero_model_states
 from harness.mfu import model_flops_utilization, peak_flops
-from harness.scaling import scaling_efficiency
+from harness.derive.scaling import scaling_efficiency
 from harness.stats import bootstrap_median_ci
 
 
@@ -57,7 +57,8 @@ def test_mfu_of_an_h100_run_by_hand():
 
 
 def test_strong_and_weak_scaling_efficiency_by_hand():
-    common = {"workload": "w", "precision": "fp32", "micro_batch": 4, "device": "cpu", "shared_device": False}
+    common = {"workload": "w", "precision": "fp32", "micro_batch": 4, "device": "cpu", "shared_device": False,
+              "options": ""}
     table = pd.DataFrame([
         {**common, "strategy": "plain", "world_size": 1, "global_batch": 16, "samples_per_s": 100.0},
         {**common, "strategy": "plain", "world_size": 1, "global_batch": 8, "samples_per_s": 90.0},

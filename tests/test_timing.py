@@ -51,11 +51,15 @@ def test_compare_sets_stalled_steps_aside():
     assert [f.change for f in findings] == [Change.REGRESSION]
 
 
-def test_the_report_rests_throughput_on_unstalled_steps_only_where_the_host_stalled():
-    from harness.report import ALL_STEPS, UNSTALLED, throughput_basis
+def test_throughput_rests_on_unstalled_steps_only_where_the_host_stalled():
+    from harness.derive.throughput import Basis, throughput_basis
 
-    rows = pd.DataFrame({"status": ["ok", "ok", "failed"], "host_stalled_steps": [0, 3, None],
-                         "step_time_unstalled_median_s": [0.03, 0.05, None]})
-    assert throughput_basis(rows) == UNSTALLED
-    assert throughput_basis(rows.assign(host_stalled_steps=[0, 0, None])) == ALL_STEPS
-    assert throughput_basis(rows.drop(columns="host_stalled_steps")) == ALL_STEPS    # rows from before stalls
+    def row(stalled, status="ok"):
+        return {"status": status, "spec": {}, "measurements": {
+            "step_time_s": [0.03, 0.05, 0.04], "host_stalled_step_indices": stalled}}
+
+    assert throughput_basis([row([]), row([1]), row([], "failed")]) is Basis.UNSTALLED
+    assert throughput_basis([row([]), row([])]) is Basis.ALL_STEPS
+    assert throughput_basis([row([]), row([0, 1, 2])]) is Basis.ALL_STEPS    # a launch with no clean step
+    assert throughput_basis([{"status": "ok", "spec": {}, "measurements": {"step_time_s": [0.1]}}]) \
+        is Basis.ALL_STEPS                                                    # rows from before stalls

@@ -1,0 +1,116 @@
+"""Rows -> one line per launch and one line per cell, every figure derived here, for every reader.
+
+    python -c "from harness.derive.cells import cell_table; from harness.derive.rows import load_rows;
+        print(cell_table(load_rows(['results/reference/ci-cpu/smoke.jsonl'])).T)"
+
+`launch_table` gives one line per launch (any status) with its spec, step-time medians and throughput on
+the basis chosen for the whole set (harness.derive.throughput), memory, communication, exposed time and
+MFU. `cell_table` folds the launches of each cell: the median across ok launches, the interval of the
+throughput, the parity verdict judged over every row given, and the scaling efficiencies. The console
+summary (`harness run`), `harness report` and the asv suite read these tables and nothing else, so a
+figure means the same wherever it is shown.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
+from harness.derive.scaling import scaling_efficiency
+from harness.derive.throughput import Basis, launch_throughput, throughput_basis
+
+CELL_FIELDS = ["workload", "strategy", "options", "world_size", "nnodes", "global_batch", "micro_batch",
+               "precision", "device", "shared_device"]
+
+
+def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
+    s, m = spec(row), measurements(row)
+    record: dict[str, Any] = {
+        "run_id": row.get("run_id"), "cell_id": row.get("cell_id"), "label": label(row),
+        "repeat": row.get("repeat", 0), "status": row.get("status"), "message": row.get("message", ""),
+        "schema_version": row.get("schema_version"), "started_at": row.get("started_at"),
+        "wall_time_s": row.get("wall_time_s"), "options": options_text(row), "shared_device": shared_device(row),
+        **{name: s.get(name) for name in SPEC_FIELDS},
+        "git_sha": (row.get("environment") or {}).get("git_sha"),
+        "host": (row.get("environment") or {}).get("host"),
+    }
+    if not is_ok(row):
+        return record
+    record.update(launch_throughput(row, basis))
+    record.update(_memory(m))
+    record.update(_communication(m))
+    record.update(_exposed(m))
+    record.update(_mfu(row, record))
+    return record
+
+
+def launch_table(rows: Sequence[Row], basis: Basis | None = None) -> pd.DataFrame:
+    basis = basis or throughput_basis(rows)
+    return pd.DataFrame([launch_record(row, basis) for row in rows])
+
+
+def _memory(m: dict) -> dict[str, Any]:
+    return {"peak_rss_bytes_max": m.get("peak_rss_bytes_max"),
+            "peak_allocated_bytes_max": m.get("peak_allocated_bytes_max"),
+            "model_state_bytes_predicted": m.get("model_state_bytes_predicted")}
+
+
+def _communication(m: dict) -> dict[str, Any]:
+    figures = {"comm_bytes_per_step_total": m.get("comm_bytes_per_step_total")}
+    for kind, volume in (m.get("comm_bytes_per_step_max_rank") or {}).items():
+        figures[f"comm_{kind}_bytes_per_step"] = volume
+    return figures
+
+
+def _exposed(m: dict) -> dict[str, Any]:
+    return {"exposed_comm_share": m.get("exposed_comm_share")}
+
+
+def _mfu(row: Row, figures: dict) -> dict[str, Any]:
+    return {"mfu": measurements(row).get("mfu")}
+
+
+MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples_per_s",
+                  "samples_per_s_all_steps", "tokens_per_s", "peak_rss_bytes_max", "peak_allocated_bytes_max",
+                  "model_state_bytes_predicted", "comm_bytes_per_step_total", "exposed_comm_share", "mfu")
+
+
+def cell_table(rows: Sequence[Row]) -> pd.DataFrame:
+    """One line per cell, in the order cells first appear in `rows`."""
+    if not rows:
+        return pd.DataFrame()
+    basis = throughput_basis(rows)
+    launches = launch_table(rows, basis)
+    lines = []
+    for cell_id, group in launches.groupby("cell_id", sort=False):
+        first = group.iloc[0]
+        ok = group[group["status"] == "ok"]
+        line = {name: first[name] for name in CELL_FIELDS}
+        line.update({"cell_id": cell_id, "label": first["label"], "launches": len(group), "ok": len(ok),
+                     "status": ("ok" if len(ok) == len(group) else str(first["status"]) if ok.empty else "partial"),
+                     "message": "" if not ok.empty else first["message"], "throughput_basis": basis.value})
+        for column in MEDIAN_COLUMNS:
+            values = [float(v) for v in ok.get(column, pd.Series(dtype=float)).tolist() if _present(v)]
+            line[column] = median(values) if values else None
+        throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
+        line.update(_interval(throughputs))
+        if not ok.empty:
+            line["host_stalled_steps"] = int(ok["host_stalled_steps"].sum())
+            line["timed_steps_recorded"] = int(ok["timed_steps_recorded"].sum())
+        lines.append(line)
+    cells = pd.DataFrame(lines)
+    cells["samples_per_s"] = cells["samples_per_s"].astype(float)
+    return scaling_efficiency(cells)
+
+
+def _interval(values: list[float]) -> dict[str, Any]:
+    return {"samples_per_s_low": min(values) if len(values) > 1 else None,
+            "samples_per_s_high": max(values) if len(values) > 1 else None,
+            "samples_per_s_interval": f"range of {len(values)} launches" if len(values) > 1 else ""}
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)
