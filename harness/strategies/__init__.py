@@ -1,9 +1,20 @@
 """Parallelisation strategies, one module each, in one literal registry.
 
     python -m harness list
+    PARBENCH_EXTRA_STRATEGIES=my_strategies.py:STRATEGIES python -m harness run --strategy plain,mine
+
+A strategy kept outside this package (a user's own, or a test's toy) joins the registry by name: the
+variable names a Python file and a dict {name: Strategy} in it. It is read when this registry is
+imported, in the harness and in every rank it launches (they inherit the variable, and rows record it),
+so the strategy runs through matrix, launch, worker and report like a built-in one. Nothing scans folders.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Mapping
 
 from harness.spec import SpecError
 from harness.strategies.base import Launcher, Option, PrecisionRecipe, RankContext, Strategy, Trainer
@@ -28,6 +39,31 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
+EXTRA_STRATEGIES_ENV = "PARBENCH_EXTRA_STRATEGIES"
+
+
+def register(extra: Mapping[str, Strategy]) -> None:
+    """Add strategies to the registry; a name already taken is an error, never a silent replacement."""
+    for name, strategy in extra.items():
+        if name in STRATEGIES and STRATEGIES[name] is not strategy:
+            raise SpecError(f"strategy {name!r} is already registered; choose another name")
+        if not isinstance(strategy, Strategy):
+            raise SpecError(f"{EXTRA_STRATEGIES_ENV}: {name!r} is not a harness Strategy")
+        STRATEGIES[name] = strategy
+
+
+def _register_from_environment() -> None:
+    """Read `FILE.py:DICT[,FILE.py:DICT]` from PARBENCH_EXTRA_STRATEGIES."""
+    for entry in filter(None, os.environ.get(EXTRA_STRATEGIES_ENV, "").split(",")):
+        path, _, attribute = entry.rpartition(":")
+        if not path or not Path(path).is_file():
+            raise SpecError(f"{EXTRA_STRATEGIES_ENV}={entry!r}: expected FILE.py:DICT naming an existing file")
+        module_spec = importlib.util.spec_from_file_location(f"parbench_extra_{Path(path).stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        register(getattr(module, attribute))
+
+
 def get_strategy(name: str) -> Strategy:
     try:
         return STRATEGIES[name]
@@ -35,5 +71,7 @@ def get_strategy(name: str) -> Strategy:
         raise SpecError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
 
 
-__all__ = ["STRATEGIES", "Launcher", "Option", "PrecisionRecipe", "RankContext", "Strategy", "Trainer",
-           "get_strategy"]
+_register_from_environment()
+
+__all__ = ["EXTRA_STRATEGIES_ENV", "STRATEGIES", "Launcher", "Option", "PrecisionRecipe", "RankContext", "Strategy",
+           "Trainer", "get_strategy", "register"]

@@ -2,15 +2,17 @@
 
 Each `track_*` benchmark returns one figure of one cell (asv records it per commit), measured by launching
 the cells exactly as `python -m harness run` does: the plain loop and DDP at two ranks on gpt-tiny. The
-cells run once per benchmark session (`setup_cache`); the `time_*` benchmark measures the harness's own
-overhead, the wall time of launching one short cell.
+cells run once per benchmark session (`setup_cache`) and their figures come from `harness.derive`, as in
+`harness report`; the `time_*` benchmark measures the harness's own overhead, the wall time of launching
+one short cell.
 """
 
 import tempfile
 from pathlib import Path
 
+from harness.derive.cells import cell_table
+from harness.derive.rows import load_rows
 from harness.matrix import Machine, Selection, build_matrix
-from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
 
@@ -19,16 +21,17 @@ STRATEGIES = ["plain", "ddp"]
 
 
 def run_small_matrix() -> dict:
-    """{strategy: measurements} of the plain and DDP (2 ranks) gpt-tiny cells."""
+    """{strategy: derived cell figures} of the plain and DDP (2 ranks) gpt-tiny cells."""
     out = Path(tempfile.mkdtemp(prefix="parbench-asv-")) / "cells.jsonl"
     specs = build_matrix("smoke", MACHINE, Selection(workloads=("gpt-tiny",)))
     run_specs(specs, RunOptions(results=out, timeout_s=600))
-    return {r.spec.strategy: r.measurements for r in read_results([out]) if r.status is Status.OK}
+    cells = cell_table(load_rows([out]))
+    return {cell["strategy"]: cell for cell in cells.to_dict("records") if cell["status"] == "ok"}
 
 
 def _figure(cache: dict, strategy: str, key: str, scale: float = 1.0) -> float:
     value = cache.get(strategy, {}).get(key)
-    return float("nan") if value is None else value * scale
+    return float("nan") if value is None or value != value else value * scale
 
 
 class CellFigures:
