@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -60,6 +61,7 @@ def _register_from_environment() -> None:
             raise SpecError(f"{EXTRA_STRATEGIES_ENV}={entry!r}: expected FILE.py:DICT naming an existing file")
         module_spec = importlib.util.spec_from_file_location(f"parbench_extra_{Path(path).stem}", path)
         module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module     # before it runs: its dataclasses look themselves up there
         module_spec.loader.exec_module(module)
         register(getattr(module, attribute))
 
