@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.environment import capture_environment
 from harness.launch import run_cell
-from harness.mfu import model_flops_utilization, peak_flops
 from harness.placement import Placement
 from harness.parity import parity_for, reference_key
 from harness.record import append_row, read_results
@@ -30,7 +30,7 @@ class RunOptions:
     results: Path                 # the JSONL file rows are appended to
     timeout_s: float = 900.0      # per launch, after which every rank of the cell is killed
     placement: Placement = Placement()
-    peak_flops_per_s: float | None = None   # the user's peak for MFU where the table has none (CPUs)
+    peak_flops_per_s: float | None = None   # the user's peak for MFU, recorded as the user's (CPUs)
     resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`
 
 
@@ -100,16 +100,17 @@ def _with_parity(result: RunResult, references: dict[tuple, list[float]]) -> Run
 
 
 def _with_mfu(result: RunResult, user_peak: float | None) -> RunResult:
-    """The row with its model FLOPs utilisation (harness.mfu), where a peak is known or given."""
+    """The row with its model FLOPs utilisation against the peak harness.derive.peaks finds or the user
+    gave, and why there is none when there is none."""
     if result.status is not Status.OK:
         return result
     m = result.measurements
-    table_peak = peak_flops(m.get("device_name", "cpu"), result.spec.precision.value)
-    peak = user_peak or table_peak
-    figures = {"peak_flops_per_s": peak,
-               "peak_flops_source": "user" if user_peak else ("datasheet" if table_peak else None),
+    peak = peak_flops_for(m.get("device_name", "cpu"), result.spec.precision.value, tf32_in_use(m), user_peak)
+    value, why_not = mfu(m["train_flops_per_sample"], m["samples_per_s"], result.spec.world_size, peak,
+                         m.get("shared_device", False))
+    figures = {**peak.to_dict(),
                "model_flops_per_s_per_device": m["train_flops_per_sample"] * m["samples_per_s_per_device"],
-               "mfu": model_flops_utilization(m["train_flops_per_sample"], m["samples_per_s_per_device"], peak)}
+               "mfu": value, "mfu_unavailable_because": why_not or None}
     return dataclasses.replace(result, measurements={**m, **figures})
 
 
