@@ -123,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slurm-args", help="extra sbatch arguments, e.g. '--partition gpu --account proj'")
     run.add_argument("--profile-steps", type=int, default=0, help="GPU only: after the timed steps, profile "
                      "this many steps for NCCL kernel time and its overlap with compute")
-    run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU where the built-in "
-                     "table has none (CPUs)")
+    run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU, used instead of "
+                     "the datasheet table (which has no CPUs) and recorded as the user's")
 
     memory = commands.add_parser("memory", help="predicted model-state memory per rank for every strategy")
     memory.add_argument("--params", type=_count, required=True, help="parameters, e.g. 124M, 1.5B")
@@ -191,6 +191,8 @@ def command_run(args: argparse.Namespace) -> int:
         raise SpecError(f"--profile-steps must be >= 0, got {args.profile_steps}")
     if args.resume and args.out is None:
         raise SpecError("--resume needs --out FILE: the results file whose recorded launches to skip")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise SpecError(f"--peak-tflops must be a positive TFLOP/s figure, got {args.peak_tflops:g}")
     try:
         fault_from_environment()
     except ValueError as error:
@@ -204,7 +206,7 @@ def command_run(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     launches = sum(spec.repeats for spec in specs)
     print(f"parbench: {len(specs)} cells, {launches} launches -> {out}", file=sys.stderr)
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else None
+    peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
     options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume,
                          placement=placement)
     # The bar shows the cell being launched and tqdm's ETA (mean time per launch so far x launches left);

@@ -3,12 +3,19 @@
     python -m harness comm --world-size 2                       # launched by torchrun like any cell
     torchrun --nproc-per-node 2 -m harness.commbench --out DIR ...   # what that runs in each rank
 
-Each rank allocates fp32 buffers of each size (doubling from --min-bytes to --max-bytes, rounded up to a
-whole number of elements per rank), runs `warmup` untimed calls, then times `iters` back-to-back calls
-between two device synchronisations, as nccl-tests does, and reports the mean time per call. The slowest
-rank's time is the collective's time. Sizes are nccl-tests' "size": the all-reduced or broadcast tensor,
-the whole gathered output (all_gather), the whole scattered input (reduce_scatter), the send buffer
-(all_to_all). algbw = size / time; busbw = algbw x factor (harness.comm_model.BUSBW_FACTORS).
+Each rank allocates every buffer of a collective and size once (fp32, doubling from --min-bytes to
+--max-bytes, rounded up to a whole number of elements per rank; all_to_all's output included), runs
+`warmup` untimed calls, then times `iters` back-to-back calls on those buffers between two device
+synchronisations, as nccl-tests does, and takes the mean time per call. The collective's time is the mean
+of the ranks' times, nccl-tests' default (`-a 1`; src/common.cu: `static int average = 1`, reduced with
+`Allreduce(args, &deltaSec, average)` before `getBw`), with the slowest rank's time kept beside it
+(`time_max_rank_s`) and every rank's (`time_by_rank_s`). Sizes are nccl-tests' "size": the all-reduced or
+broadcast tensor, the whole gathered output (all_gather), the whole scattered input (reduce_scatter), the
+send buffer (all_to_all). algbw = size / time; busbw = algbw x factor (harness.comm_model.BUSBW_FACTORS),
+from the mean time, and from the slowest rank's time as `busbw_max_rank_bytes_per_s`.
+
+Rows written before the mean was taken have only `time_s`, which was the slowest rank's time; readers
+label them with `rank_time_reduction` (MAX_RANK_ONLY).
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from statistics import fmean
 from typing import Any, Callable, Sequence
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 RESULTS_FILE = "commbench.json"
+MEAN_OVER_RANKS = "mean over ranks (nccl-tests -a 1)"
+MAX_RANK_ONLY = "slowest rank only"
 
 
 def sizes_between(min_bytes: int, max_bytes: int) -> list[int]:
@@ -38,7 +48,8 @@ def sizes_between(min_bytes: int, max_bytes: int) -> list[int]:
 
 
 def _operation(name: str, size_bytes: int, ranks: int, device) -> tuple[Callable[[], Any], int]:
-    """A closure issuing one collective over fresh buffers, and the exact size it moves in bytes."""
+    """A closure issuing one collective over buffers allocated here, once, and the exact size it moves in
+    bytes: the timed loop calls it over and over and must time the collective, not the allocator."""
     import torch
     import torch.distributed as dist
 
@@ -46,14 +57,30 @@ def _operation(name: str, size_bytes: int, ranks: int, device) -> tuple[Callable
     elements += (-elements) % ranks                          # divisible into equal per-rank shards
     full = torch.ones(elements, dtype=torch.float32, device=device)
     shard = torch.ones(elements // ranks, dtype=torch.float32, device=device)
+    received = torch.empty_like(full) if name == "all_to_all" else None
     operations = {
         "all_reduce": lambda: dist.all_reduce(full),
         "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
         "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
         "broadcast": lambda: dist.broadcast(full, src=0),
-        "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full),
+        "all_to_all": lambda: dist.all_to_all_single(received, full),
     }
     return operations[name], elements * 4
+
+
+def reduce_rank_times(seconds_by_rank: Sequence[float]) -> dict[str, Any]:
+    """One collective's time from every rank's mean time per call: the mean over ranks, nccl-tests'
+    default (`-a 1`), with the slowest rank's beside it (nccl-tests' `-a 3`) and every rank's."""
+    if not seconds_by_rank:
+        raise ValueError("no per-rank times to reduce")
+    return {"time_s": fmean(seconds_by_rank), "time_max_rank_s": max(seconds_by_rank),
+            "time_by_rank_s": list(seconds_by_rank)}
+
+
+def rank_time_reduction(rows: Sequence[dict[str, Any]]) -> str:
+    """How a run's `time_s` was reduced over ranks: rows without `time_max_rank_s` were written when the
+    slowest rank's time was the only one kept."""
+    return MEAN_OVER_RANKS if rows and all("time_max_rank_s" in row for row in rows) else MAX_RANK_ONLY
 
 
 def rank_main(argv: list[str] | None = None) -> int:
@@ -94,9 +121,12 @@ def rank_main(argv: list[str] | None = None) -> int:
                 operation()
             synchronize()
             seconds = (time.perf_counter() - began) / args.iters
-            slowest = torch.tensor([seconds], dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            rows.append({"collective": name, "size_bytes": size, "time_s": float(slowest.item())})
+            # On the rank's device: NCCL has no CPU tensors.
+            mine = torch.tensor([seconds], dtype=torch.float64, device=context.device)
+            everyone = [torch.empty_like(mine) for _ in range(context.world_size)]
+            dist.all_gather(everyone, mine)
+            rows.append({"collective": name, "size_bytes": size,
+                         **reduce_rank_times([float(t.item()) for t in everyone])})
     if context.rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / RESULTS_FILE).write_text(json.dumps({"world_size": context.world_size,
@@ -133,27 +163,37 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
     measured = json.loads(results_path.read_text())
     rows = with_bandwidth(measured["rows"], measured["world_size"])
     append_line(out, {"kind": COMMBENCH_KIND, "world_size": measured["world_size"], "backend": measured["backend"],
-                      "device": device, "warmup": warmup, "iters": iters, "rows": rows,
+                      "device": device, "warmup": warmup, "iters": iters,
+                      "rank_time_reduction": rank_time_reduction(rows), "rows": rows,
                       "wall_time_s": round(wall, 3), "launch_command": shown_command(command, extra_env),
                       "environment": capture_environment(freeze_dir=out.parent)})
     return rows
 
 
 def with_bandwidth(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+    """Rows with algbw and busbw from `time_s` (the mean over ranks; the slowest rank's in rows written
+    before), and busbw from the slowest rank's time where the row has it."""
     from harness.comm_model import bus_bandwidth
 
     out = []
     for row in rows:
         algbw, busbw = bus_bandwidth(row["collective"], row["size_bytes"], row["time_s"], world_size)
-        out.append({**row, "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw})
+        figures = {"algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw}
+        if "time_max_rank_s" in row:
+            figures["busbw_max_rank_bytes_per_s"] = bus_bandwidth(row["collective"], row["size_bytes"],
+                                                                  row["time_max_rank_s"], world_size)[1]
+        out.append({**row, **figures})
     return out
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = f"{'collective':<15} {'size':>12} {'time us':>11} {'algbw GB/s':>11} {'busbw GB/s':>11}"
+    """time, algbw and busbw from the mean over ranks; the slowest rank's time beside them."""
+    header = (f"{'collective':<15} {'size':>12} {'time us':>11} {'max-rank us':>12} {'algbw GB/s':>11} "
+              f"{'busbw GB/s':>11}")
     lines = [header, "-" * len(header)]
     for row in rows:
-        lines.append(f"{row['collective']:<15} {row['size_bytes']:>12} {row['time_s'] * 1e6:>11.1f} "
+        slowest = f"{row['time_max_rank_s'] * 1e6:>12.1f}" if "time_max_rank_s" in row else f"{'-':>12}"
+        lines.append(f"{row['collective']:<15} {row['size_bytes']:>12} {row['time_s'] * 1e6:>11.1f} {slowest} "
                      f"{row['algbw_bytes_per_s'] / 1e9:>11.3f} {row['busbw_bytes_per_s'] / 1e9:>11.3f}")
     return "\n".join(lines)
 

@@ -23,7 +23,7 @@ matplotlib.use("Agg")   # no display, no browser: plots are rendered to SVG text
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.commbench import with_bandwidth  # noqa: E402
+from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
 from harness.derive.cells import cell_table, launch_table  # noqa: E402
 from harness.derive.rows import Row, is_ok, load_rows, measurements, spec  # noqa: E402
 from harness.derive.throughput import Basis  # noqa: E402
@@ -158,13 +158,15 @@ def plot_busbw(commbench: Sequence[dict]) -> str | None:
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     for run in commbench:
         rows = pd.DataFrame(with_bandwidth(run["rows"], run["world_size"]))
+        # busbw is from the mean over ranks; rows written before that say they hold the slowest rank's.
+        old = ", slowest rank only" if rank_time_reduction(run["rows"]) == MAX_RANK_ONLY else ""
         for collective, group in rows.groupby("collective"):
             axis.plot(group["size_bytes"], group["busbw_bytes_per_s"] / 1e9, marker=".",
-                      label=f"{collective} ({run['backend']}, {run['world_size']} ranks)")
+                      label=f"{collective} ({run['backend']}, {run['world_size']} ranks{old})")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("size (bytes)")
     axis.set_ylabel("busbw (GB/s)")
-    axis.set_title("collectives: bus bandwidth (nccl-tests definitions)")
+    axis.set_title("collectives: bus bandwidth (nccl-tests definitions, mean over ranks)")
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
     return _svg(figure)

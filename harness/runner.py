@@ -16,7 +16,6 @@ from typing import Callable, Sequence
 
 from harness.environment import capture_environment
 from harness.launch import run_cell
-from harness.mfu import model_flops_utilization, peak_flops
 from harness.placement import Placement
 from harness.parity import parity_for, reference_key
 from harness.record import append_row, read_results
@@ -28,7 +27,7 @@ class RunOptions:
     results: Path                 # the JSONL file rows are appended to
     timeout_s: float = 900.0      # per launch, after which every rank of the cell is killed
     placement: Placement = Placement()
-    peak_flops_per_s: float | None = None   # the user's peak for MFU where the table has none (CPUs)
+    peak_flops_per_s: float | None = None   # the user's peak for MFU, recorded as the user's (CPUs)
     resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`
 
 
@@ -59,7 +58,7 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
             result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
                               environment=environment, placement=options.placement)
             result = _with_parity(result, references)
-            result = _with_mfu(result, options.peak_flops_per_s)
+            result = _with_user_peak(result, options.peak_flops_per_s)
             append_row(options.results, result)
             results.append(result)
             if on_result is not None:
@@ -97,18 +96,12 @@ def _with_parity(result: RunResult, references: dict[tuple, list[float]]) -> Run
     return dataclasses.replace(result, measurements={**result.measurements, **parity.to_dict()})
 
 
-def _with_mfu(result: RunResult, user_peak: float | None) -> RunResult:
-    """The row with its model FLOPs utilisation (harness.mfu), where a peak is known or given."""
-    if result.status is not Status.OK:
+def _with_user_peak(result: RunResult, user_peak: float | None) -> RunResult:
+    """The row with the peak the user stated (`--peak-tflops`), a recorded input: MFU itself is derived
+    when rows are read (harness.derive.peaks, harness.derive.cells)."""
+    if result.status is not Status.OK or user_peak is None:
         return result
-    m = result.measurements
-    table_peak = peak_flops(m.get("device_name", "cpu"), result.spec.precision.value)
-    peak = user_peak or table_peak
-    figures = {"peak_flops_per_s": peak,
-               "peak_flops_source": "user" if user_peak else ("datasheet" if table_peak else None),
-               "model_flops_per_s_per_device": m["train_flops_per_sample"] * m["samples_per_s_per_device"],
-               "mfu": model_flops_utilization(m["train_flops_per_sample"], m["samples_per_s_per_device"], peak)}
-    return dataclasses.replace(result, measurements={**m, **figures})
+    return dataclasses.replace(result, measurements={**result.measurements, "user_peak_flops_per_s": user_peak})
 
 
 def _slug(text: str) -> str:

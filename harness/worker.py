@@ -297,6 +297,7 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "backend": context.backend,
         "shared_device": context.shared_device,
         "device_name": _device_name(context.device),
+        "workload_family": workload.family.value,    # decides which TF32 switch governs (harness.derive.peaks)
         "threads_per_rank": torch.get_num_threads(),
         "hosts": sorted({r["host"] for r in by_rank}),
         "node_rank_by_rank": [r["node"] for r in by_rank],
@@ -309,6 +310,11 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         figures["peak_reserved_bytes_max"] = max(figures["peak_reserved_bytes_by_rank"])
         figures["allocated_after_step_bytes_by_rank"] = [m[3] for m in memory_by_rank]
         figures["allocated_after_step_bytes_max"] = max(figures["allocated_after_step_bytes_by_rank"])
+        # Whether fp32 convolutions / matmuls ran on the TF32 tensor cores: MFU's peak depends on it.
+        figures["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
+        figures["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        figures["matmul_precision"] = torch.get_float32_matmul_precision()
+        figures["nvidia_tf32_override"] = os.environ.get("NVIDIA_TF32_OVERRIDE")
     return figures
 
 

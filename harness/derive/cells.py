@@ -1,6 +1,7 @@
 """Rows -> one line per launch and one line per cell, every figure derived here, for every reader.
 
-    python -c "from harness.derive.cells import cell_table; from harness.derive.rows import load_rows;
+    python -c "from harness.derive.cells import cell_table; from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
+from harness.derive.rows import load_rows;
         print(cell_table(load_rows(['results/reference/ci-cpu/smoke.jsonl'])).T)"
 
 `launch_table` gives one line per launch (any status) with its spec, step-time medians and throughput on
@@ -18,6 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
 from harness.derive.throughput import Basis, launch_throughput, throughput_basis
@@ -70,7 +72,22 @@ def _exposed(m: dict) -> dict[str, Any]:
 
 
 def _mfu(row: Row, figures: dict) -> dict[str, Any]:
-    return {"mfu": measurements(row).get("mfu")}
+    """MFU on the launch's derived throughput (harness.derive.peaks: PaLM, appendix B). A peak the user
+    stated is used as the user's; rows of schema 1 stored it as `peak_flops_per_s` with source "user"."""
+    m = measurements(row)
+    user_peak = m.get("user_peak_flops_per_s")
+    if user_peak is None and m.get("peak_flops_source") == "user":
+        user_peak = m.get("peak_flops_per_s")
+    peak = peak_flops_for(m.get("device_name", "cpu"), spec(row)["precision"], tf32_in_use(m), user_peak)
+    if figures.get("samples_per_s") is None or m.get("train_flops_per_sample") is None:
+        return {"mfu": None, "mfu_unavailable_because": "no throughput", "peak_flops_per_s": peak.flops_per_s,
+                "peak_flops_source": peak.source}
+    value, why_not = mfu(m["train_flops_per_sample"], figures["samples_per_s"], spec(row)["world_size"], peak,
+                         shared_device(row))
+    return {"mfu": value, "mfu_unavailable_because": why_not or None, "peak_flops_per_s": peak.flops_per_s,
+            "peak_flops_source": peak.source, "peak_math_mode": peak.math_mode,
+            "model_flops_per_s_per_device": m["train_flops_per_sample"] * figures["samples_per_s"]
+            / spec(row)["world_size"]}
 
 
 MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples_per_s",

@@ -1,0 +1,99 @@
+"""`harness comm` measures as nccl-tests does: buffers made once, before timing; the mean over ranks."""
+
+import json
+from statistics import fmean
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.cli import main
+from harness.commbench import (COLLECTIVES, MAX_RANK_ONLY, MEAN_OVER_RANKS, _operation, format_table,
+                               rank_time_reduction, reduce_rank_times, with_bandwidth)
+
+
+class FreshTensors(TorchDispatchMode):
+    """Records every aten op that returns a tensor aliasing none of its inputs, i.e. a new allocation.
+    (c10d's collectives write into the tensors they are given and are not counted.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.allocating_ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "aten" and any(r.alias_info is None and "Tensor" in str(r.type)
+                                            for r in func._schema.returns):
+            self.allocating_ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")     # torch 2.13 renames *_into_tensor / *_tensor
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_each_collective_reuses_buffers_made_before_its_timed_calls(one_rank_group, collective):
+    operation, size = _operation(collective, 4096, 1, torch.device("cpu"))
+    assert size == 4096
+    operation()                                               # warm-up, as before the timed loop
+    with FreshTensors() as seen:
+        for _ in range(3):
+            operation()
+    assert seen.allocating_ops == []
+
+
+def test_rank_times_reduce_to_their_mean_with_the_slowest_rank_beside_it():
+    # nccl-tests' default (-a 1) averages over ranks: (1 + 2 + 3 + 10) us / 4 = 4 us; the slowest is 10 us.
+    reduced = reduce_rank_times([1e-6, 2e-6, 3e-6, 10e-6])
+    assert reduced["time_s"] == pytest.approx(4e-6)
+    assert reduced["time_max_rank_s"] == 10e-6
+    assert reduced["time_by_rank_s"] == [1e-6, 2e-6, 3e-6, 10e-6]
+    with pytest.raises(ValueError):
+        reduce_rank_times([])
+
+
+def test_bandwidth_comes_from_the_mean_time_and_the_slowest_ranks_busbw_sits_beside_it():
+    # all_reduce of 2 GB on 4 ranks: mean 0.5 s -> algbw 4 GB/s, busbw 4 x 2(4-1)/4 = 6 GB/s;
+    # slowest rank 1.0 s -> busbw 2 x 1.5 = 3 GB/s.
+    row = {"collective": "all_reduce", "size_bytes": 2e9, "time_s": 0.5, "time_max_rank_s": 1.0}
+    [measured] = with_bandwidth([row], 4)
+    assert measured["algbw_bytes_per_s"] == pytest.approx(4e9)
+    assert measured["busbw_bytes_per_s"] == pytest.approx(6e9)
+    assert measured["busbw_max_rank_bytes_per_s"] == pytest.approx(3e9)
+    assert rank_time_reduction([row]) == MEAN_OVER_RANKS
+
+
+def test_rows_written_before_the_mean_still_read_and_are_labelled_slowest_rank_only():
+    from harness.report import plot_busbw
+
+    old = {"collective": "broadcast", "size_bytes": 1024, "time_s": 1e-4}    # time_s was the slowest rank's
+    [measured] = with_bandwidth([old], 2)
+    assert measured["busbw_bytes_per_s"] == pytest.approx(1024 / 1e-4)         # broadcast factor 1
+    assert "busbw_max_rank_bytes_per_s" not in measured
+    assert rank_time_reduction([old]) == MAX_RANK_ONLY
+    assert format_table([measured]).splitlines()[2].split()[3] == "-"          # no max-rank column value
+    svg = plot_busbw([{"world_size": 2, "backend": "gloo", "rows": [old]}])
+    assert "broadcast (gloo, 2 ranks, slowest rank only)" in svg
+
+
+def test_comm_run_at_two_ranks_records_every_ranks_time_their_mean_and_the_slowest(tmp_path, capsys):
+    out = tmp_path / "comm.jsonl"
+    code = main(["comm", "--world-size", "2", "--device", "cpu", "--collectives", "all_reduce,all_to_all",
+                 "--max-bytes", "64K", "--warmup", "1", "--iters", "3", "--out", str(out)])
+    assert code == 0
+    run = json.loads(out.read_text())
+    assert run["rank_time_reduction"] == MEAN_OVER_RANKS
+    assert [(r["collective"], r["size_bytes"]) for r in run["rows"]] == [
+        (name, size) for name in ("all_reduce", "all_to_all") for size in (1024, 2048, 4096, 8192, 16384,
+                                                                           32768, 65536)]
+    for row in run["rows"]:
+        assert len(row["time_by_rank_s"]) == 2
+        assert row["time_s"] == pytest.approx(fmean(row["time_by_rank_s"]))
+        assert row["time_max_rank_s"] == max(row["time_by_rank_s"])
+        assert row["algbw_bytes_per_s"] == pytest.approx(row["size_bytes"] / row["time_s"])
+    assert "max-rank us" in capsys.readouterr().out
