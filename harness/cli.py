@@ -10,6 +10,7 @@
     python -m harness reproduce 3f2a9c
 
 Bad input ends with one line `parbench: error: ...` and exit status 2, before any process is launched.
+A row that cannot be appended (a full disk) ends the run with one such line and exit status 1.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Sequence
 from tqdm import tqdm
 
 from harness.matrix import MATRICES, Machine, Selection, build_matrix
-from harness.record import ResultsError
+from harness.record import AppendError, ResultsError
 from harness.faults import fault_from_environment
 from harness.placement import Placement, make_placement
 from harness.spec import RunResult, RunSpec, SpecError
@@ -111,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="strategy option for every selected cell (repeatable)")
     run.add_argument("--out", type=Path, help="results JSONL (default: results/<matrix>-<time>.jsonl)")
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per launch before its ranks are killed")
-    run.add_argument("--resume", action="store_true", help="with --out: skip launches already recorded ok there")
+    run.add_argument("--resume", action="store_true", help="with --out: skip launches already recorded ok there, and "
+                     "record those whose measurements reached their cell folder without their row")
     run.add_argument("--dry-run", action="store_true", help="print the cells and exit")
     run.add_argument("--hostfile", type=Path, help="DeepSpeed/MPI hostfile ('HOST slots=N' lines): run the "
                      "cells on these hosts, multi-rank cells spread over --nnodes of them")
@@ -363,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, ResultsError) as error:
         print(f"parbench: error: {error}", file=sys.stderr)
         return 2
+    except AppendError as error:   # not bad input: the results file's disk or file system failed
+        print(f"parbench: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("parbench: interrupted; rows of finished cells are kept", file=sys.stderr)
         return 130

@@ -3,23 +3,34 @@
     python -m harness run --matrix smoke
 
 Each row is appended as soon as its cell ends, so an interrupted run keeps everything already measured,
-and `resume` picks it up again: launches already recorded `ok` in the results file are not repeated.
+and `resume` picks it up again: launches already recorded `ok` in the results file are not repeated, and
+a launch whose measurements reached its cell folder but whose row never reached the results file (the
+append failed, or the harness was killed first) is recorded from its folder without running it again.
+A failed append ends the run with AppendError, naming the folder that keeps the cell's measurements.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import shlex
+import uuid
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from harness.environment import capture_environment
-from harness.launch import run_cell
+from harness.launch import LOG_FILE, SPEC_FILE, run_cell
 from harness.placement import Placement
 from harness.parity import parity_for, reference_key
-from harness.record import append_row, read_results
-from harness.spec import RunResult, RunSpec, Status
+from harness.record import AppendError, append_row, read_results
+from harness.spec import RunResult, RunSpec, SpecError, Status
+from harness.worker import ERROR_FILE, MEASUREMENTS_FILE
+
+# Starts the message of a row recorded from its cell folder by a resumed run (recover_from_cell_dir).
+RECOVERED = "recovered from its cell folder"
 
 
 @dataclass(frozen=True)
@@ -28,7 +39,8 @@ class RunOptions:
     timeout_s: float = 900.0      # per launch, after which every rank of the cell is killed
     placement: Placement = Placement()
     peak_flops_per_s: float | None = None   # the user's peak for MFU, recorded as the user's (CPUs)
-    resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`
+    resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`, and
+                                  # record those with measurements in their cell folder but no row
 
 
 def cells_dir(results: Path) -> Path:
@@ -40,10 +52,15 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
               on_result: Callable[[RunResult], None] | None = None,
               on_start: Callable[[RunSpec, int], None] | None = None) -> list[RunResult]:
     """Launch every repeat of every cell in order; returns the rows of this call, with the rows a resumed
-    run found already recorded in their place."""
+    run found already recorded (or recovered from cell folders) in their place. Raises AppendError, naming
+    where the launch's own record is kept, when its row cannot be appended."""
     environment = capture_environment(freeze_dir=options.results.parent)
-    references = _existing_references(options.results)
-    recorded = recorded_ok(options.results) if options.resume else {}
+    existing = read_results([options.results]) if options.results.exists() else []
+    references: dict[tuple, list[float]] = {}
+    for row in existing:
+        _remember_reference(row, references)
+    with_row = {(r.spec.cell_id, r.repeat) for r in existing}
+    recorded = {(r.spec.cell_id, r.repeat): r for r in existing if options.resume and r.status is Status.OK}
     results = []
     for spec in specs:
         for repeat in range(spec.repeats):
@@ -52,34 +69,85 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
                 if on_result is not None:
                     on_result(recorded[spec.cell_id, repeat])
                 continue
-            if on_start is not None:
-                on_start(spec, repeat)
             cell_dir = cells_dir(options.results) / f"{_slug(spec.label)}-{spec.cell_id}-r{repeat}"
-            result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
-                              environment=environment, placement=options.placement)
+            # A launch with a row of any status keeps its verdict: only a missing row is recovered.
+            result = None
+            if options.resume and (spec.cell_id, repeat) not in with_row:
+                result = recover_from_cell_dir(spec, repeat, cell_dir, environment)
+            if result is None:
+                if on_start is not None:
+                    on_start(spec, repeat)
+                _clear_outcome(cell_dir)
+                result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
+                                  environment=environment, placement=options.placement)
             result = _with_parity(result, references)
             result = _with_user_peak(result, options.peak_flops_per_s)
-            append_row(options.results, result)
+            try:
+                append_row(options.results, result)
+            except AppendError as error:
+                raise AppendError(f"{error}. {_where_kept(result, cell_dir)}") from error
             results.append(result)
             if on_result is not None:
                 on_result(result)
     return results
 
 
-def recorded_ok(path: Path) -> dict[tuple[str, int], RunResult]:
-    """{(cell_id, repeat): row} of the launches already recorded ok in a results file."""
-    if not path.exists():
-        return {}
-    return {(r.spec.cell_id, r.repeat): r for r in read_results([path]) if r.status is Status.OK}
+def recover_from_cell_dir(spec: RunSpec, repeat: int, cell_dir: Path,
+                          environment: dict[str, Any]) -> RunResult | None:
+    """The ok row of a launch whose rank 0 wrote measurements.json into `cell_dir` (and no rank an error
+    report) for this cell, or None. The spec is the folder's spec.json, the launch command the first line
+    of its log.txt, the start the time spec.json was written (just before the launch), the environment
+    the one captured now; the message says the row was recovered and what the folder cannot tell: the
+    launcher's exit status and wall time (left at 0). A multi-node launch's per-node commands are not
+    recovered."""
+    measurements_path = cell_dir / MEASUREMENTS_FILE
+    if not measurements_path.is_file() or any(cell_dir.glob(ERROR_FILE.format(rank="*"))):
+        return None
+    try:
+        recorded_spec = RunSpec.from_dict(json.loads((cell_dir / SPEC_FILE).read_text()))
+        measurements = json.loads(measurements_path.read_text())
+        started = datetime.fromtimestamp((cell_dir / SPEC_FILE).stat().st_mtime, timezone.utc)
+    except (OSError, ValueError, KeyError, TypeError, SpecError):   # not a whole launch's folder: run it
+        return None
+    if recorded_spec.cell_id != spec.cell_id or not isinstance(measurements, dict):
+        return None
+    return RunResult(spec=recorded_spec, status=Status.OK, run_id=uuid.uuid4().hex, repeat=repeat,
+                     message=f"{RECOVERED} {cell_dir} by a resumed run: rank 0's {MEASUREMENTS_FILE} was "
+                     "written but the row never reached the results file; the launcher's exit status and "
+                     "wall time were not recorded",
+                     measurements=measurements, environment=environment,
+                     launch_command=_logged_command(cell_dir / LOG_FILE),
+                     started_at=started.isoformat(timespec="seconds"), artifacts_dir=str(cell_dir))
 
 
-def _existing_references(path: Path) -> dict[tuple, list[float]]:
-    """Reference losses already recorded in the results file (a resumed or extended run)."""
-    references: dict[tuple, list[float]] = {}
-    if path.exists():
-        for result in read_results([path]):
-            _remember_reference(result, references)
-    return references
+def _logged_command(log: Path) -> list[str]:
+    """The launch command from the first line of a cell's log.txt ("$ ENV=... command  # node 0"), or []."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline()
+        return shlex.split(first[2:], comments=True) if first.startswith("$ ") else []
+    except (OSError, ValueError):   # ValueError: shlex on a line cut short inside a quote
+        return []
+
+
+def _clear_outcome(cell_dir: Path) -> None:
+    """Remove an earlier launch's measurements and error reports from a folder about to be reused, so that
+    what is there afterwards is this launch's alone (harness.launch reads them as its outcome; a resumed
+    run recovers rows from them)."""
+    for stale in [cell_dir / MEASUREMENTS_FILE, *cell_dir.glob(ERROR_FILE.format(rank="*"))]:
+        stale.unlink(missing_ok=True)
+
+
+def _where_kept(result: RunResult, cell_dir: Path) -> str:
+    """Where a launch whose row could not be appended left its own record, for the one-line error."""
+    what = f"The {result.status.value} row of {result.spec.label} r{result.repeat}"
+    if (cell_dir / MEASUREMENTS_FILE).is_file() and result.status is Status.OK:
+        return (f"{what} is not recorded, but its measurements are kept in {cell_dir / MEASUREMENTS_FILE}: "
+                "once the file can be written again, resuming this run (--resume) records it from there "
+                "without running the cell again")
+    if cell_dir.is_dir():
+        return f"{what} is not recorded; the cell's folder is {cell_dir}"
+    return f"{what} is not recorded"
 
 
 def _remember_reference(result: RunResult, references: dict[tuple, list[float]]) -> None:
