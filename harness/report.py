@@ -5,8 +5,8 @@
 The HTML embeds every plot as inline SVG (matplotlib, rendered here) and fetches nothing, so it opens
 offline and can be archived with the rows. Every string that came from a row or a user (labels, options,
 messages, environment values) is HTML-escaped. Figures are computed from the rows by the formulas in
-the README: scaling efficiency by harness.scaling, medians across repeats with a bootstrap interval by
-harness.stats. Rows from a shared GPU never appear in speed or scaling plots.
+the README: scaling efficiency by harness.scaling, medians across repeats with the interval their number
+of launches supports by harness.derive.intervals. Rows from a shared GPU never appear in speed or scaling plots.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.commbench import with_bandwidth  # noqa: E402
+from harness.derive.intervals import median_interval  # noqa: E402
 from harness.record import COMMBENCH_KIND, read_rows  # noqa: E402
 from harness.scaling import scaling_efficiency  # noqa: E402
 from harness.spec import RunResult  # noqa: E402
-from harness.stats import bootstrap_median_ci  # noqa: E402
 from harness.table import load_table  # noqa: E402
 
 CELL_COLUMNS = ["workload", "strategy", "options", "world_size", "global_batch", "micro_batch", "precision",
@@ -52,8 +52,9 @@ def throughput_basis(table: pd.DataFrame) -> str:
 
 
 def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """One line per cell: status, medians across repeats with a 95% bootstrap interval of throughput
-    (samples/s over the steps `throughput_basis` picks; `samples_per_s_all_steps` is the raw one)."""
+    """One line per cell: status, medians across repeats with an interval of throughput (samples/s over the
+    steps `throughput_basis` picks; `samples_per_s_all_steps` is the raw one): the range of the launches
+    below 5 launches, a 95% bootstrap interval from 5, none for one (harness/derive/intervals.py)."""
     basis = throughput_basis(table)
     lines = []
     for _, launches in table.groupby("cell_id", sort=False):
@@ -67,14 +68,17 @@ def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
             raw = ok["samples_per_s"].astype(float)
             throughput = (raw if basis == ALL_STEPS else
                           ok["global_batch"] / ok["step_time_unstalled_median_s"].astype(float)).tolist()
-            low, high = bootstrap_median_ci(throughput)
+            interval = median_interval(throughput)
             line.update({
                 "step_time_ms": ok["step_time_median_s"].median() * 1e3,
                 "step_time_unstalled_ms": _median(ok, "step_time_unstalled_median_s", 1e3),
                 "host_stalled_share": (ok["host_stalled_steps"].sum() / ok["timed_steps"].sum()
                                        if "host_stalled_steps" in ok else None),
-                "samples_per_s": pd.Series(throughput).median(), "samples_per_s_ci_low": low,
-                "samples_per_s_ci_high": high, "samples_per_s_all_steps": raw.median(), "throughput_basis": basis,
+                "samples_per_s": pd.Series(throughput).median(),
+                "samples_per_s_interval_low": interval.low if interval else None,
+                "samples_per_s_interval_high": interval.high if interval else None,
+                "samples_per_s_interval": interval.label if interval else "1 launch",
+                "samples_per_s_all_steps": raw.median(), "throughput_basis": basis,
                 "tokens_per_s": ok["tokens_per_s"].median() if "tokens_per_s" in ok else None,
                 "exposed_comm_share": _median(ok, "exposed_comm_share"),
                 "comm_bytes_per_step": _median(ok, "comm_bytes_per_step_total"),
@@ -123,12 +127,13 @@ def plot_throughput(summary: pd.DataFrame, workload: str) -> str | None:
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     for (strategy, options), group in rows.groupby(["strategy", "options"]):
         group = group.sort_values("world_size")
-        errors = [group["samples_per_s"] - group["samples_per_s_ci_low"],
-                  group["samples_per_s_ci_high"] - group["samples_per_s"]]
+        # One launch has no interval: no bar, rather than a bar of zero width that looks like certainty.
+        errors = [(group["samples_per_s"] - group["samples_per_s_interval_low"].astype(float)).fillna(0),
+                  (group["samples_per_s_interval_high"].astype(float) - group["samples_per_s"]).fillna(0)]
         axis.errorbar(group["world_size"], group["samples_per_s"], yerr=errors, marker="o", capsize=3,
                       label=strategy + (f" [{options}]" if options and strategy != "pipeline" else ""))
     axis.set_xlabel("world size")
-    axis.set_ylabel("samples/s (median, 95% CI)")
+    axis.set_ylabel("samples/s (median; bars: range <5 launches, 95% CI from 5)")
     axis.set_title(f"{workload}: throughput")
     axis.set_xticks(sorted(rows["world_size"].unique()))
     axis.legend(fontsize=7, ncol=2)
@@ -250,8 +255,8 @@ SUMMARY_COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("options
                    ("world_size", "ws"), ("status", "status"), ("step_time_ms", "step ms"),
                    ("host_stalled_share", "host-stalled steps"), ("step_time_unstalled_ms", "unstalled step ms"),
                    ("samples_per_s_all_steps", "samples/s, all steps"),
-                   ("samples_per_s", "samples/s"), ("samples_per_s_ci_low", "CI low"),
-                   ("samples_per_s_ci_high", "CI high"), ("strong_efficiency_vs_ws1", "strong eff. vs ws1"),
+                   ("samples_per_s", "samples/s"), ("samples_per_s_interval_low", "interval low"),
+                   ("samples_per_s_interval_high", "interval high"), ("samples_per_s_interval", "interval"), ("strong_efficiency_vs_ws1", "strong eff. vs ws1"),
                    ("strong_efficiency_vs_plain", "strong eff. vs plain"), ("exposed_comm_share", "exposed comm"),
                    ("peak_rss_mib", "peak RSS MiB"), ("allocated_after_step_mib", "allocated MiB"),
                    ("model_state_predicted_mib", "predicted MiB"), ("mfu", "MFU"), ("parity", "parity"),
@@ -279,7 +284,8 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
              f"generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
              "| " + " | ".join(titles) + " |", "|" + " --- |" * len(titles)]
     lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
-    lines += ["", "Step time and throughput: medians across repeats (95% bootstrap CI); efficiencies by the "
+    lines += ["", "Step time and throughput: medians across repeats; the samples/s interval is the range of the "
+              "launches below 5 launches, a 95% bootstrap CI from 5 (column 'interval'); efficiencies by the "
               "formulas in the README; rows on a shared GPU carry no speed figures.", "", _basis_note(summary),
               "", "## Environment", ""]
     for environment in environments:
@@ -301,7 +307,8 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, results: Sequence[Ru
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.</p>",
              "<h2>Cells</h2><table><tr>" + "".join(f"<th>{e(t)}</th>" for t in titles) + "</tr>"]
     parts += ["<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in rows]
-    parts.append("</table><p>Medians across repeats with 95% bootstrap intervals. Efficiencies: "
+    parts.append("</table><p>Medians across repeats; samples/s intervals are the range of the launches below 5 "
+                 "launches and 95% bootstrap intervals from 5 (column 'interval'). Efficiencies: "
                  "E(N) = X(N) / (N X_ref(1)) (README, 'Derived figures'). Shared-GPU rows carry no speed.</p>")
     parts.append(f"<p>{e(_basis_note(summary))}</p>")
     workloads = list(dict.fromkeys(table["workload"])) if not table.empty else []

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness.derive.intervals import median_interval
 from harness.environment import capture_environment
 from harness.launch import run_cell
 from harness.mfu import model_flops_utilization, peak_flops
@@ -22,7 +23,6 @@ from harness.placement import Placement
 from harness.parity import parity_for, reference_key
 from harness.record import append_row, read_results
 from harness.spec import RunResult, RunSpec, Status
-from harness.stats import bootstrap_median_ci
 
 
 @dataclass(frozen=True)
@@ -119,14 +119,15 @@ def _slug(text: str) -> str:
 
 def summary_table(results: Sequence[RunResult]) -> str:
     """One line per cell: its status and headline figures. With several repeats, throughput is the median
-    across the repeats' medians with its 95% bootstrap confidence interval; `stalled` counts the timed
+    across the repeats, with the interval their number supports (the range below 5 launches, a 95%
+    bootstrap interval from 5: harness/derive/intervals.py) last on the line; `stalled` counts the timed
     steps the host descheduled (harness.timing), which the raw medians include; exposed communication and
     the parity verdict are the first repeat's."""
     cells: dict[str, list[RunResult]] = {}
     for result in results:
         cells.setdefault(result.spec.cell_id, []).append(result)
-    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'95% CI':>15} {'stalled':>8} "
-              f"{'exposed':>8} {'loss first->last':>18} {'parity':>10}")
+    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'stalled':>8} "
+              f"{'exposed':>8} {'loss first->last':>18} {'parity':>10}  samples/s interval")
     lines = [header, "-" * len(header)]
     for launches in cells.values():
         first = launches[0]
@@ -138,14 +139,15 @@ def summary_table(results: Sequence[RunResult]) -> str:
         m = ok[0].measurements
         step = median([r.measurements["step_time_median_s"] for r in ok])
         throughput = [r.measurements["samples_per_s"] for r in ok]
-        low, high = bootstrap_median_ci(throughput)
-        interval = f"{low:.0f}-{high:.0f}" if len(ok) > 1 else "1 launch"
+        interval = median_interval(throughput)
+        interval_text = f"{interval.low:.0f}-{interval.high:.0f} ({interval.label})" if interval else "1 launch"
         exposed = m.get("exposed_comm_share")
         exposed_text = f"{exposed:.0%}" if exposed is not None else "-"
         stalled = sum(r.measurements.get("host_stalled_steps", 0) for r in ok)
         stalled_text = f"{stalled}/{sum(len(r.measurements['step_time_s']) for r in ok)}"
         losses = m["loss_per_step"]
         status = "ok" if len(ok) == len(launches) else f"{len(ok)}/{len(launches)}ok"
-        lines.append(f"{label:<52} {status:<7} {step * 1e3:>8.1f} {median(throughput):>10.1f} {interval:>15} "
-                     f"{stalled_text:>8} {exposed_text:>8} {losses[0]:>8.4f}->{losses[-1]:<8.4f} {m.get('parity_verdict', ''):>10}")
+        lines.append(f"{label:<52} {status:<7} {step * 1e3:>8.1f} {median(throughput):>10.1f} {stalled_text:>8} "
+                     f"{exposed_text:>8} {losses[0]:>8.4f}->{losses[-1]:<8.4f} {m.get('parity_verdict', ''):>10}  "
+                     f"{interval_text}")
     return "\n".join(lines)
