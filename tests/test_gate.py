@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.derive.gate import METRICS, Verdict, gate, judge, launches_needed_a_side
+from harness.derive.gate import METRICS, STEP_TIME_THRESHOLDS, Verdict, gate, judge, launches_needed_a_side
 from harness.record import append_row, read_results
-from harness.spec import RunResult, Status
+from harness.spec import DeviceKind, RunResult, Status
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
 STEP_TIME = METRICS[0]
@@ -175,6 +175,15 @@ def test_exposed_share_is_judged_in_share_points_not_relative():
     new = [_launch(template, i, exposed=x) for i, x in enumerate((0.20, 0.22, 0.25))]
     assert _verdicts(gate(base, new, {"exposed_comm_share": 0.10}))["exposed_comm_share"] is Verdict.REGRESSION
     assert _verdicts(gate(base, new, {"exposed_comm_share": 0.15}))["exposed_comm_share"] is Verdict.SAME
+
+
+def test_default_thresholds_follow_the_cells_device():
+    # 52 / 42 - 1 = 23.8% apart: beyond the GPU step-time default, within the shared CPU VM's.
+    assert STEP_TIME_THRESHOLDS[DeviceKind.CUDA] < 0.238 < STEP_TIME_THRESHOLDS[DeviceKind.CPU]
+    on_gpu = lambda rows: [dataclasses.replace(r, spec=r.spec.replace(device="cuda")) for r in rows]  # noqa: E731
+    base, new = _plain(), _plain(step_ms=(52.0, 53.3, 54.6))
+    assert _verdicts(gate(base, new))["step_time_unstalled_median_s"] is Verdict.SAME
+    assert _verdicts(gate(on_gpu(base), on_gpu(new)))["step_time_unstalled_median_s"] is Verdict.REGRESSION
 
 
 # ---- named, never dropped -------------------------------------------------------------------------------
