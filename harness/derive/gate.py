@@ -4,8 +4,8 @@
 
 Launches, not steps, are the unit of replication: the steps of one launch share its placement, its
 rendezvous, its host and that minute's load from other users, so they are not independent samples of the
-software's speed (two launches of one DDP cell on the 2-core VM differed by 25% in median step time while
-each launch's steps agreed closely). Every metric is therefore reduced to ONE value per launch, and only
+software's speed (two launches of one DDP cell on the 2-core VM differed by 25% in median step time, and
+a rank test over their steps called that a regression at p = 3.8e-9). Every metric is therefore reduced to ONE value per launch, and only
 those values are compared:
 - step time: the launch's median over its timed steps the host did not stall (`host_stalled_step_indices`,
   harness/timing.py: a stalled step measures the hypervisor, not the software); a launch whose every timed
