@@ -66,6 +66,14 @@ def _bytes(text: str) -> int:
     return _count(text, BYTE_SUFFIXES)
 
 
+def _threshold(text: str) -> tuple[str, float]:
+    metric, _, value = text.rpartition("=")
+    try:
+        return metric or "*", float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or METRIC=NUMBER, got {text!r}") from None
+
+
 def _option(text: str) -> tuple[str, object]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -157,8 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="flag regressions between two results files (exit 1 if any)")
     compare.add_argument("base", type=Path)
     compare.add_argument("new", type=Path)
-    compare.add_argument("--threshold", type=float, default=0.15, help="relative change that matters (0.15)")
-    compare.add_argument("--alpha", type=float, default=0.01, help="significance level of the test (0.01)")
+    compare.add_argument("--threshold", type=_threshold, action="append", default=[], metavar="[METRIC=]X",
+                         help="override the measured thresholds: X for every metric, METRIC=X for one "
+                         "(relative, e.g. 0.2; exposed_comm_share in share points, 0.05 = 5 points); repeatable")
+    compare.add_argument("--alpha", type=float, default=0.05, help="largest chance that the rule fires on "
+                         "launches of unchanged software; sets the launches needed (0.05: 3 a side)")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
@@ -321,15 +332,18 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def command_compare(args: argparse.Namespace) -> int:
-    from harness.compare import Change, compare_results, format_findings
-    from harness.record import read_results
+    from harness.compare import compare_files, format_result
+    from harness.derive.gate import check_thresholds
 
-    if not 0 < args.alpha < 1 or args.threshold < 0:
-        raise SpecError(f"--alpha must be in (0, 1) and --threshold >= 0, got {args.alpha} and {args.threshold}")
-    findings, unmatched = compare_results(read_results([args.base]), read_results([args.new]),
-                                          threshold=args.threshold, alpha=args.alpha)
-    print(format_findings(findings, unmatched, show_all=args.all))
-    return 1 if any(f.change is Change.REGRESSION for f in findings) else 0
+    if not 0 < args.alpha < 1:
+        raise SpecError(f"--alpha must be in (0, 1), got {args.alpha}")
+    try:
+        thresholds = check_thresholds(dict(args.threshold))
+    except ValueError as error:
+        raise SpecError(f"--threshold: {error}") from None
+    result = compare_files(args.base, args.new, thresholds, args.alpha)
+    print(format_result(result, show_all=args.all))
+    return 1 if result.regressed else 0
 
 
 def command_reproduce(args: argparse.Namespace) -> int:

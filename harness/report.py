@@ -223,7 +223,8 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
              f"generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
              "| " + " | ".join(titles) + " |", "|" + " --- |" * len(titles)]
     lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
-    lines += ["", "Step time and throughput: medians across repeats (95% bootstrap CI); efficiencies by the "
+    lines += ["", "Step time and throughput: medians across repeats; the samples/s interval is the range of the "
+              "launches below 5 launches, a 95% bootstrap CI from 5 (column 'interval'); efficiencies by the "
               "formulas in the README; rows on a shared GPU carry no speed figures.", "", _basis_note(summary),
               "", "## Environment", ""]
     for environment in environments:
@@ -245,7 +246,8 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.</p>",
              "<h2>Cells</h2><table><tr>" + "".join(f"<th>{e(t)}</th>" for t in titles) + "</tr>"]
     parts += ["<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in rows]
-    parts.append("</table><p>Medians across repeats with 95% bootstrap intervals. Efficiencies: "
+    parts.append("</table><p>Medians across repeats; samples/s intervals are the range of the launches below 5 "
+                 "launches and 95% bootstrap intervals from 5 (column 'interval'). Efficiencies: "
                  "E(N) = X(N) / (N X_ref(1)) (README, 'Derived figures'). Shared-GPU rows carry no speed.</p>")
     parts.append(f"<p>{e(_basis_note(summary))}</p>")
     workloads = list(dict.fromkeys(table["workload"])) if not table.empty else []

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from harness.derive.intervals import median_interval
 from harness.environment import capture_environment
 from harness.launch import LOG_FILE, SPEC_FILE, run_cell
 from harness.placement import Placement
@@ -180,12 +181,13 @@ def summary_table(rows: Sequence[dict]) -> str:
     """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
     same figures `harness report` shows). Throughput is the median across ok launches on the table's
     basis (every timed step, or the unstalled ones where the host stalled some: harness.derive.throughput);
-    `stalled` counts the timed steps the host descheduled; the interval is the range of the launches."""
+    `stalled` counts the timed steps the host descheduled; the interval, last on the line, is the one the
+    number of launches supports (harness.derive.intervals), with its label."""
     from harness.derive.cells import cell_table
 
     cells = cell_table(rows)
-    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'range':>15} {'stalled':>8} "
-              f"{'exposed':>8} {'loss first->last':>18}")
+    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'stalled':>8} "
+              f"{'exposed':>8} {'loss first->last':>18}  samples/s interval")
     lines = [header, "-" * len(header)]
     losses = {row["cell_id"]: row["measurements"]["loss_per_step"] for row in rows if row.get("status") == "ok"}
     for cell in cells.to_dict("records"):
@@ -193,8 +195,8 @@ def summary_table(rows: Sequence[dict]) -> str:
         if not cell["ok"]:
             lines.append(f"{label:<52} {cell['status']:<7} {cell['message'][:70]}")
             continue
-        interval = (f"{cell['samples_per_s_low']:.0f}-{cell['samples_per_s_high']:.0f}"
-                    if cell["samples_per_s_low"] is not None else f"{cell['ok']} launch")
+        interval = (f"{cell['samples_per_s_low']:.0f}-{cell['samples_per_s_high']:.0f} "
+                    f"({cell['samples_per_s_interval']})" if cell["samples_per_s_low"] is not None else "1 launch")
         exposed = cell.get("exposed_comm_share")
         exposed_text = f"{exposed:.0%}" if exposed is not None and exposed == exposed else "-"
         stalled_text = f"{cell['host_stalled_steps']}/{cell['timed_steps_recorded']}"
@@ -202,6 +204,6 @@ def summary_table(rows: Sequence[dict]) -> str:
         status = "ok" if cell["status"] == "ok" else f"{cell['ok']}/{cell['launches']}ok"
         samples = cell["samples_per_s"]
         lines.append(f"{label:<52} {status:<7} {cell['step_time_median_s'] * 1e3:>8.1f} {samples:>10.1f} "
-                     f"{interval:>15} {stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f}")
+                     f"{stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f}  {interval}")
     lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; README, 'Host stalls')" if len(cells) else "")
     return "\n".join(lines)

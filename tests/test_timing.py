@@ -3,7 +3,7 @@
 import pandas as pd
 import torch
 
-from harness.compare import Change, compare_results
+from harness.derive.gate import Verdict, gate
 from harness.spec import RunResult, RunSpec, Status
 from harness.timing import HostClock, StepTimer
 
@@ -32,23 +32,24 @@ def test_the_timer_records_one_stall_flag_and_lost_time_per_timed_step():
     assert all(lost is None or lost < 1.0 for lost in timer.host_lost_seconds)
 
 
-def _row(step_times: list[float], stalled: list[int]) -> RunResult:
+def _row(step_times: list[float], stalled: list[int], repeat: int) -> RunResult:
     spec = RunSpec(workload="gpt-tiny", strategy="plain", world_size=1, global_batch=16, micro_batch=4)
-    return RunResult(spec=spec, status=Status.OK, run_id=f"row-{len(stalled)}", measurements={
-        "step_time_s": step_times, "host_stalled_step_indices": stalled})
+    return RunResult(spec=spec, status=Status.OK, run_id=f"row-{len(stalled)}-{repeat}", repeat=repeat,
+                     measurements={"step_time_s": step_times, "host_stalled_step_indices": stalled})
 
 
-def test_compare_sets_stalled_steps_aside():
+def test_the_gate_sets_stalled_steps_aside():
     clean = [0.030 + 0.001 * (i % 5) for i in range(20)]
-    # Same software, but the new launch had a third of its steps stalled by the host for a second.
+    # Same software, but the new launches had a third of their steps stalled by the host for a second.
     stalled = [i for i in range(20) if i % 3 == 0]
     noisy = [t + 1.0 if i in stalled else t for i, t in enumerate(clean)]
-    findings, _ = compare_results([_row(clean, [])], [_row(noisy, stalled)])
-    assert [f.change for f in findings] == [Change.SAME]
+    base = [_row(clean, [], k) for k in range(3)]
+    result = gate(base, [_row(noisy, stalled, k) for k in range(3)], {"*": 0.15})
+    assert [j.verdict for j in result.judgements] == [Verdict.SAME]
     # A real 25% slowdown of every step is still caught.
     slower = [t * 1.25 for t in clean]
-    findings, _ = compare_results([_row(clean, [])], [_row(slower, [])])
-    assert [f.change for f in findings] == [Change.REGRESSION]
+    result = gate(base, [_row(slower, [], k) for k in range(3)], {"*": 0.15})
+    assert [j.verdict for j in result.judgements] == [Verdict.REGRESSION]
 
 
 def test_throughput_rests_on_unstalled_steps_only_where_the_host_stalled():

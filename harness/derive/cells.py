@@ -1,13 +1,14 @@
 """Rows -> one line per launch and one line per cell, every figure derived here, for every reader.
 
-    python -c "from harness.derive.cells import cell_table; from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
+    python -c "from harness.derive.cells import cell_table; from harness.derive.intervals import median_interval
+from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import load_rows;
         print(cell_table(load_rows(['results/reference/ci-cpu/smoke.jsonl'])).T)"
 
 `launch_table` gives one line per launch (any status) with its spec, step-time medians and throughput on
 the basis chosen for the whole set (harness.derive.throughput), memory, communication, exposed time and
 MFU. `cell_table` folds the launches of each cell: the median across ok launches, the interval of the
-throughput, the parity verdict judged over every row given, and the scaling efficiencies. The console
+throughput that their number supports, the parity verdict judged over every row given, and the scaling efficiencies. The console
 summary (`harness run`), `harness report` and the asv suite read these tables and nothing else, so a
 figure means the same wherever it is shown.
 """
@@ -19,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from harness.derive.intervals import median_interval
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
@@ -124,9 +126,12 @@ def cell_table(rows: Sequence[Row]) -> pd.DataFrame:
 
 
 def _interval(values: list[float]) -> dict[str, Any]:
-    return {"samples_per_s_low": min(values) if len(values) > 1 else None,
-            "samples_per_s_high": max(values) if len(values) > 1 else None,
-            "samples_per_s_interval": f"range of {len(values)} launches" if len(values) > 1 else ""}
+    """The interval the number of launches supports (harness.derive.intervals): none for one launch, the
+    range below five, a bootstrap CI of the median from five; labelled as what it is."""
+    interval = median_interval(values)
+    return {"samples_per_s_low": interval.low if interval else None,
+            "samples_per_s_high": interval.high if interval else None,
+            "samples_per_s_interval": interval.label if interval else ""}
 
 
 def _present(value: Any) -> bool:
