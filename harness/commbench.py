@@ -140,7 +140,7 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
 
 
 def with_bandwidth(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
-    from harness.comm_model import bus_bandwidth
+    from harness.derive.comm import bus_bandwidth
 
     out = []
     for row in rows:

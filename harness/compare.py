@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 from scipy.stats import mannwhitneyu
 
+from harness.derive.exposed import exposed_communication
 from harness.spec import RunResult, Status
 
 
@@ -55,6 +56,11 @@ def _scalar(key: str) -> Callable[[RunResult], list[float]]:
     return samples
 
 
+def _exposed_share(result: RunResult) -> list[float]:
+    value = exposed_communication(result.measurements).exposed_comm_share
+    return [float(value)] if value is not None else []
+
+
 def _unstalled_steps(result: RunResult) -> list[float]:
     stalled = set(result.measurements.get("host_stalled_step_indices") or ())
     return [float(t) for i, t in enumerate(result.measurements.get("step_time_s", [])) if i not in stalled]
@@ -64,7 +70,7 @@ METRICS = (
     Metric("step_time_s", "ms", _unstalled_steps),
     Metric("peak_rss_bytes_max", "MiB", _scalar("peak_rss_bytes_max")),
     Metric("peak_allocated_bytes_max", "MiB", _scalar("peak_allocated_bytes_max")),
-    Metric("exposed_comm_share", "%", _scalar("exposed_comm_share"), min_samples=3),
+    Metric("exposed_comm_share", "%", _exposed_share, min_samples=3),
 )
 SCALE = {"ms": 1e3, "MiB": 1 / (1 << 20), "%": 100.0}
 

@@ -23,7 +23,7 @@ matplotlib.use("Agg")   # no display, no browser: plots are rendered to SVG text
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.commbench import with_bandwidth  # noqa: E402
+from harness.derive.comm import bus_bandwidth  # noqa: E402
 from harness.record import COMMBENCH_KIND, read_rows  # noqa: E402
 from harness.scaling import scaling_efficiency  # noqa: E402
 from harness.spec import RunResult  # noqa: E402
@@ -77,7 +77,10 @@ def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
                 "samples_per_s_ci_high": high, "samples_per_s_all_steps": raw.median(), "throughput_basis": basis,
                 "tokens_per_s": ok["tokens_per_s"].median() if "tokens_per_s" in ok else None,
                 "exposed_comm_share": _median(ok, "exposed_comm_share"),
-                "comm_bytes_per_step": _median(ok, "comm_bytes_per_step_total"),
+                "exposed_comm_baseline": first.get("compute_only_kind"),
+                "exposed_comm_note": first.get("exposed_comm_note"),
+                "comm_wire_mib_per_step": _median(ok, "comm_wire_bytes_per_step", 1 / (1 << 20)),
+                "comm_expected_wire_mib_per_step": _median(ok, "comm_expected_wire_bytes_per_step", 1 / (1 << 20)),
                 "peak_rss_mib": _median(ok, "peak_rss_bytes_max") / (1 << 20),
                 "allocated_after_step_mib": _median(ok, "allocated_after_step_bytes_max", 1 / (1 << 20)),
                 "model_state_predicted_mib": _median(ok, "model_state_bytes_predicted", 1 / (1 << 20)),
@@ -181,31 +184,44 @@ def plot_memory(summary: pd.DataFrame, workload: str) -> str | None:
 
 
 def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
+    """Wire bytes per step per rank (harness.derive.comm: nccl-tests size x ring factor, so types add up),
+    stacked by collective type, with the strategy's expected wire bytes beside each bar; exposed share."""
     ok = table[(table["workload"] == workload) & (table["status"] == "ok") & (table["world_size"] > 1)]
-    kinds = sorted(c for c in ok.columns if c.startswith("comm_") and c.endswith("_bytes_per_step")
-                   and ok[c].notna().any())
+    kinds = sorted(c for c in ok.columns if c.startswith("comm_") and c.endswith("_wire_bytes_per_step")
+                   and c not in ("comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step")
+                   and c != "comm_recv_wire_bytes_per_step" and ok[c].notna().any())
     if ok.empty or not kinds:
         return None
-    per_cell = ok.groupby(["strategy", "world_size"], sort=False)[kinds].median().fillna(0)
+    columns = kinds + (["comm_expected_wire_bytes_per_step"] if "comm_expected_wire_bytes_per_step" in ok else [])
+    per_cell = ok.groupby(["strategy", "world_size"], sort=False)[columns].median()
     figure, (volume_axis, exposed_axis) = plt.subplots(1, 2, figsize=(10, 3.6))
     bottom = [0.0] * len(per_cell)
     labels = [f"{s} ws{w}" for s, w in per_cell.index]
     for kind in kinds:
-        values = (per_cell[kind] / (1 << 20)).tolist()
-        volume_axis.bar(labels, values, bottom=bottom, label=kind.removeprefix("comm_").removesuffix("_bytes_per_step"))
+        values = (per_cell[kind].fillna(0) / (1 << 20)).tolist()
+        volume_axis.bar(labels, values, bottom=bottom,
+                        label=kind.removeprefix("comm_").removesuffix("_wire_bytes_per_step"))
         bottom = [b + v for b, v in zip(bottom, values)]
-    volume_axis.set_ylabel("MiB per step per rank (intercepted)")
-    volume_axis.set_title(f"{workload}: communication volume")
+    if "comm_expected_wire_bytes_per_step" in per_cell:
+        volume_axis.scatter(labels, per_cell["comm_expected_wire_bytes_per_step"] / (1 << 20), marker="_", s=300,
+                            color="black", label="expected (strategy's model)", zorder=3)
+    volume_axis.set_ylabel("MiB sent per step per rank (wire)")
+    volume_axis.set_title(f"{workload}: communication on the wire")
     volume_axis.tick_params(axis="x", rotation=45, labelsize=7)
     volume_axis.legend(fontsize=7)
     exposed = ok.groupby(["strategy", "world_size"], sort=False)["exposed_comm_share"].median() \
         if "exposed_comm_share" in ok else pd.Series(dtype=float)
     exposed = exposed.dropna()
     if not exposed.empty:
-        exposed_axis.bar([f"{s} ws{w}" for s, w in exposed.index], exposed * 100)
+        kinds = ok.groupby(["strategy", "world_size"], sort=False)["compute_only_kind"].first() \
+            if "compute_only_kind" in ok else pd.Series(dtype=object)
+        # A baseline that is not the rank's same work bounds the figure: hatch it so it is not read as one.
+        hatches = ["//" if str(kinds.get(cell, "")).startswith("bound") else "" for cell in exposed.index]
+        exposed_axis.bar([f"{s} ws{w}" for s, w in exposed.index], exposed * 100, hatch=hatches,
+                         edgecolor="black", linewidth=0.4)
         exposed_axis.axhline(0, color="black", linewidth=0.8)
     exposed_axis.set_ylabel("exposed communication, % of step")
-    exposed_axis.set_title(f"{workload}: exposed communication")
+    exposed_axis.set_title(f"{workload}: exposed communication (hatched: a bound)")
     exposed_axis.tick_params(axis="x", rotation=45, labelsize=7)
     return _svg(figure)
 
@@ -215,7 +231,9 @@ def plot_busbw(commbench: Sequence[dict]) -> str | None:
         return None
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     for run in commbench:
-        rows = pd.DataFrame(with_bandwidth(run["rows"], run["world_size"]))
+        rows = pd.DataFrame([{**row, "busbw_bytes_per_s": bus_bandwidth(row["collective"], row["size_bytes"],
+                                                                        row["time_s"], run["world_size"])[1]}
+                             for row in run["rows"]])
         for collective, group in rows.groupby("collective"):
             axis.plot(group["size_bytes"], group["busbw_bytes_per_s"] / 1e9, marker=".",
                       label=f"{collective} ({run['backend']}, {run['world_size']} ranks)")
@@ -253,6 +271,9 @@ SUMMARY_COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("options
                    ("samples_per_s", "samples/s"), ("samples_per_s_ci_low", "CI low"),
                    ("samples_per_s_ci_high", "CI high"), ("strong_efficiency_vs_ws1", "strong eff. vs ws1"),
                    ("strong_efficiency_vs_plain", "strong eff. vs plain"), ("exposed_comm_share", "exposed comm"),
+                   ("exposed_comm_baseline", "exposed-comm baseline"), ("exposed_comm_note", "exposed-comm note"),
+                   ("comm_wire_mib_per_step", "wire MiB/step"),
+                   ("comm_expected_wire_mib_per_step", "expected wire MiB/step"),
                    ("peak_rss_mib", "peak RSS MiB"), ("allocated_after_step_mib", "allocated MiB"),
                    ("model_state_predicted_mib", "predicted MiB"), ("mfu", "MFU"), ("parity", "parity"),
                    ("message", "why")]

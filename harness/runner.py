@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness.derive.exposed import exposed_communication
 from harness.environment import capture_environment
 from harness.launch import run_cell
 from harness.mfu import model_flops_utilization, peak_flops
@@ -140,7 +141,7 @@ def summary_table(results: Sequence[RunResult]) -> str:
         throughput = [r.measurements["samples_per_s"] for r in ok]
         low, high = bootstrap_median_ci(throughput)
         interval = f"{low:.0f}-{high:.0f}" if len(ok) > 1 else "1 launch"
-        exposed = m.get("exposed_comm_share")
+        exposed = exposed_communication(m).exposed_comm_share
         exposed_text = f"{exposed:.0%}" if exposed is not None else "-"
         stalled = sum(r.measurements.get("host_stalled_steps", 0) for r in ok)
         stalled_text = f"{stalled}/{sum(len(r.measurements['step_time_s']) for r in ok)}"

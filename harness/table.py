@@ -12,6 +12,8 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
+from harness.derive.comm import comm_columns
+from harness.derive.exposed import exposed_communication
 from harness.record import read_results
 from harness.spec import RunResult
 
@@ -33,8 +35,10 @@ def result_record(result: RunResult) -> dict:
     for name, value in result.measurements.items():
         if isinstance(value, (int, float, str, bool)) or value is None:
             record[name] = value
-    for kind, volume in (result.measurements.get("comm_bytes_per_step_max_rank") or {}).items():
-        record[f"comm_{kind}_bytes_per_step"] = volume
+    # Derived at read time (harness.derive), so rows written before a formula changed read with the new one.
+    record.update(comm_columns(result.measurements))
+    if result.measurements:
+        record.update(exposed_communication(result.measurements).columns())
     record.setdefault("shared_device", False)
     return record
 

@@ -9,6 +9,7 @@ overhead, the wall time of launching one short cell.
 import tempfile
 from pathlib import Path
 
+from harness.derive.exposed import exposed_communication
 from harness.matrix import Machine, Selection, build_matrix
 from harness.record import read_results
 from harness.runner import RunOptions, run_specs
@@ -63,7 +64,8 @@ class CommunicationFigures:
         return run_small_matrix()
 
     def track_exposed_comm_share(self, cache, strategy):
-        return _figure(cache, strategy, "exposed_comm_share", 100.0)
+        share = exposed_communication(cache[strategy]).exposed_comm_share if strategy in cache else None
+        return float("nan") if share is None else share * 100.0
 
     track_exposed_comm_share.unit = "%"
 
