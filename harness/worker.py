@@ -28,7 +28,7 @@ import psutil
 import torch
 
 from harness.comm_counter import CollectiveCounter
-from harness.compute_only import compute_only_pass
+from harness.compute_only import CompletedPass, compute_only_pass
 from harness.faults import fault_from_environment
 from harness.memory_model import ZERO_STAGE, deepspeed_estimate, predicted_model_state_bytes
 from harness.spec import RunSpec, Status
@@ -138,7 +138,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
 
 
 def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
-                        trainer: Trainer) -> tuple[Any, str]:
+                        trainer: Trainer) -> tuple[CompletedPass | None, str]:
     """This rank's own work with no communication (harness.compute_only), or None and why not."""
     reason = strategy.compute_only_unavailable(spec)
     if reason:
