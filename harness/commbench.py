@@ -11,7 +11,7 @@ of the ranks' times, nccl-tests' default (`-a 1`; src/common.cu: `static int ave
 `Allreduce(args, &deltaSec, average)` before `getBw`), with the slowest rank's time kept beside it
 (`time_max_rank_s`) and every rank's (`time_by_rank_s`). Sizes are nccl-tests' "size": the all-reduced or
 broadcast tensor, the whole gathered output (all_gather), the whole scattered input (reduce_scatter), the
-send buffer (all_to_all). algbw = size / time; busbw = algbw x factor (harness.comm_model.BUSBW_FACTORS),
+send buffer (all_to_all). algbw = size / time; busbw = algbw x factor (harness.derive.comm.BUSBW_FACTORS),
 from the mean time, and from the slowest rank's time as `busbw_max_rank_bytes_per_s`.
 
 Rows written before the mean was taken have only `time_s`, which was the slowest rank's time; readers
@@ -173,7 +173,7 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
 def with_bandwidth(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
     """Rows with algbw and busbw from `time_s` (the mean over ranks; the slowest rank's in rows written
     before), and busbw from the slowest rank's time where the row has it."""
-    from harness.comm_model import bus_bandwidth
+    from harness.derive.comm import bus_bandwidth
 
     out = []
     for row in rows:

@@ -147,7 +147,7 @@ DATA_PARALLEL = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3")
 def scaling(machine: Machine, select: Selection) -> list[RunSpec]:
     """Strong and weak scaling of the data-parallel strategies over world sizes 1, 2, 4, ... up to the
     devices (x nodes): strong keeps the matrix's global batch, weak keeps its per-rank share at the largest
-    size; the plain loop at each global batch is the reference (harness.scaling)."""
+    size; the plain loop at each global batch is the reference (harness.derive.scaling)."""
     precision = Precision.BF16 if machine.device is DeviceKind.CUDA else Precision.FP32
     sizes = select.world_sizes or _powers_of_two_up_to(machine.parallel_devices)
     specs: dict[str, RunSpec] = {}

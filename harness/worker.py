@@ -28,14 +28,13 @@ import psutil
 import torch
 
 from harness.comm_counter import CollectiveCounter
-from harness.comm_model import analytic_volume
+from harness.compute_only import CompletedPass, compute_only_pass
 from harness.faults import fault_from_environment
 from harness.memory_model import ZERO_STAGE, deepspeed_estimate, predicted_model_state_bytes
 from harness.spec import RunSpec, Status
 from harness.stats import summarize
 from harness.strategies import Strategy, Trainer, get_strategy
-from harness.strategies.base import RankContext
-from harness.strategies.plain import plain_trainer
+from harness.strategies.base import ExpectedTraffic, RankContext
 from harness.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
 
@@ -93,6 +92,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     layers = workload.build_layers()                  # on CPU from the seed: identical on every rank
     parameters = count_parameters(torch.nn.Sequential(*layers))
     largest_layer = max(count_parameters(layer) for layer in layers)
+    expected_traffic = strategy.expected_traffic(spec, layers)   # before wrapping converts or shards them
     if context.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(context.device)
     trainer = strategy.wrap(spec, context, workload, layers)
@@ -121,16 +121,16 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     if context.device.type == "cuda":
         memory.append(after_step_allocated)
     compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
+    compute_only_raw = compute_only._asdict() if compute_only else None
     _phase(context.rank, "compute-only pass done")
     profiled = _profile(spec, strategy, context, workload, trainer)
     global_losses = trainer.global_losses(torch.stack(losses).float()).tolist()
     by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
                               "stalled": timer.stalled, "host_lost": timer.host_lost_seconds,
                               "host": socket.gethostname(), "node": _node_rank(), "comm": counter.per_step(),
-                              "compute_only": compute_only})
+                              "compute_only": compute_only_raw})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
-    measurements.update(_communication(spec, strategy, layout, parameters, by_rank, compute_only_note,
-                                       measurements))
+    measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
     measurements.update(_memory_predictions(spec, strategy, layout, context, trainer, parameters, largest_layer))
     trainer.close()
@@ -138,34 +138,18 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
 
 
 def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
-                        trainer: Trainer) -> tuple[dict[str, list] | None, str]:
-    """Step times of this rank's own work with no communication: the unwrapped model, built from the same
-    seed, trained on the same micro-batches with the same optimizer and precision. Ranks still run side
-    by side (they meet at a barrier before each step), so they contend for the host as in the real step.
-    Returns ({"times", "stalled"} or None, why not)."""
+                        trainer: Trainer) -> tuple[CompletedPass | None, str]:
+    """This rank's own work with no communication (harness.compute_only), or None and why not."""
     reason = strategy.compute_only_unavailable(spec)
     if reason:
         return None, reason
-    torch.manual_seed(spec.seed)
-    unwrapped = plain_trainer(spec, context, workload, torch.nn.Sequential(*workload.build_layers()))
-    layout = strategy.layout(spec)
-    timer = StepTimer(context.device)
     try:
-        for step in range(1 + spec.timed_steps):      # one untimed warm-up step
-            data_step = spec.warmup_steps + max(0, step - 1)
-            micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
-                                            context.device)
-                             for index in range(layout.micro_batches)]
-            trainer.barrier()
-            with timer.measure(record=step >= 1):
-                unwrapped.train_step(micro_batches)
+        return compute_only_pass(spec, strategy, context, workload, trainer.barrier), ""
     except torch.OutOfMemoryError:
         return None, "the unwrapped model did not fit beside the wrapped one"
     finally:
-        del unwrapped
         if context.device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"times": timer.seconds, "stalled": timer.stalled}, ""
 
 
 def _profile(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
@@ -188,45 +172,28 @@ def _profile(spec: RunSpec, strategy: Strategy, context: RankContext, workload: 
     return profile_steps(run_step, steps)      # rank 0's figures become the row's
 
 
-def _communication(spec: RunSpec, strategy: Strategy, layout, parameters: int, by_rank: list[dict[str, Any]],
-                   compute_only_note: str, measured: dict[str, Any]) -> dict[str, Any]:
-    """Counted collectives per step per rank next to the analytic volume; exposed communication time.
-
-    Exposed time compares the medians of the steps the host did not stall (harness.timing) in both
-    passes: a stall lands on one pass and not the other, and would otherwise decide the difference."""
-    comm_by_rank = [r["comm"] for r in by_rank]
-    kinds = sorted({kind for per_rank in comm_by_rank for kind in per_rank})
-    figures: dict[str, Any] = {
-        "comm_per_step_by_rank": comm_by_rank,
-        "comm_bytes_per_step_max_rank": {k: max(r.get(k, {}).get("bytes", 0.0) for r in comm_by_rank)
-                                         for k in kinds},
-        "comm_calls_per_step_max_rank": {k: max(r.get(k, {}).get("calls", 0.0) for r in comm_by_rank)
-                                         for k in kinds},
-        "comm_bytes_per_step_analytic": analytic_volume(
-            spec.strategy, parameters, layout.data_parallel, layout.micro_batches,
-            options=spec.resolved_options),
-        "comm_intercepted": strategy.comm_interception,
-    }
-    figures["comm_bytes_per_step_total"] = sum(figures["comm_bytes_per_step_max_rank"].values())
+def _communication(spec: RunSpec, strategy: Strategy, by_rank: list[dict[str, Any]],
+                   expected: ExpectedTraffic, compute_only_note: str) -> dict[str, Any]:
+    """Raw communication facts: the collectives each rank issued per step (sizes, calls, dtypes, group
+    sizes), the collectives the strategy says a step should issue, and each rank's compute-only pass.
+    Wire bytes and exposed communication are derived from them (harness.derive.comm, .exposed)."""
     compute_only = [r["compute_only"] for r in by_rank]
-    if any(times is None for times in compute_only):
-        figures.update({"compute_only_step_time_s": None, "compute_only_step_time_median_s": None,
-                        "exposed_comm_s": None, "exposed_comm_share": None,
-                        "exposed_comm_unavailable_because": compute_only_note})
-        return figures
-    slowest = [max(per_rank) for per_rank in zip(*(c["times"] for c in compute_only))]
-    stalled = _stalled_steps([c["stalled"] for c in compute_only])
-    compute_unstalled = [t for i, t in enumerate(slowest) if i not in stalled]
-    figures.update({"compute_only_step_time_s": slowest,
-                    "compute_only_step_time_median_s": summarize(slowest)["median"],
-                    "compute_only_host_stalled_steps": len(stalled)})
-    step_median = measured["step_time_unstalled_median_s"]
-    if step_median is None or not compute_unstalled:
-        figures.update({"exposed_comm_s": None, "exposed_comm_share": None,
-                        "exposed_comm_unavailable_because": "the host stalled every step of a pass"})
-        return figures
-    exposed = step_median - summarize(compute_unstalled)["median"]
-    figures.update({"exposed_comm_s": exposed, "exposed_comm_share": exposed / step_median})
+    available = all(c is not None for c in compute_only)
+    figures: dict[str, Any] = {
+        "comm_per_step_by_rank": [r["comm"] for r in by_rank],
+        "comm_expected_per_step": expected.to_dict(),
+        "comm_intercepted": strategy.comm_interception,
+        "compute_only_kind": strategy.compute_only_plan(spec).kind if available else None,
+        "compute_only_step_time_s_by_rank": [c["times_s"] for c in compute_only] if available else None,
+        "compute_only_host_stalled_by_rank": [c["stalled"] for c in compute_only] if available else None,
+        "compute_only_optimizer_elements_by_rank": ([c["optimizer_elements"] for c in compute_only]
+                                                    if available else None),
+        # A synchronous step ends when its slowest rank ends (as `step_time_s`).
+        "compute_only_step_time_s": ([max(per_rank) for per_rank in zip(*(c["times_s"] for c in compute_only))]
+                                     if available else None),
+        "compute_only_unavailable_because": "" if available else (
+            compute_only_note or "another rank's unwrapped model did not fit beside its wrapped one"),
+    }
     return figures
 
 

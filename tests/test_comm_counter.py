@@ -24,8 +24,15 @@ def test_counts_bytes_and_calls_per_step_in_a_real_process_group(tmp_path):
         with counter.counting(record=False):
             dist.broadcast(tensor, src=0)
         assert torch.equal(gathered, torch.full((256,), 3.0))
-        assert counter.per_step() == {"all_reduce": {"bytes": 4080.0, "calls": 2.0},
-                                      "all_gather": {"bytes": 1024.0, "calls": 1.0}}
+        # Per step: 1000 fp32 (4000 B) + 10 fp64 (80 B) all-reduced, 256 fp32 gathered, in a 1-rank group.
+        assert counter.per_step() == {
+            "all_reduce": {"bytes": 4080.0, "calls": 2.0,
+                           "dtypes": {"float32": {"bytes": 4000.0, "element_bytes": 4},
+                                      "float64": {"bytes": 80.0, "element_bytes": 8}},
+                           "bytes_by_group_size": {"1": 4080.0}},
+            "all_gather": {"bytes": 1024.0, "calls": 1.0,
+                           "dtypes": {"float32": {"bytes": 1024.0, "element_bytes": 4}},
+                           "bytes_by_group_size": {"1": 1024.0}}}
     finally:
         counter.uninstall()
         dist.destroy_process_group()

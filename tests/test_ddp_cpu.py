@@ -5,6 +5,7 @@ import statistics
 
 import pytest
 
+from harness.derive.exposed import exposed_communication
 from harness.matrix import Machine, Selection, build_matrix
 from harness.parity import RELATIVE_TOLERANCE, Verdict
 from harness.record import read_results
@@ -56,7 +57,7 @@ def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
     for row in smoke_rows:
         m = row.measurements
         if row.spec.strategy != "ddp":
-            assert m["comm_bytes_per_step_total"] == 0
+            assert m["comm_per_step_by_rank"] == [{}]
             continue
         gradient_bytes = m["parameters"] * 4                  # fp32 gradients
         for per_rank in m["comm_per_step_by_rank"]:
@@ -64,7 +65,8 @@ def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
             # buckets are views of the gradients, so there is no padding to allow for.
             assert per_rank["all_reduce"]["bytes"] == gradient_bytes
             assert set(per_rank) == {"all_reduce"}
-        assert m["comm_bytes_per_step_analytic"] == {"all_reduce": gradient_bytes}
+        assert m["comm_expected_per_step"]["collectives"] == [
+            {"collective": "all_reduce", "size_bytes": gradient_bytes, "calls": 1, "ranks": 2}]
 
 
 def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
@@ -73,11 +75,14 @@ def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
         assert m["model_state_bytes_predicted"] == 16 * m["parameters"]     # fp32 Adam, unsharded
         assert m["mfu"] is None and m["peak_flops_per_s"] is None          # a CPU has no datasheet peak
         assert m["model_flops_per_s_per_device"] > 0
+        exposed = exposed_communication(m)
         if row.spec.strategy == "plain":
-            assert m["exposed_comm_s"] is None and "no communication" in m["exposed_comm_unavailable_because"]
+            assert exposed.exposed_comm_s is None and "no communication" in exposed.note
         else:
             assert len(m["compute_only_step_time_s"]) == row.spec.timed_steps
-            assert m["exposed_comm_share"] == m["exposed_comm_s"] / m["step_time_unstalled_median_s"]
+            assert m["compute_only_kind"] == "same work"
+            assert m["compute_only_optimizer_elements_by_rank"] == [m["parameters"]] * 2   # DDP: every element
+            assert exposed.exposed_comm_share == pytest.approx(exposed.exposed_comm_s / m["step_time_unstalled_median_s"])
         stalled = m["host_stalled_step_indices"]
         assert m["host_stalled_steps"] == len(stalled) and len(m["host_lost_cpu_s_per_step"]) == row.spec.timed_steps
         unstalled = [t for i, t in enumerate(m["step_time_s"]) if i not in stalled]

@@ -1,12 +1,11 @@
-"""Derived figures against hand-computed values: ZeRO memory, nccl-tests busbw, scaling efficiency (MFU:
-test_peaks.py)."""
+"""Derived figures against hand-computed values: ZeRO memory and scaling efficiency (MFU:
+tests/test_peaks.py; communication: tests/test_comm_derive.py)."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from harness.comm_model import analytic_volume, bus_bandwidth
 from harness.memory_model import FP32_ADAM, MIXED_PRECISION_ADAM, predicted_model_state_bytes, zero_model_states
 from harness.derive.scaling import scaling_efficiency
 
@@ -26,23 +25,6 @@ def test_fp32_recipe_shards_its_own_bytes():
     assert predicted_model_state_bytes("pipeline", 1_000_000, 1, 2, "fp32") == 8e6
 
 
-@pytest.mark.parametrize("collective, ranks, factor", [
-    ("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("all_gather", 2, 0.5), ("reduce_scatter", 4, 0.75),
-    ("all_to_all", 4, 0.75), ("broadcast", 8, 1.0)])
-def test_busbw_uses_nccl_tests_factors(collective, ranks, factor):
-    algbw, busbw = bus_bandwidth(collective, 2e9, 0.5, ranks)
-    assert algbw == 4e9
-    assert math.isclose(busbw, 4e9 * factor)
-
-
-def test_analytic_volume_follows_each_strategy():
-    assert analytic_volume("ddp", 1000, 2, 4) == {"all_reduce": 4000}
-    assert analytic_volume("zero2", 1000, 2, 4) == {"reduce_scatter": 16000, "all_gather": 4000}
-    assert analytic_volume("zero3", 1000, 2, 1) == {"all_gather": 8000, "reduce_scatter": 4000}
-    assert analytic_volume("fsdp2", 1000, 2, 2, options={"reshard_after_forward": False}) == {
-        "all_gather": 8000, "reduce_scatter": 4000}
-    assert analytic_volume("ddp", 1000, 1, 4) == {}
-    assert analytic_volume("pipeline", 1000, 1, 4) is None
 
 
 def test_strong_and_weak_scaling_efficiency_by_hand():

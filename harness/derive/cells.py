@@ -1,6 +1,8 @@
 """Rows -> one line per launch and one line per cell, every figure derived here, for every reader.
 
-    python -c "from harness.derive.cells import cell_table; from harness.derive.intervals import median_interval
+    python -c "from harness.derive.cells import cell_table; from harness.derive.comm import comm_columns
+from harness.derive.exposed import exposed_communication
+from harness.derive.intervals import median_interval
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import load_rows;
         print(cell_table(load_rows(['results/reference/ci-cpu/smoke.jsonl'])).T)"
@@ -20,6 +22,8 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from harness.derive.comm import comm_columns
+from harness.derive.exposed import exposed_communication
 from harness.derive.intervals import median_interval
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
@@ -63,14 +67,13 @@ def _memory(m: dict) -> dict[str, Any]:
 
 
 def _communication(m: dict) -> dict[str, Any]:
-    figures = {"comm_bytes_per_step_total": m.get("comm_bytes_per_step_total")}
-    for kind, volume in (m.get("comm_bytes_per_step_max_rank") or {}).items():
-        figures[f"comm_{kind}_bytes_per_step"] = volume
-    return figures
+    """Wire bytes per step per rank by collective and in all, counted and expected (harness.derive.comm)."""
+    return comm_columns(m)
 
 
 def _exposed(m: dict) -> dict[str, Any]:
-    return {"exposed_comm_share": m.get("exposed_comm_share")}
+    """Exposed communication time and share against the compute-only baseline (harness.derive.exposed)."""
+    return exposed_communication(m).columns()
 
 
 def _mfu(row: Row, figures: dict) -> dict[str, Any]:
@@ -94,7 +97,9 @@ def _mfu(row: Row, figures: dict) -> dict[str, Any]:
 
 MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples_per_s",
                   "samples_per_s_all_steps", "tokens_per_s", "peak_rss_bytes_max", "peak_allocated_bytes_max",
-                  "model_state_bytes_predicted", "comm_bytes_per_step_total", "exposed_comm_share", "mfu")
+                  "model_state_bytes_predicted", "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
+                  "exposed_comm_share", "mfu")
+FIRST_COLUMNS = ("compute_only_kind", "exposed_comm_note", "mfu_unavailable_because", "peak_flops_source")
 
 
 def cell_table(rows: Sequence[Row]) -> pd.DataFrame:
@@ -114,6 +119,9 @@ def cell_table(rows: Sequence[Row]) -> pd.DataFrame:
         for column in MEDIAN_COLUMNS:
             values = [float(v) for v in ok.get(column, pd.Series(dtype=float)).tolist() if _present(v)]
             line[column] = median(values) if values else None
+        for column in FIRST_COLUMNS:
+            values = [v for v in ok.get(column, pd.Series(dtype=object)).tolist() if _present(v)]
+            line[column] = values[0] if values else None
         throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
         line.update(_interval(throughputs))
         if not ok.empty:

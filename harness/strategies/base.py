@@ -3,8 +3,11 @@
 A `Strategy` is consulted twice. Before launch (in the harness process) it validates a spec, says how the
 global batch is laid out, why a cell must be skipped here, and which launcher starts it. Inside each rank
 (in `harness.worker`) it starts its communication library, wraps the model and optimizer, and returns a
-`Trainer` that runs one optimizer step over the rank's micro-batches. Strategies must not import their
-optional libraries (deepspeed, horovod) at module level: the registry is imported before launch.
+`Trainer` that runs one optimizer step over the rank's micro-batches. It also owns two facts about its
+step that the row records: the collectives a step should issue (`expected_traffic`, in the dtypes its
+precision recipe really reduces and gathers) and what a rank's own work is without communication
+(`compute_only_plan`, the baseline of exposed communication). Strategies must not import their optional
+libraries (deepspeed, horovod) at module level: the registry is imported before launch.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from harness.derive.comm import Collective
+from harness.derive.exposed import SAME_WORK
 from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
 from workloads import Workload
 
@@ -75,6 +80,60 @@ class Option:
             raise SpecError(f"option {name} of strategy {strategy} takes a {expected.__name__}, got {value!r}")
         if self.minimum is not None and value < self.minimum:
             raise SpecError(f"option {name} of strategy {strategy} must be >= {self.minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrafficBytes:
+    """A model's parameters, and the bytes of all their gradients in the dtype a precision recipe reduces
+    them in and of all of them in the dtype it gathers them in (a tied weight counts once)."""
+
+    parameters: int
+    gradients_reduced: int
+    parameters_gathered: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpectedCollective:
+    """Collectives of one type that an optimizer step should issue on each rank."""
+
+    collective: Collective
+    size_bytes: int      # nccl-tests size of one call (harness.derive.comm): a whole-model buffer
+    calls: int           # such calls per optimizer step (an implementation splits each into buckets)
+    ranks: int           # ranks in the group it runs among
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpectedTraffic:
+    """What a strategy's step should put on the wire per rank, or why it is not modelled."""
+
+    collectives: tuple[ExpectedCollective, ...] = ()
+    not_modelled_because: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"collectives": [{"collective": c.collective.value, "size_bytes": c.size_bytes, "calls": c.calls,
+                                 "ranks": c.ranks} for c in self.collectives],
+                "not_modelled_because": self.not_modelled_because}
+
+
+class Sharding(enum.StrEnum):
+    """Which elements of the parameters a rank's optimizer updates."""
+
+    REPLICATED = "replicated"          # every parameter (DDP, Horovod)
+    FLAT = "flat"                      # the r-th 1/N of all parameters concatenated (DeepSpeed ZeRO-1/2)
+    PER_PARAMETER = "per-parameter"    # the r-th 1/N of each parameter's elements (DeepSpeed ZeRO-3)
+    DIM0_ROWS = "dim-0 rows"           # the r-th chunk of each parameter's first dimension (FSDP2's Shard(0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeOnlyPlan:
+    """A rank's own work with no communication: the baseline of exposed communication
+    (harness.compute_only runs it, harness.derive.exposed uses it)."""
+
+    kind: str = SAME_WORK                       # "same work", or "bound: <why it is not the same work>"
+    sharding: Sharding = Sharding.REPLICATED
+    weights_dtype: torch.dtype = torch.float32  # the dtype forward and backward hold the weights in
+    autocast: bool = False                      # torch.autocast (bf16) around forward
+    whole_gradients_in_fp32: bool = False       # every gradient is cast to fp32 before it is sharded
 
 
 @dataclass
@@ -188,6 +247,31 @@ class Strategy(abc.ABC):
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         """Why a communication-free run of a rank's own work would not be comparable (empty if it is)."""
         return ""
+
+    def compute_only_plan(self, spec: RunSpec) -> ComputeOnlyPlan:
+        """This rank's own work without communication. Default: the whole model and a full optimizer step,
+        fp32 weights, autocast in bf16 (what every replicating strategy's rank does)."""
+        return ComputeOnlyPlan(autocast=spec.precision is Precision.BF16)
+
+    def expected_traffic(self, spec: RunSpec, layers: Sequence[nn.Module]) -> ExpectedTraffic:
+        """The collectives one optimizer step should issue per rank, from freshly built (unwrapped) layers."""
+        layout = self.layout(spec)
+        return self.expected_collectives(data_parallel=layout.data_parallel, micro_batches=layout.micro_batches,
+                                         options=spec.resolved_options,
+                                         traffic=self.traffic_bytes(spec, nn.Sequential(*layers)))
+
+    def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
+        """Gradient bytes as reduced and parameter bytes as gathered. Default: in the weights' own dtype
+        (fp32; torch.autocast computes in bf16 but keeps fp32 weights and gradients)."""
+        parameters = list(model.parameters())
+        total = sum(p.numel() * p.element_size() for p in parameters)
+        return TrafficBytes(parameters=sum(p.numel() for p in parameters), gradients_reduced=total,
+                            parameters_gathered=total)
+
+    def expected_collectives(self, *, data_parallel: int, micro_batches: int, options: Mapping[str, OptionValue],
+                             traffic: TrafficBytes) -> ExpectedTraffic:
+        """The collectives a step of `micro_batches` micro-batches among `data_parallel` replicas issues."""
+        return ExpectedTraffic(not_modelled_because=f"strategy {self.name} does not model its traffic")
 
     @abc.abstractmethod
     def start(self, spec: RunSpec) -> RankContext:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from harness.spec import DeviceKind, RunSpec
-from harness.strategies.base import Launcher, RankContext, Strategy, place_rank
+from harness.strategies.base import ExpectedTraffic, Launcher, RankContext, Strategy, place_rank
 from harness.strategies.plain import plain_trainer
 
 
@@ -26,6 +26,10 @@ class DataParallel(Strategy):
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "one process drives every GPU; its scatter/gather is not separable from its compute"
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        return ExpectedTraffic(not_modelled_because="DataParallel scatters inputs, replicates weights and gathers "
+                               "outputs and gradients through torch.cuda.comm copies, not process-group collectives")
 
     def skip_reason(self, spec: RunSpec) -> str | None:
         if spec.device is not DeviceKind.CUDA:

@@ -18,9 +18,11 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from harness.derive.comm import Collective
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer, accumulate,
-                                     make_adamw, optimizer_description, torchrun_context)
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option,
+                                     PrecisionRecipe, Strategy, Trainer, accumulate, make_adamw,
+                                     optimizer_description, torchrun_context)
 from workloads import Workload
 
 
@@ -56,6 +58,12 @@ class DDP(Strategy):
 
     def start(self, spec):
         return torchrun_context(spec.device)
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        # One all-reduce of every gradient per step: no_sync keeps the other micro-batches local.
+        return ExpectedTraffic(collectives=(ExpectedCollective(collective=Collective.ALL_REDUCE,
+                                                               size_bytes=traffic.gradients_reduced, calls=1,
+                                                               ranks=data_parallel),))
 
     def wrap(self, spec, context, workload, layers):
         options = spec.resolved_options

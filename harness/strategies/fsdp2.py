@@ -6,6 +6,12 @@ Gradient accumulation keeps gradient sync off on all but the last micro-batch (F
 DDP's `no_sync`). In bf16 the default recipe is torch.autocast around fp32 sharded weights, like every
 other strategy; FSDP2's own MixedPrecisionPolicy (bf16 parameters for compute, fp32 gradient reduction)
 is the `mixed_precision=policy` option.
+
+Traffic per optimizer step per rank, with K micro-batches: every forward all-gathers each unit's
+parameters and every backward gathers them again (2K; K when reshard_after_forward is off, which keeps
+them from forward to backward), and the gradients are reduce-scattered once, on the last micro-batch
+(gradient sync is off on the others). The policy gathers its bf16 `param_dtype` (2 bytes per parameter)
+and reduces in its fp32 `reduce_dtype` (4 bytes); autocast and fp32 move fp32 both ways.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from harness.derive.comm import Collective
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer, accumulate,
+from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch,
+                                     Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, accumulate,
                                      is_block, make_adamw, optimizer_description, torchrun_context)
 from workloads import Workload
 
@@ -60,6 +68,32 @@ class FSDP2(Strategy):
 
     def start(self, spec):
         return torchrun_context(spec.device)
+
+    def _policy(self, spec: RunSpec) -> bool:
+        return spec.precision is Precision.BF16 and spec.resolved_options["mixed_precision"] == "policy"
+
+    def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
+        count = sum(p.numel() for p in model.parameters())
+        gathered = 2 * count if self._policy(spec) else 4 * count     # MixedPrecisionPolicy(param_dtype=bf16)
+        return TrafficBytes(parameters=count, gradients_reduced=4 * count, parameters_gathered=gathered)
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        gathers = (2 if options["reshard_after_forward"] else 1) * micro_batches
+        return ExpectedTraffic(collectives=(
+            ExpectedCollective(collective=Collective.ALL_GATHER, size_bytes=traffic.parameters_gathered,
+                               calls=gathers, ranks=data_parallel),
+            ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=traffic.gradients_reduced,
+                               calls=1, ranks=data_parallel)))
+
+    def compute_only_plan(self, spec: RunSpec) -> ComputeOnlyPlan:
+        """The unwrapped model and AdamW over this rank's chunk of each parameter's rows (FSDP2 shards dim 0
+        with torch.chunk), one tensor per parameter as FSDP2's optimizer sees them. With the policy the
+        forward and backward run on bf16 weights, each whole gradient is cast to fp32 (the reduce dtype)
+        before its chunk is taken, and the fp32 chunk is stepped and cast back into the bf16 weights."""
+        policy = self._policy(spec)
+        return ComputeOnlyPlan(sharding=Sharding.DIM0_ROWS, weights_dtype=torch.bfloat16 if policy else torch.float32,
+                               autocast=spec.precision is Precision.BF16 and not policy,
+                               whole_gradients_in_fp32=policy)
 
     def wrap(self, spec, context, workload, layers):
         from torch.distributed.device_mesh import init_device_mesh

@@ -24,10 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, RankContext, Strategy, Trainer,
-                                     accumulate, make_adamw, optimizer_description, place_rank)
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option,
+                                     PrecisionRecipe, RankContext, Strategy, Trainer, accumulate, make_adamw,
+                                     optimizer_description, place_rank)
 from workloads import Workload
 
 
@@ -77,6 +79,13 @@ class Horovod(Strategy):
                                       minimum=0),
         "cycle_time_ms": Option(1.0, "background cycle time in ms (horovodrun --cycle-time-ms)", minimum=0),
     }
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        # One all-reduce of every gradient per step (in fusion buffers): backward_passes_per_step holds
+        # the reduction back to the last micro-batch.
+        return ExpectedTraffic(collectives=(ExpectedCollective(collective=Collective.ALL_REDUCE,
+                                                               size_bytes=traffic.gradients_reduced, calls=1,
+                                                               ranks=data_parallel),))
 
     def instrument(self, counter) -> None:
         counter.install_torch()

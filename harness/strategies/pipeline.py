@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from harness.spec import Layout, RunSpec, SpecError
-from harness.strategies.base import (Launcher, MicroBatch, Option, Strategy, Trainer, make_adamw,
+from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, Option, Strategy, Trainer, make_adamw,
                                      optimizer_description)
 from harness.strategies.deepspeed_common import PRECISION_OPTION, base_config, precision_config, start_deepspeed
 from workloads import get_workload
@@ -78,6 +78,11 @@ class Pipeline(Strategy):
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return ("a stage's work has no communication-free equivalent: waiting on its neighbours is the "
                 "schedule's bubble as much as communication")
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        return ExpectedTraffic(not_modelled_because=(
+            "most of a pipeline's traffic is the activations and their gradients sent between stages, whose "
+            "size depends on where the model is cut and on the micro-batch's shape, not on the parameters"))
 
     def wrap(self, spec, context, workload, layers):
         import deepspeed

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from harness.spec import Precision, RunSpec, SpecError
-from harness.strategies.base import (Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy, Trainer,
-                                     accumulate, make_adamw, optimizer_description, place_rank)
+from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy,
+                                     Trainer, accumulate, make_adamw, optimizer_description, place_rank)
 from workloads import Workload
 
 
@@ -50,6 +50,9 @@ class Plain(Strategy):
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "the plain loop has no communication to expose"
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        return ExpectedTraffic()          # one process: nothing to exchange
 
     def validate(self, spec: RunSpec) -> None:
         if spec.world_size != 1:

@@ -5,6 +5,32 @@ DeepSpeed's own defaults (DeepSpeedZeroConfig in deepspeed/runtime/zero/config.p
 on for stage 3 and off for stages 1-2, contiguous gradients on, 5e8-element reduce and all-gather buckets,
 5e7-element stage-3 prefetch bucket, 1e5-element persistence threshold, no offload. The resolved config is
 recorded in every row.
+
+Traffic per optimizer step per rank (Rajbhandari et al. 2020, sec. 7: ZeRO-1/2 move as much as DDP, ZeRO-3
+1.5x), with G the bytes of all gradients as reduced, W of all parameters as gathered, K micro-batches:
+stage 1 reduce-scatters G once, at the step boundary, and all-gathers the updated W; stage 2 reduce-scatters
+G after every micro-batch (K times) and all-gathers W; stage 3 all-gathers W for every forward and again for
+every backward (2K) and reduce-scatters G every micro-batch (K). These are the algorithm's collectives; the
+counted ones show where DeepSpeed departs from them (on gloo, 0.19: stages 1-2 reduce buckets with
+all-reduces, twice a reduce-scatter's wire bytes; stage 3 re-uses gathered parameters within
+stage3_max_reuse_distance and keeps those under param_persistence_threshold whole, so it gathers less).
+
+The bytes follow the precision recipe (DeepSpeed 0.19.8's source):
+- `bf16` section: bf16 weights and gradients; gradients are reduced in `communication_data_type`, which
+  defaults to bf16 when bf16 is enabled (runtime/engine.py `communication_data_type`), and the bf16
+  weights are gathered: G = W = 2 bytes per parameter.
+- `torch_autocast` section: fp32 weights and gradients, but `init_autocast_params` (runtime/torch_autocast.py)
+  marks every parameter of a module whose class is exactly one of `LOWER_PRECISION_SAFE_MODULES`
+  (nn.Linear, nn.Conv1d/2d/3d) with `comm_dtype = bf16`; stages 1-2 (runtime/zero/stage_1_and_2.py,
+  `reduce_independent_p_g_buckets_and_remove_grads` -> one bucket per comm dtype, `gradient_reduction_w_predivide`
+  casts to it) and stage 3 (runtime/zero/stage3.py, per-dtype `ipg_buckets`) reduce those gradients in bf16
+  and every other one (embeddings, norms) in fp32. Stage 3 also fetches those parameters for forward
+  and backward in bf16 (runtime/zero/partition_parameters.py `_all_gather_coalesced` ->
+  `get_allgather_dtype`); stages 1-2 gather the fp32 weights. Not in the model: stage 3 re-gathers its
+  persistent parameters (under param_persistence_threshold) after every step through the synchronous
+  `_all_gather` path, in their fp32 partition's dtype; on gpt-tiny, where every parameter is persistent,
+  that is all of its all-gather traffic (measured: 947,712 fp32 bytes, once per step).
+- fp32: 4 bytes everywhere.
 """
 
 from __future__ import annotations
@@ -15,8 +41,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.spec import RunSpec
-from harness.strategies.base import (Launcher, MicroBatch, Option, Strategy, Trainer, make_adamw,
+from harness.derive.comm import Collective
+from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
+from harness.spec import Precision, RunSpec
+from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch,
+                                     Option, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
                                      optimizer_description)
 from harness.strategies.deepspeed_common import PRECISION_OPTION, base_config, precision_config, start_deepspeed
 from workloads import Workload
@@ -71,6 +100,59 @@ class ZeRO(Strategy):
 
     def start(self, spec):
         return start_deepspeed(spec)
+
+    def _bf16_section(self, spec: RunSpec) -> bool:
+        return spec.precision is Precision.BF16 and spec.resolved_options["precision_recipe"] == "deepspeed-bf16"
+
+    def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
+        parameters = list(model.parameters())
+        count = sum(p.numel() for p in parameters)
+        if spec.precision is Precision.FP32:
+            return TrafficBytes(parameters=count, gradients_reduced=4 * count, parameters_gathered=4 * count)
+        if self._bf16_section(spec):
+            return TrafficBytes(parameters=count, gradients_reduced=2 * count, parameters_gathered=2 * count)
+        from deepspeed.runtime.torch_autocast import LOWER_PRECISION_SAFE_MODULES
+
+        # The torch_autocast section: init_autocast_params matches module classes exactly, not by isinstance.
+        low = {id(p) for module in model.modules() if module.__class__ in LOWER_PRECISION_SAFE_MODULES
+               for p in module.parameters(recurse=False)}
+        reduced = sum(p.numel() * (2 if id(p) in low else 4) for p in parameters)
+        return TrafficBytes(parameters=count, gradients_reduced=reduced,
+                            parameters_gathered=reduced if self.stage == 3 else 4 * count)
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        def collective(kind: Collective, size: int, calls: int) -> ExpectedCollective:
+            return ExpectedCollective(collective=kind, size_bytes=size, calls=calls, ranks=data_parallel)
+
+        gradients, weights, k = traffic.gradients_reduced, traffic.parameters_gathered, micro_batches
+        if self.stage == 1:
+            return ExpectedTraffic(collectives=(collective(Collective.REDUCE_SCATTER, gradients, 1),
+                                                collective(Collective.ALL_GATHER, weights, 1)))
+        if self.stage == 2:
+            return ExpectedTraffic(collectives=(collective(Collective.REDUCE_SCATTER, gradients, k),
+                                                collective(Collective.ALL_GATHER, weights, 1)))
+        return ExpectedTraffic(collectives=(collective(Collective.ALL_GATHER, weights, 2 * k),
+                                            collective(Collective.REDUCE_SCATTER, gradients, k)))
+
+    def compute_only_plan(self, spec: RunSpec) -> ComputeOnlyPlan:
+        """The unwrapped model in the recipe's weights (bf16 for the bf16 section, fp32 under autocast and
+        fp32) and AdamW over the elements DeepSpeed gives this rank: its contiguous 1/N of all parameters
+        flattened (stages 1-2) or of each parameter (stage 3), stepped as one flat fp32 tensor whose update
+        is copied back into the weights, as DeepSpeed's fp32 partition is."""
+        options = spec.resolved_options
+        bf16_weights = self._bf16_section(spec)
+        kind = SAME_WORK
+        if options["offload_optimizer"] != "none":
+            kind = (f"{BOUND_PREFIX}the real step runs the optimizer on the host (offload_optimizer="
+                    f"{options['offload_optimizer']}) and copies gradients and weights across; the baseline "
+                    "steps on the device, so exposed time includes that work (an upper bound)")
+        elif self.stage == 3 and options["offload_param"] != "none":
+            kind = (f"{BOUND_PREFIX}the real step keeps parameters on the host (offload_param="
+                    f"{options['offload_param']}) and copies them in for every gather; the baseline does not, "
+                    "so exposed time includes those copies (an upper bound)")
+        return ComputeOnlyPlan(kind=kind, sharding=Sharding.FLAT if self.stage < 3 else Sharding.PER_PARAMETER,
+                               weights_dtype=torch.bfloat16 if bf16_weights else torch.float32,
+                               autocast=spec.precision is Precision.BF16 and not bf16_weights)
 
     def zero_config(self, spec: RunSpec) -> dict[str, Any]:
         o = spec.resolved_options

@@ -66,7 +66,8 @@ class CommunicationFigures:
         return run_small_matrix()
 
     def track_exposed_comm_share(self, cache, strategy):
-        return _figure(cache, strategy, "exposed_comm_share", 100.0)
+        share = exposed_communication(cache[strategy]).exposed_comm_share if strategy in cache else None
+        return float("nan") if share is None else share * 100.0
 
     track_exposed_comm_share.unit = "%"
 
