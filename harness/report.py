@@ -79,7 +79,8 @@ def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
                 "exposed_comm_share": _median(ok, "exposed_comm_share"),
                 "comm_bytes_per_step": _median(ok, "comm_bytes_per_step_total"),
                 "peak_rss_mib": _median(ok, "peak_rss_bytes_max") / (1 << 20),
-                "allocated_after_step_mib": _median(ok, "allocated_after_step_bytes_max", 1 / (1 << 20)),
+                "model_state_measured_mib": _median(ok, "model_state_bytes_measured_max", 1 / (1 << 20)),
+                "model_state_census_mib": _median(ok, "model_state_census_bytes_max", 1 / (1 << 20)),
                 "model_state_predicted_mib": _median(ok, "model_state_bytes_predicted", 1 / (1 << 20)),
                 "mfu": _median(ok, "mfu"),
                 "parity": first.get("parity_verdict", ""),
@@ -162,10 +163,13 @@ def plot_memory(summary: pd.DataFrame, workload: str) -> str | None:
     rows = summary[(summary["workload"] == workload) & (summary["status"] == "ok")] if "status" in summary else summary
     if rows.empty or "model_state_predicted_mib" not in rows:
         return None
-    measured_column = ("allocated_after_step_mib" if rows["allocated_after_step_mib"].notna().any()
-                       else "peak_rss_mib")
-    measured_label = ("measured: allocated after a step (model states)" if measured_column.startswith("alloc")
-                      else "measured: peak RSS (includes the runtime)")
+    # Model states read at gradients_ready of the last warm-up step (README, "Memory"): the allocator's
+    # figure on GPU, else the census of their storages.
+    candidates = [("model_state_measured_mib", "measured: allocated at gradients_ready (model states)"),
+                  ("model_state_census_mib", "measured: census of model-state storages"),
+                  ("peak_rss_mib", "measured: peak RSS (includes the runtime)")]
+    measured_column, measured_label = next(((column, label) for column, label in candidates
+                                            if column in rows and rows[column].notna().any()), candidates[-1])
     labels = [f"{r.strategy} ws{r.world_size}" for r in rows.itertuples()]
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     positions = range(len(rows))
@@ -253,7 +257,8 @@ SUMMARY_COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("options
                    ("samples_per_s", "samples/s"), ("samples_per_s_ci_low", "CI low"),
                    ("samples_per_s_ci_high", "CI high"), ("strong_efficiency_vs_ws1", "strong eff. vs ws1"),
                    ("strong_efficiency_vs_plain", "strong eff. vs plain"), ("exposed_comm_share", "exposed comm"),
-                   ("peak_rss_mib", "peak RSS MiB"), ("allocated_after_step_mib", "allocated MiB"),
+                   ("peak_rss_mib", "peak RSS MiB"), ("model_state_measured_mib", "model states MiB"),
+                   ("model_state_census_mib", "census MiB"),
                    ("model_state_predicted_mib", "predicted MiB"), ("mfu", "MFU"), ("parity", "parity"),
                    ("message", "why")]
 

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
+from harness.derive.memory import memory_columns
 from harness.record import read_results
 from harness.spec import RunResult
 
@@ -35,6 +36,7 @@ def result_record(result: RunResult) -> dict:
             record[name] = value
     for kind, volume in (result.measurements.get("comm_bytes_per_step_max_rank") or {}).items():
         record[f"comm_{kind}_bytes_per_step"] = volume
+    record.update(memory_columns(result.measurements))   # derived when read (harness.derive.memory)
     record.setdefault("shared_device", False)
     return record
 

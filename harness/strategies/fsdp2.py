@@ -16,9 +16,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from harness.derive.memory import zero_plan
+from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer, accumulate,
-                                     is_block, make_adamw, optimizer_description, torchrun_context)
+from harness.strategies.base import (ADAMW_STATE_BYTES, Launcher, MicroBatch, Option, PrecisionRecipe, Strategy,
+                                     Trainer, accumulate, is_block, make_adamw, optimizer_description,
+                                     torchrun_context)
 from workloads import Workload
 
 
@@ -37,6 +40,11 @@ class FSDP2Trainer(Trainer):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def model_state_tensors(self):
+        # Parameters, gradients and optimizer state are DTensors; the census counts their local shards,
+        # padded to equal sizes on every rank as FSDP2 allocates them.
+        return torch_model_state_tensors(self.model, self.optimizer)
 
     @contextlib.contextmanager
     def _no_sync(self):
@@ -60,6 +68,13 @@ class FSDP2(Strategy):
 
     def start(self, spec):
         return torchrun_context(spec.device)
+
+    def model_state_plan(self, data_parallel, recipe, options):
+        """Weights, gradients and optimizer state all sharded over the ranks, like ZeRO-3, each kept in the
+        parameters' own fp32 (see base.ADAMW_STATE_BYTES for the MixedPrecisionPolicy)."""
+        weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
+        return zero_plan(3, data_parallel, weights, gradients, optimizer,
+                         basis=f"{recipe.value}: torch AdamW over fully_shard's fp32 shards, all three sharded")
 
     def wrap(self, spec, context, workload, layers):
         from torch.distributed.device_mesh import init_device_mesh
