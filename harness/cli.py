@@ -139,10 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     memory = commands.add_parser("memory", help="predicted model-state memory per rank for every strategy")
     memory.add_argument("--params", type=_count, required=True, help="parameters, e.g. 124M, 1.5B")
     memory.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
-    memory.add_argument("--recipe", default="autocast", help="precision recipe: fp32, autocast, deepspeed-bf16")
+    memory.add_argument("--recipe", default="autocast", help="precision recipe: fp32, autocast, deepspeed-bf16, "
+                        "fsdp-mp-policy")
     memory.add_argument("--stages", type=int, default=2, help="pipeline stages (for the pipeline row)")
-    memory.add_argument("--largest-layer", type=_count, help="parameters of the largest layer (DeepSpeed's "
-                        "ZeRO-3 estimate; default: params / 20)")
+    memory.add_argument("--largest-layer", type=_count, help="the most parameters one module holds itself "
+                        "(DeepSpeed's largest_layer_params, for its ZeRO-3 estimate; default: params / 20)")
     memory.add_argument("--gpus-per-node", type=int, help="for DeepSpeed's estimator (default: --dp)")
     memory.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed's estimator")
 
@@ -260,35 +261,43 @@ def command_list(args: argparse.Namespace) -> int:
 
 
 def command_memory(args: argparse.Namespace) -> int:
-    from harness.memory_model import RECIPE_STATE_BYTES, ZERO_STAGE, deepspeed_estimate, zero_model_states
+    from harness.derive.memory import plan_bytes
+    from harness.strategies import STRATEGIES, PrecisionRecipe
 
-    if args.recipe not in RECIPE_STATE_BYTES:
-        raise SpecError(f"recipe {args.recipe!r} is not one of: {', '.join(RECIPE_STATE_BYTES)}")
+    recipes = [recipe.value for recipe in PrecisionRecipe]
+    if args.recipe not in recipes:
+        raise SpecError(f"recipe {args.recipe!r} is not one of: {', '.join(recipes)}")
     if args.dp < 1 or args.stages < 1:
         raise SpecError(f"--dp and --stages must be >= 1, got {args.dp} and {args.stages}")
     use_deepspeed = not args.no_deepspeed and importlib.util.find_spec("deepspeed") is not None
-    state = RECIPE_STATE_BYTES[args.recipe]
+    recipe = PrecisionRecipe(args.recipe)
     gib = float(1 << 30)
     print(f"model states per rank, {args.params:,} parameters, {args.dp} data-parallel ranks, recipe "
-          f"{args.recipe} ({state.weights}+{state.gradients}+{state.optimizer} bytes/parameter; "
-          f"Rajbhandari et al. 2020, sec. 5.1)")
-    print(f"{'strategy':<13} {'stage':>5} {'weights GiB':>12} {'grads GiB':>10} {'optim GiB':>10} "
+          f"{args.recipe}: each strategy's own bytes per parameter and sharding (Rajbhandari et al. 2020, "
+          f"sec. 5.1)")
+    print(f"{'strategy':<13} {'bytes w+g+o':>11} {'weights GiB':>12} {'grads GiB':>10} {'optim GiB':>10} "
           f"{'total GiB':>10} {'DeepSpeed est. GiB':>19}")
-    for strategy, stage in ZERO_STAGE.items():
-        if strategy in ("plain", "dataparallel"):
+    for name, strategy in STRATEGIES.items():
+        if name in ("plain", "dataparallel"):
             continue
-        params = args.params // args.stages if strategy == "pipeline" else args.params
-        dp = 1 if strategy == "pipeline" else args.dp
-        states = zero_model_states(params, dp, stage, state)
+        plan = strategy.model_state_plan(args.dp, recipe, strategy.resolve_options({}))
+        # A pipeline stage holds its share of the layers; evenly cut here, though a stage holding a tied
+        # weight's copy holds more (the row of a real run records each stage's own count).
+        params = args.params // args.stages if name == "pipeline" else args.params
+        states = plan_bytes(plan, params)
+        per_parameter = "+".join(f"{getattr(plan, c).bytes_per_parameter:g}" for c in ("weights", "gradients",
+                                                                                        "optimizer"))
         estimate = None
-        if use_deepspeed and strategy.startswith("zero"):
-            estimate = deepspeed_estimate(stage, args.params, args.largest_layer or args.params // 20,
-                                          args.gpus_per_node or args.dp)
-        shown = f"{estimate['gpu_bytes'] / gib:>19.3f}" if estimate else f"{'-':>19}"
-        print(f"{strategy:<13} {stage:>5} {states['weights'] / gib:>12.3f} {states['gradients'] / gib:>10.3f} "
+        if use_deepspeed:
+            estimate = strategy.deepspeed_estimate_bytes(args.params, args.largest_layer or args.params // 20,
+                                                         args.gpus_per_node or args.dp, 1,
+                                                         strategy.resolve_options({}))
+        shown = f"{estimate / gib:>19.3f}" if estimate is not None else f"{'-':>19}"
+        print(f"{name:<13} {per_parameter:>11} {states['weights'] / gib:>12.3f} {states['gradients'] / gib:>10.3f} "
               f"{states['optimizer'] / gib:>10.3f} {states['total'] / gib:>10.3f} {shown}")
     if args.stages > 1:
-        print(f"pipeline: {args.stages} stages, each holding ~1/{args.stages} of the model unsharded")
+        print(f"pipeline: {args.stages} stages, each holding 1/{args.stages} of the parameters here; a stage that "
+              f"holds a tied weight's copy holds more")
     return 0
 
 

@@ -1,63 +1,207 @@
-"""Predicted model-state memory per rank: the ZeRO paper's formulas, and DeepSpeed's own estimator.
+"""Memory as a rank sees it: the census of its model states, its peak memory, and DeepSpeed's estimate.
 
-Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"), sec.
-5.1 and fig. 1: with Psi parameters, mixed-precision Adam keeps 2 Psi bytes of fp16 weights, 2 Psi of fp16
-gradients and K Psi = 12 Psi of fp32 optimizer state (master weights, momentum, variance). Over N_d
-data-parallel ranks:
-    baseline (DDP, Horovod)   (2 + 2 + K) Psi
-    ZeRO-1 (P_os)             2 Psi + 2 Psi + K Psi / N_d
-    ZeRO-2 (P_os+g)           2 Psi + (2 + K) Psi / N_d
-    ZeRO-3 (P_os+g+p)         (2 + 2 + K) Psi / N_d
-FSDP2 shards like ZeRO-3. A pipeline of S stages holds about Psi / S of the model per rank (unsharded).
+Inside a rank (harness.worker) this module
+- counts the model states a rank holds (`census_bytes`): the bytes of the distinct tensor storages its
+  trainer names as weights, gradients and optimizer state (`Trainer.model_state_tensors`). Each storage
+  counts once, in the first kind that names it, so gradients that are views of DDP's buckets, parameters
+  that are views of DeepSpeed's flat buffers and shards padded by FSDP2 count what is really allocated.
+  It needs no allocator statistic, so it works on CPU;
+- resets and reads peak memory around the timed steps (`reset_peak_memory`, `peak_memory`): CUDA's
+  allocator peaks, and the kernel's peak resident set size of the process (Linux: writing 5 to
+  /proc/self/clear_refs resets VmHWM in /proc/self/status to the current RSS, proc(5), Linux >= 4.0;
+  elsewhere getrusage's ru_maxrss, a peak since the process started);
+- reads the model states once per launch (`ModelStateReader`), at the `gradients_ready` point of the last
+  warm-up step: after backward and the gradient reduction, before the update frees any gradient, with
+  the optimizer state of the step before present;
+- calls DeepSpeed's own ZeRO-2/3 estimator (`deepspeed_estimate`).
 
-The bytes per parameter follow the precision recipe actually used: fp32 training and torch autocast keep
-fp32 weights and gradients and two fp32 Adam moments (4 + 4 + 8 bytes, no master copy); DeepSpeed's bf16
-recipe is the paper's (2 + 2 + 12). Activations, buffers and allocator slack are not model states.
+The predictions these are compared with are computed from the row in harness.derive.memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+import re
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
-ZERO_STAGE = {"plain": 0, "dataparallel": 0, "ddp": 0, "horovod": 0, "zero1": 1, "zero2": 2, "zero3": 3,
-              "fsdp2": 3, "pipeline": 0}
+import torch
+from torch import nn
 
-
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes per parameter of weights, gradients and optimizer state."""
-
-    weights: int
-    gradients: int
-    optimizer: int
-
-
-FP32_ADAM = StateBytes(weights=4, gradients=4, optimizer=8)
-MIXED_PRECISION_ADAM = StateBytes(weights=2, gradients=2, optimizer=12)   # the paper's K = 12
-
-RECIPE_STATE_BYTES = {"fp32": FP32_ADAM, "autocast": FP32_ADAM, "fsdp-mp-policy": FP32_ADAM,
-                      "deepspeed-bf16": MIXED_PRECISION_ADAM}
+CLEAR_REFS = Path("/proc/self/clear_refs")
+PROC_STATUS = Path("/proc/self/status")
+RESET_PEAK_RSS = "5"        # proc(5), /proc/pid/clear_refs: "reset the peak resident set size"
 
 
-def zero_model_states(parameters: int, data_parallel: int, stage: int,
-                      state: StateBytes = MIXED_PRECISION_ADAM) -> dict[str, float]:
-    """Per-rank bytes of weights, gradients and optimizer state, and their total, at a ZeRO stage 0-3."""
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
-    n = data_parallel
-    weights = parameters * state.weights / (n if stage >= 3 else 1)
-    gradients = parameters * state.gradients / (n if stage >= 2 else 1)
-    optimizer = parameters * state.optimizer / (n if stage >= 1 else 1)
-    return {"weights": weights, "gradients": gradients, "optimizer": optimizer,
-            "total": weights + gradients + optimizer}
+class PeakRssSince(enum.StrEnum):
+    """Where a row's peak RSS figure starts."""
+
+    FIRST_TIMED_STEP = "first timed step"
+    PROCESS_START = "process start"
 
 
-def predicted_model_state_bytes(strategy: str, parameters: int, data_parallel: int, pipeline_stages: int,
-                                recipe: str) -> float:
-    """The ZeRO-paper prediction for one rank of a cell, with the bytes of the recipe it ran."""
-    state = RECIPE_STATE_BYTES.get(recipe, FP32_ADAM)
-    per_stage = parameters / max(1, pipeline_stages)
-    return zero_model_states(round(per_stage), data_parallel, ZERO_STAGE[strategy], state)["total"]
+@dataclass
+class ModelStateTensors:
+    """The tensors that hold a rank's model states, as its trainer names them. `gradients` is None where
+    they cannot be read at the reading point (the pipeline frees them inside `train_batch`)."""
+
+    weights: list[torch.Tensor]
+    gradients: list[torch.Tensor] | None
+    optimizer: list[torch.Tensor]
+    note: str = ""          # what the census misses or counts beyond the plan, and why
+
+
+def torch_model_state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, note: str = "") -> ModelStateTensors:
+    """Model states of a torch model trained by a torch optimizer: parameters, their .grad, and every
+    tensor of the optimizer's state (AdamW: exp_avg, exp_avg_sq and a scalar `step` per parameter)."""
+    parameters = list(model.parameters())
+    return ModelStateTensors(weights=parameters,
+                             gradients=[p.grad for p in parameters if p.grad is not None],
+                             optimizer=optimizer_state_tensors(optimizer), note=note)
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+
+
+def census_bytes(tensors: ModelStateTensors) -> dict[str, int | None]:
+    """{"weights", "gradients", "optimizer"}: bytes of the distinct storages behind each kind's tensors;
+    a storage already counted under an earlier kind is not counted again."""
+    seen: set[tuple[str, int]] = set()
+    counts: dict[str, int | None] = {}
+    for kind in ("weights", "gradients", "optimizer"):
+        group = getattr(tensors, kind)
+        if group is None:
+            counts[kind] = None
+            continue
+        total = 0
+        for tensor in group:
+            storage = _local(tensor).untyped_storage()
+            key = (str(storage.device), storage.data_ptr())
+            if storage.nbytes() == 0 or key in seen:
+                continue
+            seen.add(key)
+            total += storage.nbytes()
+        counts[kind] = total
+    return counts
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2's parameters, gradients and optimizer state); other tensors as they are."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
+    """Bytes of the distinct storages of `tensors` that live on `device`."""
+    storages = {}
+    for tensor in tensors:
+        if tensor.device == device:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def largest_module_own_parameters(model: nn.Module) -> int:
+    """The most parameters one module holds itself (not through its children): DeepSpeed's
+    `largest_layer_params` for its ZeRO-3 estimator (deepspeed/runtime/zero/stage3.py, `model_to_params`,
+    0.19.8: max over model.modules() of sum(p.numel() for p in m.parameters(recurse=False)))."""
+    return max(sum(p.numel() for p in module.parameters(recurse=False)) for module in model.modules())
+
+
+# ---- peak memory ---------------------------------------------------------------------------------
+
+
+def reset_peak_memory(device: torch.device) -> PeakRssSince:
+    """Start the peaks here: CUDA's allocator peaks, and the process's peak RSS where the kernel lets it
+    be reset. Returns where the peak RSS read by `peak_memory` will start."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        CLEAR_REFS.write_text(RESET_PEAK_RSS)
+    except OSError:            # not Linux, or /proc not writable here
+        return PeakRssSince.PROCESS_START
+    return PeakRssSince.FIRST_TIMED_STEP if _vm_hwm_bytes() is not None else PeakRssSince.PROCESS_START
+
+
+def peak_memory(device: torch.device, since: PeakRssSince) -> dict[str, float]:
+    """Peak RSS of this process since `since`, and on CUDA the allocator's peak allocated and reserved
+    bytes since the last `reset_peak_memory`."""
+    rss = _vm_hwm_bytes() if since is PeakRssSince.FIRST_TIMED_STEP else None
+    if rss is None:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports KiB
+    figures = {"peak_rss": float(rss)}
+    if device.type == "cuda":
+        figures["peak_allocated"] = float(torch.cuda.max_memory_allocated(device))
+        figures["peak_reserved"] = float(torch.cuda.max_memory_reserved(device))
+    return figures
+
+
+def _vm_hwm_bytes() -> int | None:
+    """VmHWM (peak resident set size) of this process from /proc/self/status, or None where unreadable."""
+    try:
+        match = re.search(r"^VmHWM:\s+(\d+) kB$", PROC_STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+# ---- the model-state reading ---------------------------------------------------------------------
+
+
+@dataclass
+class ModelStateReader:
+    """Reads this rank's model states once: at the `gradients_ready` point of the last warm-up step, or
+    right after that step where the trainer has no such point (DeepSpeed's pipeline).
+
+    Step 0 is the parity probe's; AdamW creates its state in the first update, so the reading needs the
+    last warm-up step to be step 1 or later (warmup_steps >= 2)."""
+
+    trainer: Any                          # harness.strategies.Trainer (not imported: no cycle)
+    device: torch.device
+    warmup_steps: int
+    census: dict[str, int | None] | None = None
+    allocated: float | None = None        # CUDA: allocator bytes minus the step's input tensors
+    note: str = ""
+    read_at: str = ""
+    unavailable_because: str = ""
+    _step: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._step = self.warmup_steps - 1
+        if self.warmup_steps < 2:
+            self.unavailable_because = (f"warmup_steps={self.warmup_steps}: the reading needs warm-up step 1 or "
+                                        f"later (step 0 is the parity probe's, and AdamW's state exists only "
+                                        f"after the first update), so warmup_steps >= 2")
+
+    def gradients_ready(self, step: int, micro_batches: Sequence) -> Callable[[], None] | None:
+        """The callback to pass to `train_step` at `step`, or None."""
+        if step != self._step or self.unavailable_because or not self.trainer.reaches_gradients_ready:
+            return None
+        where = f"gradients_ready of warm-up step {step} (after backward and the reduction, before the update)"
+        return lambda: self._read(micro_batches, where)
+
+    def after_step(self, step: int, micro_batches: Sequence) -> None:
+        """Called after every step: reads here where the trainer never reaches `gradients_ready`."""
+        if step == self._step and not self.unavailable_because and not self.trainer.reaches_gradients_ready:
+            self._read(micro_batches, f"after warm-up step {step}: the trainer has no point between its gradient "
+                                      f"reduction and its update, so gradients are not read")
+
+    def _read(self, micro_batches: Sequence, where: str) -> None:
+        tensors = self.trainer.model_state_tensors()
+        self.census = census_bytes(tensors)
+        self.note = tensors.note
+        self.read_at = where
+        if self.device.type == "cuda":
+            # The step's inputs and targets are still referenced here; they are not model states.
+            torch.cuda.synchronize(self.device)
+            inputs = storage_bytes((t for batch in micro_batches for t in batch), self.device)
+            self.allocated = float(torch.cuda.memory_allocated(self.device) - inputs)
+
+
+# ---- DeepSpeed's estimator -------------------------------------------------------------------------
 
 
 def deepspeed_estimate(stage: int, parameters: int, largest_layer_parameters: int, gpus_per_node: int,
@@ -65,7 +209,8 @@ def deepspeed_estimate(stage: int, parameters: int, largest_layer_parameters: in
                        offload_param: bool = False) -> dict[str, float] | None:
     """DeepSpeed's own per-GPU and per-node-CPU estimate (its `estimate_zero{2,3}_model_states_mem_needs`,
     with its default 1.5x buffer factor for the CPU figure), or None where it has none (stage 0 and 1) or
-    DeepSpeed is not installed."""
+    DeepSpeed is not installed. `largest_layer_parameters` is DeepSpeed's definition
+    (`largest_module_own_parameters`)."""
     try:
         if stage == 2:
             from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs

@@ -100,13 +100,15 @@ def plot_efficiency(summary: pd.DataFrame, workload: str) -> str | None:
 
 def plot_memory(summary: pd.DataFrame, workload: str) -> str | None:
     rows = summary[(summary["workload"] == workload) & (summary["status"] == "ok")] if "status" in summary else summary
-    if (rows.empty or "model_state_bytes_predicted" not in rows
-            or rows[["model_state_bytes_predicted", "peak_rss_bytes_max"]].isna().all().all()):
+    if rows.empty or "model_state_bytes_predicted" not in rows or rows["model_state_bytes_predicted"].isna().all():
         return None
-    measured_column = ("peak_allocated_bytes_max" if rows["peak_allocated_bytes_max"].notna().any()
-                       else "peak_rss_bytes_max")
-    measured_label = ("measured: peak allocated" if measured_column.startswith("peak_alloc")
-                      else "measured: peak RSS (includes the runtime)")
+    # Model states read at gradients_ready of the last warm-up step (README, "Memory"): the allocator's
+    # figure on GPU, else the census of their storages; peak RSS (mostly the runtime) only as a last resort.
+    candidates = [("model_state_bytes_measured_max", "measured: allocated at gradients_ready (model states)"),
+                  ("model_state_census_bytes_max", "measured: census of model-state storages"),
+                  ("peak_rss_bytes_max", "measured: peak RSS (includes the runtime)")]
+    measured_column, measured_label = next(((column, label) for column, label in candidates
+                                            if column in rows and rows[column].notna().any()), candidates[-1])
     labels = [f"{r.strategy} ws{r.world_size}" for r in rows.itertuples()]
     figure, axis = plt.subplots(figsize=(6.5, 3.6))
     positions = range(len(rows))
@@ -213,6 +215,8 @@ SUMMARY_COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("options
                    ("compute_only_kind", "exposed baseline"), ("comm_wire_bytes_per_step", "wire B/step"),
                    ("comm_expected_wire_bytes_per_step", "expected wire B/step"),
                    ("peak_rss_bytes_max", "peak RSS B"), ("peak_allocated_bytes_max", "peak allocated B"),
+                   ("model_state_bytes_measured_max", "model states (allocator) B"),
+                   ("model_state_census_bytes_max", "model states (census) B"),
                    ("model_state_bytes_predicted", "predicted model states B"), ("mfu", "MFU"), ("parity", "parity"),
                    ("message", "why")]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import sys
 import time
@@ -30,7 +29,8 @@ import torch
 from harness.comm_counter import CollectiveCounter
 from harness.compute_only import CompletedPass, compute_only_pass
 from harness.faults import fault_from_environment
-from harness.memory_model import ZERO_STAGE, deepspeed_estimate, predicted_model_state_bytes
+from harness.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
+                                  reset_peak_memory)
 from harness.spec import RunSpec, Status
 from harness.stats import summarize
 from harness.strategies import Strategy, Trainer, get_strategy
@@ -91,16 +91,16 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     torch.manual_seed(spec.seed)
     layers = workload.build_layers()                  # on CPU from the seed: identical on every rank
     parameters = count_parameters(torch.nn.Sequential(*layers))
-    largest_layer = max(count_parameters(layer) for layer in layers)
+    largest_module = largest_module_own_parameters(torch.nn.Sequential(*layers))
     expected_traffic = strategy.expected_traffic(spec, layers)   # before wrapping converts or shards them
-    if context.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(context.device)
     trainer = strategy.wrap(spec, context, workload, layers)
     _phase(context.rank, "model wrapped")
 
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
     fault = fault_from_environment()
+    model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
+    peak_rss_since = PeakRssSince.PROCESS_START
     for step in range(spec.warmup_steps + spec.timed_steps):
         if fault:
             fault.fire(context.rank, step)
@@ -109,17 +109,16 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                          for index in range(layout.micro_batches)]
         trainer.barrier()
         timed = step >= spec.warmup_steps
+        if step == spec.warmup_steps:
+            # Peaks of the timed steps alone, for every strategy alike: not the set-up (a whole model on
+            # the device before sharding), nor the warm-up steps.
+            peak_rss_since = reset_peak_memory(context.device)
         with timer.measure(record=timed), counter.counting(record=timed):
-            losses.append(trainer.train_step(micro_batches))
-        if step == spec.warmup_steps and context.device.type == "cuda":
-            # Weights, gradients and optimizer state still held after a whole step: the model states.
-            torch.cuda.synchronize(context.device)
-            after_step_allocated = float(torch.cuda.memory_allocated(context.device))
+            losses.append(trainer.train_step(micro_batches, model_states.gradients_ready(step, micro_batches)))
+        model_states.after_step(step, micro_batches)
 
     _phase(context.rank, "timed steps done")
-    memory = _memory_figures(context)   # before the compute-only pass below adds a model of its own
-    if context.device.type == "cuda":
-        memory.append(after_step_allocated)
+    memory = _memory_figures(context, peak_rss_since)   # before the compute-only pass adds a model of its own
     compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
     compute_only_raw = compute_only._asdict() if compute_only else None
     _phase(context.rank, "compute-only pass done")
@@ -128,11 +127,14 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
                               "stalled": timer.stalled, "host_lost": timer.host_lost_seconds,
                               "host": socket.gethostname(), "node": _node_rank(), "comm": counter.per_step(),
-                              "compute_only": compute_only_raw})
+                              "compute_only": compute_only_raw, "model_states": _model_state_figures(model_states),
+                              "parameters_held": trainer.parameters_held(parameters),
+                              "parameters_kept_whole": trainer.parameters_kept_whole()})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
-    measurements.update(_memory_predictions(spec, strategy, layout, context, trainer, parameters, largest_layer))
+    measurements.update(_model_state_facts(spec, strategy, layout, context, trainer, parameters, largest_module,
+                                           by_rank))
     trainer.close()
     return measurements
 
@@ -202,24 +204,40 @@ def _stalled_steps(stalled_by_rank: list[list[bool]]) -> set[int]:
     return {step for step, flags in enumerate(zip(*stalled_by_rank)) if any(flags)}
 
 
-def _memory_predictions(spec: RunSpec, strategy: Strategy, layout, context: RankContext, trainer: Trainer,
-                        parameters: int, largest_layer: int) -> dict[str, Any]:
-    """Model-state memory per rank predicted by the ZeRO paper and, for ZeRO-2/3, by DeepSpeed."""
+def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankContext, trainer: Trainer,
+                       parameters: int, largest_module: int, by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model states each rank measured, and the facts their prediction is derived from at read time
+    (harness.derive.memory): the strategy's plan, the parameters each rank held, and for ZeRO-2/3
+    DeepSpeed's own estimate."""
+    readings = [r["model_states"] for r in by_rank]
     figures: dict[str, Any] = {
-        "model_state_bytes_predicted": predicted_model_state_bytes(
-            spec.strategy, parameters, layout.data_parallel, layout.pipeline_stages,
-            trainer.precision_recipe.value),
-        "zero_stage_equivalent": ZERO_STAGE[spec.strategy],
+        "model_state_plan": strategy.model_state_plan(layout.data_parallel, trainer.precision_recipe,
+                                                      spec.resolved_options).to_dict(),
+        "parameters_held_by_rank": [r["parameters_held"] for r in by_rank],
+        "weights_kept_whole_parameters_by_rank": [r["parameters_kept_whole"] for r in by_rank],
+        "largest_module_own_parameters": largest_module,
     }
-    stage = ZERO_STAGE[spec.strategy]
-    if "deepspeed" in sys.modules and spec.strategy.startswith("zero"):
-        options = spec.resolved_options
-        estimate = deepspeed_estimate(stage, parameters, largest_layer, context.local_world_size,
-                                      nodes=spec.nnodes,
-                                      offload_optimizer=options.get("offload_optimizer") == "cpu",
-                                      offload_param=options.get("offload_param") == "cpu")
-        figures["model_state_bytes_deepspeed_estimate"] = estimate["gpu_bytes"] if estimate else None
+    if readings[0]["unavailable_because"]:
+        figures["model_state_unavailable_because"] = readings[0]["unavailable_because"]
+    else:
+        figures["model_state_read_at"] = readings[0]["read_at"]
+        figures["model_state_census_bytes_by_rank"] = [r["census"] for r in readings]
+        if readings[0]["note"]:
+            figures["model_state_census_note"] = readings[0]["note"]
+        if context.device.type == "cuda":
+            figures["model_state_bytes_measured_by_rank"] = [r["allocated"] for r in readings]
+            figures["model_state_bytes_measured_excludes"] = "the step's input and target tensors, still referenced"
+    estimate = strategy.deepspeed_estimate_bytes(parameters, largest_module, context.local_world_size, spec.nnodes,
+                                                 spec.resolved_options)
+    if estimate is not None:
+        figures["model_state_bytes_deepspeed_estimate"] = estimate
     return figures
+
+
+def _model_state_figures(reader: ModelStateReader) -> dict[str, Any]:
+    """What this rank's model-state reading found, as plain values for the gather."""
+    return {"census": reader.census, "allocated": reader.allocated, "note": reader.note, "read_at": reader.read_at,
+            "unavailable_because": reader.unavailable_because}
 
 
 def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContext, trainer: Trainer,
@@ -254,6 +272,7 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "peak_rss_bytes_by_rank": peak_rss,
         "peak_rss_bytes_max": max(peak_rss),
         "peak_rss_bytes_min": min(peak_rss),
+        "peak_rss_since": _common_or_mixed([m[-1] for m in memory_by_rank]),
         "parameters": parameters,
         "train_flops_per_sample": workload.train_flops_per_sample,
         "data_parallel": layout.data_parallel,
@@ -275,8 +294,6 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         figures["peak_allocated_bytes_max"] = max(figures["peak_allocated_bytes_by_rank"])
         figures["peak_allocated_bytes_min"] = min(figures["peak_allocated_bytes_by_rank"])
         figures["peak_reserved_bytes_max"] = max(figures["peak_reserved_bytes_by_rank"])
-        figures["allocated_after_step_bytes_by_rank"] = [m[3] for m in memory_by_rank]
-        figures["allocated_after_step_bytes_max"] = max(figures["allocated_after_step_bytes_by_rank"])
         # Whether fp32 convolutions / matmuls ran on the TF32 tensor cores: MFU's peak depends on it.
         figures["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
         figures["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
@@ -285,19 +302,23 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
     return figures
 
 
+def _common_or_mixed(values: list[str]) -> str:
+    """The value every rank reported, or "mixed: ..." naming each rank's."""
+    return values[0] if len(set(values)) == 1 else "mixed: " + ", ".join(values)
+
+
 def _phase(rank: int, what: str) -> None:
     """Log seconds since this process started, so a cell's log shows where its launch time goes."""
     started = psutil.Process().create_time()
     print(f"[parbench rank {rank}] +{time.time() - started:.1f}s {what}", file=sys.stderr, flush=True)
 
 
-def _memory_figures(context: RankContext) -> list[float]:
-    """[peak RSS, peak CUDA allocated, peak CUDA reserved] of this process, in bytes."""
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    if context.device.type != "cuda":
-        return [float(peak_rss), 0.0, 0.0]
-    return [float(peak_rss), float(torch.cuda.max_memory_allocated(context.device)),
-            float(torch.cuda.max_memory_reserved(context.device))]
+def _memory_figures(context: RankContext, peak_rss_since: PeakRssSince) -> list[Any]:
+    """[peak RSS, peak CUDA allocated, peak CUDA reserved, where the peak RSS starts] of this process, in
+    bytes, since the reset before the first timed step (harness.memory_model)."""
+    peaks = peak_memory(context.device, peak_rss_since)
+    return [peaks["peak_rss"], peaks.get("peak_allocated", 0.0), peaks.get("peak_reserved", 0.0),
+            peak_rss_since.value]
 
 
 def _device_name(device: torch.device) -> str:

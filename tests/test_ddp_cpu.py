@@ -6,6 +6,7 @@ import statistics
 import pytest
 
 from harness.derive.exposed import exposed_communication
+from harness.derive.memory import predicted_model_states
 from harness.matrix import Machine, Selection, build_matrix
 from harness.parity import RELATIVE_TOLERANCE, Verdict
 from harness.record import read_results
@@ -72,7 +73,7 @@ def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
 def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
     for row in smoke_rows:
         m = row.measurements
-        assert m["model_state_bytes_predicted"] == 16 * m["parameters"]     # fp32 Adam, unsharded
+        assert predicted_model_states(m)[0]["total"] == 16 * m["parameters"]     # fp32 Adam, unsharded
         assert m["mfu"] is None and m["peak_flops_per_s"] is None          # a CPU has no datasheet peak
         assert m["model_flops_per_s_per_device"] > 0
         exposed = exposed_communication(m)

@@ -6,23 +6,21 @@ import math
 import pandas as pd
 import pytest
 
-from harness.memory_model import FP32_ADAM, MIXED_PRECISION_ADAM, predicted_model_state_bytes, zero_model_states
+from harness.derive.memory import plan_bytes, zero_plan
 from harness.derive.scaling import scaling_efficiency
 
 
 @pytest.mark.parametrize("stage, expected_gb", [(0, 120.0), (1, 31.40625), (2, 16.640625), (3, 1.875)])
 def test_zero_memory_per_stage_reproduces_the_paper_figure_1(stage, expected_gb):
     # Rajbhandari et al. 2020, fig. 1: 7.5B parameters, K = 12, N_d = 64 -> 120, 31.4, 16.6, 1.9 GB.
-    states = zero_model_states(7_500_000_000, 64, stage, MIXED_PRECISION_ADAM)
+    states = plan_bytes(zero_plan(stage, 64, 2, 2, 12, basis="the paper's mixed-precision Adam"), 7_500_000_000)
     assert math.isclose(states["total"] / 1e9, expected_gb, rel_tol=1e-9)
 
 
 def test_fp32_recipe_shards_its_own_bytes():
-    # 1M parameters, 4 ranks, (4, 4, 8) bytes: ZeRO-1 keeps 8 MB whole and 8 MB / 4 of Adam moments.
-    assert zero_model_states(1_000_000, 4, 1, FP32_ADAM)["total"] == 8e6 + 2e6
-    assert predicted_model_state_bytes("ddp", 1_000_000, 4, 1, "autocast") == 16e6
-    assert predicted_model_state_bytes("fsdp2", 1_000_000, 4, 1, "fp32") == 4e6
-    assert predicted_model_state_bytes("pipeline", 1_000_000, 1, 2, "fp32") == 8e6
+    # 1M parameters, 4 ranks, (4, 4, 8) bytes: stage 1 keeps 8 MB whole and 8 MB / 4 of Adam moments.
+    assert plan_bytes(zero_plan(1, 4, 4, 4, 8, basis="fp32"), 1_000_000)["total"] == 8e6 + 2e6
+    assert plan_bytes(zero_plan(3, 4, 4, 4, 8, basis="fp32"), 1_000_000)["total"] == 4e6
 
 
 

@@ -3,6 +3,7 @@
     python -c "from harness.derive.cells import cell_table; from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
 from harness.derive.intervals import median_interval
+from harness.derive.memory import memory_columns
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import load_rows;
         print(cell_table(load_rows(['results/reference/ci-cpu/smoke.jsonl'])).T)"
@@ -25,6 +26,7 @@ import pandas as pd
 from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
 from harness.derive.intervals import median_interval
+from harness.derive.memory import memory_columns
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
@@ -61,9 +63,13 @@ def launch_table(rows: Sequence[Row], basis: Basis | None = None) -> pd.DataFram
 
 
 def _memory(m: dict) -> dict[str, Any]:
-    return {"peak_rss_bytes_max": m.get("peak_rss_bytes_max"),
-            "peak_allocated_bytes_max": m.get("peak_allocated_bytes_max"),
-            "model_state_bytes_predicted": m.get("model_state_bytes_predicted")}
+    """Peaks over the timed steps (largest rank) and model states measured and predicted
+    (harness.derive.memory: the ZeRO paper's formula over the strategy's recorded plan)."""
+    def largest(key: str) -> float | None:
+        values = [v for v in m.get(f"{key}_by_rank") or () if v is not None]
+        return max(values) if values else m.get(f"{key}_max")
+    return {"peak_rss_bytes_max": largest("peak_rss_bytes"), "peak_allocated_bytes_max": largest("peak_allocated_bytes"),
+            "peak_rss_since": m.get("peak_rss_since"), **memory_columns(m)}
 
 
 def _communication(m: dict) -> dict[str, Any]:
@@ -97,7 +103,8 @@ def _mfu(row: Row, figures: dict) -> dict[str, Any]:
 
 MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples_per_s",
                   "samples_per_s_all_steps", "tokens_per_s", "peak_rss_bytes_max", "peak_allocated_bytes_max",
-                  "model_state_bytes_predicted", "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
+                  "model_state_bytes_predicted", "model_state_census_bytes_max", "model_state_bytes_measured_max",
+                  "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
                   "exposed_comm_share", "mfu")
 FIRST_COLUMNS = ("compute_only_kind", "exposed_comm_note", "mfu_unavailable_because", "peak_flops_source")
 

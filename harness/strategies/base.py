@@ -25,6 +25,8 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.derive.exposed import SAME_WORK
+from harness.derive.memory import ModelStatePlan, zero_plan
+from harness.memory_model import ModelStateTensors
 from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
 from workloads import Workload
 
@@ -55,6 +57,22 @@ class PrecisionRecipe(enum.StrEnum):
     AUTOCAST = "autocast"                # torch.autocast: fp32 weights, bf16 compute (the default everywhere)
     DEEPSPEED_BF16 = "deepspeed-bf16"    # DeepSpeed's `bf16` section: bf16 weights + fp32 master copy
     FSDP_MP_POLICY = "fsdp-mp-policy"    # FSDP2 MixedPrecisionPolicy: bf16 params for compute, fp32 reduce
+
+
+# Bytes per parameter of (weights, gradients, optimizer state) for torch AdamW over a model's own
+# parameters. fp32 and torch.autocast keep fp32 weights and gradients and two fp32 moments, with no
+# master copy: 4 + 4 + 8. DeepSpeed's bf16 recipe is the ZeRO paper's mixed-precision Adam (Rajbhandari et
+# al. 2020, sec. 3.1): 2-byte weights and gradients, and K = 12 bytes of fp32 master weights, momentum and
+# variance. FSDP2's MixedPrecisionPolicy casts only the unsharded copies it gathers for compute and frees
+# after use; "The optimizer step uses the sharded parameter in the original dtype" and FSDP "keeps the
+# high-precision sharded parameters in memory anyway" (torch/distributed/fsdp/_fully_shard/_fsdp_api.py,
+# torch 2.13), with gradients reduced and kept in fp32 (reduce_dtype), so it is 4 + 4 + 8 too.
+ADAMW_STATE_BYTES: Mapping[PrecisionRecipe, tuple[int, int, int]] = {
+    PrecisionRecipe.FP32: (4, 4, 8),
+    PrecisionRecipe.AUTOCAST: (4, 4, 8),
+    PrecisionRecipe.FSDP_MP_POLICY: (4, 4, 8),
+    PrecisionRecipe.DEEPSPEED_BF16: (2, 2, 12),
+}
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,20 @@ class Trainer(abc.ABC):
         """One optimizer step over this rank's micro-batches; returns the mean loss it saw (detached).
         Calls `gradients_ready` (if given) after the gradients are reduced and before the update."""
 
+    @abc.abstractmethod
+    def model_state_tensors(self) -> ModelStateTensors:
+        """The tensors holding this rank's weights, gradients and optimizer state right now, for the census
+        (harness.memory_model): called at `gradients_ready`, or after the step where there is none."""
+
+    def parameters_held(self, whole_model: int) -> int:
+        """Parameters this rank's model holds before any sharding (`whole_model` unless the strategy cuts
+        the model; a tied weight counts once)."""
+        return whole_model
+
+    def parameters_kept_whole(self) -> int:
+        """Parameters a sharding strategy also keeps unsharded on this rank beside their shard."""
+        return 0
+
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         """Per-step losses of the whole global batch from each rank's `train_step` losses.
 
@@ -222,6 +254,21 @@ class Strategy(abc.ABC):
 
     def validate(self, spec: RunSpec) -> None:
         """Raise SpecError for combinations this strategy cannot run (beyond the generic checks)."""
+
+    def model_state_plan(self, data_parallel: int, recipe: PrecisionRecipe,
+                         options: Mapping[str, OptionValue]) -> ModelStatePlan:
+        """What each rank keeps per parameter of weights, gradients and optimizer state under `recipe`,
+        and over how many ranks each is sharded (harness.derive.memory turns it into bytes). The default:
+        every rank keeps the whole model and its AdamW state (the ZeRO paper's data-parallel baseline)."""
+        weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
+        return zero_plan(0, data_parallel, weights, gradients, optimizer,
+                         basis=f"{recipe.value}: torch AdamW over the model's own parameters, whole on every rank")
+
+    def deepspeed_estimate_bytes(self, parameters: int, largest_module_parameters: int, gpus_per_node: int,
+                                 nodes: int, options: Mapping[str, OptionValue]) -> float | None:
+        """DeepSpeed's own estimate of a rank's model-state bytes (harness.memory_model.deepspeed_estimate),
+        where DeepSpeed has one for this strategy (ZeRO-2/3); None elsewhere."""
+        return None
 
     def layout(self, spec: RunSpec) -> Layout:
         replicas = spec.world_size

@@ -19,6 +19,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.derive.comm import Collective
+from harness.derive.memory import ModelStatePlan, ShardedState
+from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option,
                                      PrecisionRecipe, Strategy, Trainer, accumulate, make_adamw,
@@ -42,6 +44,12 @@ class DDPTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
+    def model_state_tensors(self):
+        note = ("" if self.model.gradient_as_bucket_view else
+                "DDP's communication buckets, a second copy of the gradients, live in its C++ reducer, out of "
+                "the census's reach")
+        return torch_model_state_tensors(self.model, self.optimizer, note=note)
+
 
 class DDP(Strategy):
     name = "ddp"
@@ -64,6 +72,18 @@ class DDP(Strategy):
         return ExpectedTraffic(collectives=(ExpectedCollective(collective=Collective.ALL_REDUCE,
                                                                size_bytes=traffic.gradients_reduced, calls=1,
                                                                ranks=data_parallel),))
+
+    def model_state_plan(self, data_parallel, recipe, options) -> ModelStatePlan:
+        plan = super().model_state_plan(data_parallel, recipe, options)
+        if options["gradient_as_bucket_view"]:
+            return plan
+        # Without bucket views the reducer copies every gradient into its all-reduce buckets and keeps
+        # them: "the saved memory size will be equal to the total gradients size" (DistributedDataParallel
+        # docs, gradient_as_bucket_view).
+        gradients = plan.gradients.bytes_per_parameter
+        return ModelStatePlan(weights=plan.weights, gradients=ShardedState(bytes_per_parameter=2 * gradients),
+                              optimizer=plan.optimizer,
+                              basis=plan.basis + "; gradients twice: .grad and DDP's bucket copy")
 
     def wrap(self, spec, context, workload, layers):
         options = spec.resolved_options

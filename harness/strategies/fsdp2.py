@@ -23,10 +23,13 @@ import torch
 from torch import nn
 
 from harness.derive.comm import Collective
+from harness.derive.memory import zero_plan
+from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch,
-                                     Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, accumulate,
-                                     is_block, make_adamw, optimizer_description, torchrun_context)
+from harness.strategies.base import (ADAMW_STATE_BYTES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic,
+                                     Launcher, MicroBatch, Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes,
+                                     Trainer, accumulate, is_block, make_adamw, optimizer_description,
+                                     torchrun_context)
 from workloads import Workload
 
 
@@ -45,6 +48,11 @@ class FSDP2Trainer(Trainer):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def model_state_tensors(self):
+        # Parameters, gradients and optimizer state are DTensors; the census counts their local shards,
+        # padded to equal sizes on every rank as FSDP2 allocates them.
+        return torch_model_state_tensors(self.model, self.optimizer)
 
     @contextlib.contextmanager
     def _no_sync(self):
@@ -94,6 +102,13 @@ class FSDP2(Strategy):
         return ComputeOnlyPlan(sharding=Sharding.DIM0_ROWS, weights_dtype=torch.bfloat16 if policy else torch.float32,
                                autocast=spec.precision is Precision.BF16 and not policy,
                                whole_gradients_in_fp32=policy)
+
+    def model_state_plan(self, data_parallel, recipe, options):
+        """Weights, gradients and optimizer state all sharded over the ranks, like ZeRO-3, each kept in the
+        parameters' own fp32 (see base.ADAMW_STATE_BYTES for the MixedPrecisionPolicy)."""
+        weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
+        return zero_plan(3, data_parallel, weights, gradients, optimizer,
+                         basis=f"{recipe.value}: torch AdamW over fully_shard's fp32 shards, all three sharded")
 
     def wrap(self, spec, context, workload, layers):
         from torch.distributed.device_mesh import init_device_mesh

@@ -26,6 +26,7 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
+from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option,
                                      PrecisionRecipe, RankContext, Strategy, Trainer, accumulate, make_adamw,
@@ -53,6 +54,11 @@ class HorovodTrainer(Trainer):
                 self.optimizer.step()
         self.optimizer.zero_grad()     # Horovod's takes no arguments; torch's default sets grads to None
         return loss
+
+    def model_state_tensors(self):
+        return torch_model_state_tensors(self.model, self.optimizer,
+                                         note="Horovod's fusion buffer is a communication buffer in its C++ "
+                                              "core, not a model state, and is not counted")
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(local_losses, op=self.hvd.Average, name="parbench.losses")

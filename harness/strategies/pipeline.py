@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 
+from harness.derive.memory import ModelStatePlan, ShardedState
+from harness.memory_model import ModelStateTensors, optimizer_state_tensors
 from harness.spec import Layout, RunSpec, SpecError
-from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, Option, Strategy, Trainer, make_adamw,
-                                     optimizer_description)
+from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe, Strategy,
+                                     Trainer, make_adamw, optimizer_description)
 from harness.strategies.deepspeed_common import PRECISION_OPTION, base_config, precision_config, start_deepspeed
 from workloads import get_workload
 
@@ -33,6 +35,21 @@ class PipelineTrainer(Trainer):
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         # train_batch returns the step's mean loss, already averaged over the replicas, on every stage.
         return self.engine.train_batch(data_iter=iter(micro_batches)).detach().float()
+
+    def model_state_tensors(self) -> ModelStateTensors:
+        optimizer = self.engine.optimizer
+        # DeepSpeed's bf16 recipe wraps the torch AdamW in its BF16_Optimizer, which keeps an fp32 master
+        # partition per data-parallel rank (deepspeed/runtime/bf16_optimizer.py, fp32_groups_flat_partition).
+        inner = getattr(optimizer, "optimizer", optimizer)
+        masters = list(getattr(optimizer, "fp32_groups_flat_partition", None) or [])
+        return ModelStateTensors(weights=list(self.engine.module.parameters()), gradients=None,
+                                 optimizer=masters + optimizer_state_tensors(inner),
+                                 note="read after train_batch, whose optimizer step has released the gradients")
+
+    def parameters_held(self, whole_model: int) -> int:
+        # This stage's layers, a tied weight's copy included: DeepSpeed builds the whole tied module (GPT's
+        # token embedding, wpe with it) on every stage that uses it.
+        return sum(p.numel() for p in self.engine.module.parameters())
 
 
 class Pipeline(Strategy):
@@ -74,6 +91,20 @@ class Pipeline(Strategy):
 
     def start(self, spec):
         return start_deepspeed(spec)
+
+    def model_state_plan(self, data_parallel, recipe, options) -> ModelStatePlan:
+        """Each stage keeps its own layers whole (ZeRO stage 0). In DeepSpeed's bf16 recipe the engine
+        wraps the optimizer in its BF16_Optimizer: bf16 weights and gradients (gradient accumulation in the
+        model's dtype unless data_types.grad_accum_dtype says otherwise, engine.get_data_types), and fp32
+        master weights with the AdamW moments partitioned over the data-parallel replicas
+        (deepspeed/runtime/bf16_optimizer.py, fp32_groups_flat_partition)."""
+        if recipe is not PrecisionRecipe.DEEPSPEED_BF16:
+            return super().model_state_plan(data_parallel, recipe, options)
+        return ModelStatePlan(weights=ShardedState(bytes_per_parameter=2),
+                              gradients=ShardedState(bytes_per_parameter=2),
+                              optimizer=ShardedState(bytes_per_parameter=12, sharded_over=data_parallel),
+                              basis=f"{recipe.value}: DeepSpeed BF16_Optimizer, bf16 weights and gradients, fp32 "
+                                    f"master partition + AdamW moments over the data-parallel replicas")
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return ("a stage's work has no communication-free equivalent: waiting on its neighbours is the "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec, SpecError
 from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy,
                                      Trainer, accumulate, make_adamw, optimizer_description, place_rank)
@@ -31,6 +32,9 @@ class PlainTrainer(Trainer):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def model_state_tensors(self):
+        return torch_model_state_tensors(self.model, self.optimizer)
 
 
 def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model: nn.Module) -> PlainTrainer:

@@ -43,9 +43,11 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
+from harness.derive.memory import ModelStatePlan, zero_plan
+from harness.memory_model import ModelStateTensors, deepspeed_estimate, optimizer_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch,
-                                     Option, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
+                                     Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
                                      optimizer_description)
 from harness.strategies.deepspeed_common import PRECISION_OPTION, base_config, precision_config, start_deepspeed
 from workloads import Workload
@@ -69,6 +71,38 @@ class DeepSpeedTrainer(Trainer):
             self.engine.step()
             total += loss.detach().float()
         return total / len(micro_batches)
+
+    def model_state_tensors(self) -> ModelStateTensors:
+        return deepspeed_model_state_tensors(self.engine)
+
+    def parameters_kept_whole(self) -> int:
+        # Stage 3 keeps parameters below stage3_param_persistence_threshold gathered on every rank, beside
+        # their shard (ds_persist, deepspeed/runtime/zero/parameter_offload.py).
+        return sum(p.ds_numel for p in self.engine.module.parameters() if getattr(p, "ds_persist", False))
+
+
+def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
+    """The storages a DeepSpeed ZeRO optimizer (0.19) keeps model states in.
+
+    Weights: the module's parameters, which stage 1/2 turn into views of one flat buffer
+    (`bit16_groups_flat`) and stage 3 empties, keeping each rank's shard in `ds_tensor` (views of
+    `fp16_partitioned_groups_flat`) and persistent parameters whole. Gradients: any .grad still on a
+    parameter, and the reduced gradients of this rank's partition (`averaged_gradients`; stage 3's are views
+    of `grad_partitions_flat_buffer`). Optimizer: the fp32 master partition (`single_partition_of_fp32_groups`
+    in stages 1/2, `fp32_partitioned_groups_flat` in stage 3) and the wrapped torch AdamW's state."""
+    optimizer = engine.optimizer
+    parameters = list(engine.module.parameters())
+    weights = parameters + [p.ds_tensor for p in parameters if getattr(p, "ds_tensor", None) is not None]
+    gradients = [p.grad for p in parameters if p.grad is not None]
+    for partition in (getattr(optimizer, "averaged_gradients", None) or {}).values():
+        gradients.extend(t for t in (partition or []) if torch.is_tensor(t))
+    masters = (getattr(optimizer, "single_partition_of_fp32_groups", None)
+               or getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])
+    return ModelStateTensors(
+        weights=weights, gradients=gradients,
+        optimizer=list(masters) + optimizer_state_tensors(optimizer.optimizer),
+        note="DeepSpeed's reduction buckets (ipg buffers) are communication buffers, not model states, and are "
+             "not counted")
 
 
 class ZeRO(Strategy):
@@ -153,6 +187,26 @@ class ZeRO(Strategy):
         return ComputeOnlyPlan(kind=kind, sharding=Sharding.FLAT if self.stage < 3 else Sharding.PER_PARAMETER,
                                weights_dtype=torch.bfloat16 if bf16_weights else torch.float32,
                                autocast=spec.precision is Precision.BF16 and not bf16_weights)
+
+    def model_state_plan(self, data_parallel, recipe, options) -> ModelStatePlan:
+        """The ZeRO paper's partitioning for this stage (sec. 5.1). In every recipe DeepSpeed's ZeRO
+        optimizer keeps an fp32 master copy of its partition beside the model's weights, even when those
+        are fp32 already (deepspeed/runtime/zero/stage_1_and_2.py, `single_partition_of_fp32_groups`, a
+        clone; stage3.py, `fp32_partitioned_groups_flat`), so the optimizer state is the paper's K = 12
+        (master weights, momentum, variance) and weights and gradients keep the model's 4 bytes, or 2 in
+        DeepSpeed's bf16 recipe. (Stage 3 means to skip the copy for fp32 partitions on `self.device`, but
+        compares a torch.device with a device-name string, which never match in 0.19.8; the census of a
+        CPU run finds the copy.)"""
+        weights = 2 if recipe is PrecisionRecipe.DEEPSPEED_BF16 else 4
+        return zero_plan(self.stage, data_parallel, weights, weights, 12,
+                         basis=f"{recipe.value}: DeepSpeed ZeRO-{self.stage}, {weights}-byte weights and gradients, "
+                               f"fp32 master partition + AdamW moments (K = 12)")
+
+    def deepspeed_estimate_bytes(self, parameters, largest_module_parameters, gpus_per_node, nodes, options):
+        estimate = deepspeed_estimate(self.stage, parameters, largest_module_parameters, gpus_per_node, nodes=nodes,
+                                      offload_optimizer=options.get("offload_optimizer") == "cpu",
+                                      offload_param=options.get("offload_param") == "cpu")
+        return estimate["gpu_bytes"] if estimate else None
 
     def zero_config(self, spec: RunSpec) -> dict[str, Any]:
         o = spec.resolved_options

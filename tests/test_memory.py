@@ -1,0 +1,261 @@
+"""Memory figures against hand counts: what each rank holds as model states, what its strategy predicts,
+peak RSS since the first timed step, and DeepSpeed's largest-layer figure.
+
+gpt-tiny by hand (workloads/gpt.py: vocab 512, 64 positions, 4 blocks of width 64):
+    token embedding  wte 512 x 64 = 32,768 + wpe 64 x 64 = 4,096          = 36,864
+    block            12 x 64^2 + 13 x 64 = 49,152 + 832                   = 49,984   (x 4 = 199,936)
+    final LayerNorm  2 x 64                                               =    128
+    head             the token embedding's wte (tied: counted once)
+    Psi = 36,864 + 199,936 + 128 = 236,928 parameters in 2 + 4 x 12 + 2 = 52 tensors.
+
+The census counts storages, so besides the plan's bytes it finds AdamW's `step`, a 4-byte scalar tensor per
+parameter tensor the optimizer updates (52 here; 1 for DeepSpeed's one flat partition). Nothing is padded
+here: every gpt-tiny parameter's first dimension is even (FSDP2 shards dim 0 over 2 ranks) and Psi is a
+multiple of 4 (DeepSpeed aligns its flat buffers to 2 elements x 2 ranks), so the tolerance is zero.
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from harness.derive.memory import (STORED_SCHEMA_1, model_state_comparison, plan_bytes, predicted_model_states)
+from harness.memory_model import (ModelStateReader, PeakRssSince, census_bytes, largest_module_own_parameters,
+                                  peak_memory, reset_peak_memory)
+from harness.record import read_results
+from harness.runner import RunOptions, run_specs
+from harness.spec import RunSpec, Status
+from harness.strategies import STRATEGIES, PrecisionRecipe
+from harness.strategies.plain import plain_trainer
+from workloads import WORKLOADS, count_parameters
+
+PSI = 236_928
+TENSORS = 52
+STEP = 4                     # bytes of one AdamW step counter
+MB = 1 << 20
+
+
+# ---- peak RSS -----------------------------------------------------------------------------------
+
+
+def _touch(megabytes: int) -> bytes:
+    return b"\x01" * (megabytes * MB)      # written, so resident (unlike a calloc'd bytearray)
+
+
+def test_peak_rss_reset_forgets_an_allocation_freed_before_it():
+    block = _touch(200)
+    before = peak_memory(torch.device("cpu"), PeakRssSince.FIRST_TIMED_STEP)["peak_rss"]
+    del block
+    since = reset_peak_memory(torch.device("cpu"))
+    assert since is PeakRssSince.FIRST_TIMED_STEP          # this machine's kernel lets a process reset VmHWM
+    small = _touch(10)
+    after = peak_memory(torch.device("cpu"), since)["peak_rss"]
+    del small
+    # `before` held the 200 MB block; `after` saw only the 10 MB one on top of what is resident now.
+    assert after < before - 150 * MB, (before / MB, after / MB)
+
+
+def test_peak_rss_falls_back_to_the_process_peak_where_it_cannot_be_reset(monkeypatch, tmp_path):
+    monkeypatch.setattr("harness.memory_model.CLEAR_REFS", tmp_path / "no-such-dir" / "clear_refs")
+    since = reset_peak_memory(torch.device("cpu"))
+    assert since is PeakRssSince.PROCESS_START
+    import resource
+    assert peak_memory(torch.device("cpu"), since)["peak_rss"] >= resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---- gpt2-small by hand: DeepSpeed's largest layer, and pipeline stages with a tied embedding --------
+
+WTE = 50_257 * 768                     # 38,597,376
+WPE = 1_024 * 768                      #    786,432
+EMBEDDING = WTE + WPE                  # 39,383,808: TokenEmbedding, wte and wpe
+BLOCK = 12 * 768**2 + 13 * 768         #  7,087,872
+LN_F = 2 * 768                         #      1,536
+
+
+def _gpt2_small_on_meta() -> list[nn.Module]:
+    with torch.device("meta"):          # shapes only: no 500 MB of weights
+        return WORKLOADS["gpt2-small"].build_layers()
+
+
+def test_hand_counts_of_gpt2_small_add_up_to_the_published_size():
+    assert EMBEDDING + 12 * BLOCK + LN_F == 124_439_808 == count_parameters(nn.Sequential(*_gpt2_small_on_meta()))
+
+
+def test_largest_module_own_parameters_of_gpt2_small_is_the_token_embedding_matrix():
+    layers = _gpt2_small_on_meta()
+    # DeepSpeed's largest_layer_params: the most parameters one module holds itself, here nn.Embedding wte
+    # (and the head, which holds the same matrix); not a whole top-level layer (TokenEmbedding adds wpe).
+    assert largest_module_own_parameters(nn.Sequential(*layers)) == WTE == 38_597_376
+    old_top_level_figure = max(count_parameters(layer) for layer in layers)
+    assert old_top_level_figure == EMBEDDING == 39_383_808
+    from deepspeed.runtime.zero.stage3 import model_to_params      # DeepSpeed's own count, for comparison
+    assert model_to_params(nn.Sequential(*layers))[1] == WTE
+
+
+def test_gpt2_small_pipeline_stages_each_hold_the_tied_embedding():
+    # DeepSpeed's partition_method "parameters" balances the layers' counts, counting each TiedLayerSpec as
+    # the whole module it builds: [39,383,808, 12 x 7,087,872, 1,536, 39,383,808], 163,823,616 in all,
+    # cut at 81,911,808 -> stage 0 = embedding + 6 blocks, stage 1 = 6 blocks + final norm + head, and the
+    # head's stage builds its own TokenEmbedding (wte and wpe) to hold the tied matrix.
+    stage_0 = EMBEDDING + 6 * BLOCK                # 39,383,808 + 42,527,232 = 81,911,040
+    stage_1 = 6 * BLOCK + LN_F + EMBEDDING         # 42,527,232 + 1,536 + 39,383,808 = 81,912,576
+    assert (stage_0, stage_1) == (81_911_040, 81_912_576)
+    from deepspeed.runtime.utils import partition_balanced
+    assert partition_balanced([EMBEDDING, *[BLOCK] * 12, LN_F, EMBEDDING], 2) == [0, 7, 15]
+
+    plan = STRATEGIES["pipeline"].model_state_plan(1, PrecisionRecipe.FP32, STRATEGIES["pipeline"].resolve_options({}))
+    predicted = predicted_model_states({"model_state_plan": plan.to_dict(), "parameters_held_by_rank": [stage_0,
+                                                                                                        stage_1]})
+    # fp32 AdamW, unsharded: 4 + 4 + 8 = 16 bytes per parameter held.
+    assert [p["total"] for p in predicted] == [16 * 81_911_040, 16 * 81_912_576] == [1_310_576_640, 1_310_601_216]
+    # The old per-stage figure, parameters / stages, is 24% short of either stage.
+    old = 16 * 124_439_808 / 2                    # 995,518,464
+    assert 1 - old / predicted[0]["total"] > 0.24
+
+
+# ---- what a reading after zero_grad would have seen (finding: 12 bytes per parameter, not 16) -----
+
+
+def test_plain_loop_holds_16_bytes_per_parameter_at_gradients_ready_and_12_after_zero_grad():
+    spec = RunSpec(workload="gpt-tiny", strategy="plain", world_size=1, global_batch=4, micro_batch=4)
+    context = STRATEGIES["plain"].start(spec)
+    workload = WORKLOADS["gpt-tiny"]
+    torch.manual_seed(0)
+    trainer = plain_trainer(spec, context, workload, nn.Sequential(*workload.build_layers()))
+    batch = [workload.batch(0, 0, torch.arange(4), context.device)]
+    trainer.train_step(batch)                                  # AdamW's state exists from here on
+    at_ready = {}
+    trainer.train_step(batch, lambda: at_ready.update(census_bytes(trainer.model_state_tensors())))
+    after_step = census_bytes(trainer.model_state_tensors())
+    assert at_ready == {"weights": 4 * PSI, "gradients": 4 * PSI, "optimizer": 8 * PSI + TENSORS * STEP}
+    assert after_step == {"weights": 4 * PSI, "gradients": 0, "optimizer": 8 * PSI + TENSORS * STEP}
+
+
+def test_model_states_are_unavailable_with_fewer_than_two_warmup_steps():
+    reader = ModelStateReader(trainer=None, device=torch.device("cpu"), warmup_steps=1)
+    assert "warmup_steps >= 2" in reader.unavailable_because
+    assert reader.gradients_ready(0, []) is None
+
+
+# ---- real launches: the census at gradients_ready against the strategy's plan ---------------------
+
+CELLS = {   # name: (strategy, options)
+    "plain": ("plain", {}), "ddp": ("ddp", {}), "fsdp2": ("fsdp2", {}), "zero1": ("zero1", {}),
+    "zero2": ("zero2", {}),
+    # wte (32,768 elements) is above this threshold and sharded; every other tensor stays whole as well.
+    "zero3": ("zero3", {"param_persistence_threshold": 20_000}),
+    "pipeline": ("pipeline", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("memory") / "rows.jsonl"
+    specs = [RunSpec(workload="gpt-tiny", strategy=strategy, world_size=1 if strategy == "plain" else 2,
+                     global_batch=8, micro_batch=4, warmup_steps=2, timed_steps=1, options=options)
+             for strategy, options in CELLS.values()]
+    run_specs(specs, RunOptions(results=out, timeout_s=300))
+    found = {(row.spec.strategy, row.spec.options): row for row in read_results([out])}
+    return {name: found[strategy, tuple(sorted(options.items()))] for name, (strategy, options) in CELLS.items()}
+
+
+def _census(rows, name):
+    row = rows[name]
+    assert row.status is Status.OK, row.message
+    assert row.measurements["model_state_read_at"].startswith("gradients_ready of warm-up step 1") or name == "pipeline"
+    return row.measurements["model_state_census_bytes_by_rank"]
+
+
+@pytest.mark.parametrize("name", ["plain", "ddp"])
+def test_unsharded_census_is_16_bytes_per_parameter(rows, name):
+    # DDP's gradients are views of its buckets (gradient_as_bucket_view), one storage counted once.
+    for census in _census(rows, name):
+        assert census == {"weights": 4 * PSI, "gradients": 4 * PSI, "optimizer": 8 * PSI + TENSORS * STEP}
+    assert [p["total"] for p in predicted_model_states(rows[name].measurements)] == [16 * PSI] * len(
+        rows[name].measurements["parameters_held_by_rank"])
+
+
+def test_fsdp2_census_is_its_plan_sharded_over_two_ranks(rows):
+    # Every rank: 4 x Psi / 2 of weights and gradients, 8 x Psi / 2 of moments, and a step per tensor.
+    for census in _census(rows, "fsdp2"):
+        assert census == {"weights": 2 * PSI, "gradients": 2 * PSI, "optimizer": 4 * PSI + TENSORS * STEP}
+    for line in model_state_comparison(rows["fsdp2"].measurements):
+        assert line["predicted"]["total"] == 8 * PSI
+        assert math.isclose(line["census_over_predicted"], 1 + TENSORS * STEP / (8 * PSI))
+
+
+def test_zero_keeps_an_fp32_master_partition_so_its_optimizer_holds_12_bytes_per_parameter(rows):
+    for name in ("zero1", "zero2", "zero3"):
+        for census, predicted in zip(_census(rows, name), predicted_model_states(rows[name].measurements)):
+            # master weights 4 + momentum 4 + variance 4 over 2 ranks, and the one flat partition's step
+            assert census["optimizer"] == 6 * PSI + STEP == predicted["optimizer"] + STEP
+
+
+def test_zero1_and_zero2_hold_the_gradients_of_their_partition_and_of_the_parameter_it_cuts(rows):
+    # Stages 1/2 flatten the parameters in model order and cut the flat buffer at Psi / 2 = 118,464. Block 1's
+    # c_fc.weight (64 x 256 = 16,384) spans flat elements 103,744..120,128 and is cut: after the reduction
+    # each rank keeps the reduced gradients of the parameters in its partition, that one whole on both.
+    # rank 0: elements [0, 120,128) -> 480,512 bytes; rank 1: [103,744, 236,928) = 133,184 -> 532,736 bytes.
+    for name in ("zero1", "zero2"):
+        census = _census(rows, name)
+        assert [c["weights"] for c in census] == [4 * PSI] * 2           # the whole flat buffer, 4 x Psi
+        assert [c["gradients"] for c in census] == [480_512, 532_736]
+    # ZeRO-2's plan shards gradients (4 x Psi / 2 = 473,856): the cut parameter is its whole gap. ZeRO-1's
+    # plan (the paper's P_os) keeps them whole, 4 x Psi = 947,712; DeepSpeed 0.19 frees the reduced
+    # gradients outside the partition before the update, so at gradients_ready it holds about half of that.
+    assert [p["gradients"] for p in predicted_model_states(rows["zero2"].measurements)] == [2 * PSI] * 2
+    assert [p["gradients"] for p in predicted_model_states(rows["zero1"].measurements)] == [4 * PSI] * 2
+
+
+def test_zero3_shards_weights_but_keeps_persistent_parameters_whole(rows):
+    m = rows["zero3"].measurements
+    kept_whole = PSI - 32_768                      # all but wte: at or below the 20,000-element threshold
+    assert m["weights_kept_whole_parameters_by_rank"] == [kept_whole] * 2
+    for census, predicted in zip(_census(rows, "zero3"), predicted_model_states(m)):
+        # every parameter's shard (4 x Psi / 2) plus the persistent ones whole (4 x 204,160)
+        assert census["weights"] == 2 * PSI + 4 * kept_whole == 1_290_496 == predicted["weights"]
+        assert census["gradients"] == 2 * PSI == predicted["gradients"]
+
+
+def test_deepspeed_zero3_estimate_uses_the_largest_module_own_parameters(rows):
+    m = rows["zero3"].measurements
+    assert m["largest_module_own_parameters"] == 512 * 64           # wte; a whole block would be 49,984
+    # estimate_zero3_model_states_mem_needs without offload: 4 x largest + int(18 x Psi / GPUs)
+    assert m["model_state_bytes_deepspeed_estimate"] == 4 * 32_768 + 18 * PSI // 2 == 2_263_424
+
+
+def test_pipeline_stages_hold_their_layers_and_the_tied_embedding_copy(rows):
+    m = rows["pipeline"].measurements
+    # Stage 0: embedding + 2 blocks = 36,864 + 99,968; stage 1: 2 blocks + final norm + the token
+    # embedding's copy (wte and wpe) = 99,968 + 128 + 36,864. Psi / 2 would be 118,464 for each.
+    assert m["parameters_held_by_rank"] == [136_832, 136_960]
+    census = _census(rows, "pipeline")
+    # Read after train_batch: gradients released; weights 4 and moments 8 bytes per parameter held, and a
+    # step per tensor (stage 0: wte, wpe and 2 x 12 = 26 tensors; stage 1: 2 x 12 + ln_f 2 + wte, wpe = 28).
+    assert census == [{"weights": 4 * 136_832, "gradients": None, "optimizer": 8 * 136_832 + 26 * STEP},
+                      {"weights": 4 * 136_960, "gradients": None, "optimizer": 8 * 136_960 + 28 * STEP}]
+    for line in model_state_comparison(m):
+        assert line["census_components"] == ["weights", "optimizer"]
+        assert line["census_over_predicted"] == pytest.approx(1, abs=1e-4)
+
+
+def test_rows_say_where_their_peak_rss_starts(rows):
+    for row in rows.values():
+        assert row.measurements["peak_rss_since"] == "first timed step"
+
+
+def test_schema_1_rows_fall_back_to_their_stored_prediction():
+    rows = read_results(["results/reference/ci-cpu/smoke.jsonl"])
+    for row in rows:
+        predicted = predicted_model_states(row.measurements)
+        assert [p["total"] for p in predicted] == [row.measurements["model_state_bytes_predicted"]] * len(predicted)
+        assert predicted[0]["source"] == STORED_SCHEMA_1
+
+
+def test_plan_bytes_adds_persistent_parameters_only_where_weights_are_sharded():
+    plan = STRATEGIES["zero3"].model_state_plan(4, PrecisionRecipe.FP32, {})
+    # 1,000 parameters over 4 ranks at (4, 4, 12) bytes, 100 of them also whole: 1,000 + 400 + 1,000 + 3,000
+    assert plan_bytes(plan, 1_000, kept_whole=100) == {"weights": 1_400, "gradients": 1_000, "optimizer": 3_000,
+                                                       "total": 5_400}
