@@ -32,7 +32,6 @@ from harness.faults import fault_from_environment
 from harness.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
                                   reset_peak_memory)
 from harness.spec import RunSpec, Status
-from harness.stats import summarize
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, RankContext
 from harness.timing import StepTimer
@@ -244,34 +243,21 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
                   parameters: int, losses: list[float], by_rank: list[dict[str, Any]]) -> dict[str, Any]:
     times_by_rank = [r["times"] for r in by_rank]
     memory_by_rank = [r["memory"] for r in by_rank]
-    # A synchronous step ends when its slowest rank ends.
+    # A synchronous step ends when its slowest rank ends. Medians, throughput and every other figure are
+    # derived from these raw times when rows are read (harness.derive), never stored in their place.
     step_time = [max(per_rank) for per_rank in zip(*times_by_rank)]
-    step_stats = summarize(step_time)
     stalled = _stalled_steps([r["stalled"] for r in by_rank])
-    unstalled = [t for i, t in enumerate(step_time) if i not in stalled]
-    devices = spec.world_size
-    samples_per_s = spec.global_batch / step_stats["median"]
-    tokens = workload.tokens_per_sample
     peak_rss = [m[0] for m in memory_by_rank]
     figures: dict[str, Any] = {
         "loss_per_step": losses,
         "step_time_s": step_time,
         "step_time_s_by_rank": times_by_rank,
         "step_wall_time_s_by_rank": [r["wall"] for r in by_rank],
-        "step_time_median_s": step_stats["median"],
-        "step_time_iqr_s": step_stats["iqr"],
-        "step_time_p90_s": step_stats["p90"],
         "host_stalled_steps": len(stalled),
         "host_stalled_step_indices": sorted(stalled),
         "host_lost_cpu_s_per_step": by_rank[0]["host_lost"],
-        "step_time_unstalled_median_s": summarize(unstalled)["median"] if unstalled else None,
-        "samples_per_s": samples_per_s,
-        "samples_per_s_per_device": samples_per_s / devices,
-        "tokens_per_s": samples_per_s * tokens if tokens else None,
-        "tokens_per_s_per_device": samples_per_s * tokens / devices if tokens else None,
+        "tokens_per_sample": workload.tokens_per_sample,
         "peak_rss_bytes_by_rank": peak_rss,
-        "peak_rss_bytes_max": max(peak_rss),
-        "peak_rss_bytes_min": min(peak_rss),
         "peak_rss_since": _common_or_mixed([m[-1] for m in memory_by_rank]),
         "parameters": parameters,
         "train_flops_per_sample": workload.train_flops_per_sample,
@@ -291,9 +277,6 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
     if context.device.type == "cuda":
         figures["peak_allocated_bytes_by_rank"] = [m[1] for m in memory_by_rank]
         figures["peak_reserved_bytes_by_rank"] = [m[2] for m in memory_by_rank]
-        figures["peak_allocated_bytes_max"] = max(figures["peak_allocated_bytes_by_rank"])
-        figures["peak_allocated_bytes_min"] = min(figures["peak_allocated_bytes_by_rank"])
-        figures["peak_reserved_bytes_max"] = max(figures["peak_reserved_bytes_by_rank"])
         # Whether fp32 convolutions / matmuls ran on the TF32 tensor cores: MFU's peak depends on it.
         figures["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
         figures["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32

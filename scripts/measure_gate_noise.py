@@ -22,7 +22,6 @@ files alone, it prints:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import os
 import subprocess
@@ -33,9 +32,11 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.derive.cells import launch_record  # noqa: E402
 from harness.derive.gate import METRICS, Margin, Verdict, gate, separation  # noqa: E402
-from harness.record import read_results  # noqa: E402
-from harness.spec import DeviceKind, Status  # noqa: E402
+from harness.derive.rows import load_rows  # noqa: E402
+from harness.derive.throughput import Basis  # noqa: E402
+from harness.spec import DeviceKind  # noqa: E402
 
 
 def run(folder: Path, runs: int) -> None:
@@ -63,12 +64,13 @@ def _files(folder: Path) -> list[Path]:
 def _per_launch(rows) -> dict[tuple[str, str], list[float]]:
     values: dict[tuple[str, str], list[float]] = {}
     for row in rows:
-        if row.status is not Status.OK:
+        if row["status"] != "ok":
             continue
+        launch = launch_record(row, Basis.UNSTALLED)
         for metric in METRICS:
-            value = metric.per_launch(row)
+            value = metric.per_launch(launch)
             if value is not None:
-                values.setdefault((row.spec.label, metric.name), []).append(value)
+                values.setdefault((launch["label"], metric.name), []).append(value)
     return values
 
 
@@ -84,7 +86,7 @@ def _spread(metric, values: list[float]) -> float:
 
 def analyse(folders: list[Path]) -> None:
     files = [path for folder in folders for path in _files(folder)]
-    rows = {(path.stem if len(folders) == 1 else f"{path.parent.name}/{path.stem}"): read_results([path])
+    rows = {(path.stem if len(folders) == 1 else f"{path.parent.name}/{path.stem}"): load_rows([path])
             for path in files}
     values = {name: _per_launch(r) for name, r in rows.items()}
     metrics = {m.name: m for m in METRICS}
@@ -149,15 +151,22 @@ def analyse(folders: list[Path]) -> None:
 
 
 def _scaled_steps(row, factor: float):
-    m = dict(row.measurements)
+    m = dict(row["measurements"])
     m["step_time_s"] = [t * factor for t in m.get("step_time_s", [])]
-    return dataclasses.replace(row, measurements=m)
+    return {**row, "measurements": m}
+
+
+def _scaled(value, factor: float):
+    if isinstance(value, list):
+        return [_scaled(v, factor) for v in value]
+    return value * factor if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 def _scaled_memory(row, factor: float):
-    m = {k: (v * factor if k.startswith("peak_") and k.endswith("_max") and v is not None else v)
-         for k, v in row.measurements.items()}
-    return dataclasses.replace(row, measurements=m)
+    """Every peak-memory figure of the row (per rank, and the stored maxima of schema-1 rows) x factor."""
+    m = {k: (_scaled(v, factor) if k.startswith("peak_") and k.endswith(("_max", "_by_rank")) else v)
+         for k, v in row["measurements"].items()}
+    return {**row, "measurements": m}
 
 
 def main() -> None:

@@ -28,9 +28,10 @@ def test_smoke_writes_one_ok_row_per_cell(smoke_rows):
         ("resnet20-cifar", "plain", 1), ("resnet20-cifar", "ddp", 2), ("gpt-tiny", "plain", 1), ("gpt-tiny", "ddp", 2)]
     assert all(r.status is Status.OK for r in smoke_rows), [r.message for r in smoke_rows]
     for row in smoke_rows:
-        assert row.environment["torch"] and row.launch_command and row.schema_version == 1
+        assert row.environment["torch"] and row.launch_command and row.schema_version == 2
         assert len(row.measurements["step_time_s"]) == row.spec.timed_steps
-        assert row.measurements["step_time_median_s"] > 0
+        assert all(t > 0 for t in row.measurements["step_time_s"])
+        assert "samples_per_s" not in row.measurements    # derived when read (harness.derive), never stored
 
 
 def test_losses_are_finite_and_fall(smoke_rows):
@@ -71,11 +72,18 @@ def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
 
 
 def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
+    from harness.derive.cells import launch_record
+    from harness.derive.throughput import Basis
+
     for row in smoke_rows:
         m = row.measurements
+        figures = launch_record(row.to_dict(), Basis.UNSTALLED)      # derived when read, as every reader does
+        stalled = m["host_stalled_step_indices"]
+        unstalled = [t for i, t in enumerate(m["step_time_s"]) if i not in stalled]
         assert predicted_model_states(m)[0]["total"] == 16 * m["parameters"]     # fp32 Adam, unsharded
-        assert m["mfu"] is None and m["peak_flops_per_s"] is None          # a CPU has no datasheet peak
-        assert m["model_flops_per_s_per_device"] > 0
+        assert figures["mfu"] is None and figures["peak_flops_per_s"] is None   # a CPU has no datasheet peak
+        assert figures["model_flops_per_s_per_device"] == pytest.approx(
+            m["train_flops_per_sample"] * row.spec.global_batch / statistics.median(unstalled) / row.spec.world_size)
         exposed = exposed_communication(m)
         if row.spec.strategy == "plain":
             assert exposed.exposed_comm_s is None and "no communication" in exposed.note
@@ -83,8 +91,6 @@ def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
             assert len(m["compute_only_step_time_s"]) == row.spec.timed_steps
             assert m["compute_only_kind"] == "same work"
             assert m["compute_only_optimizer_elements_by_rank"] == [m["parameters"]] * 2   # DDP: every element
-            assert exposed.exposed_comm_share == pytest.approx(exposed.exposed_comm_s / m["step_time_unstalled_median_s"])
-        stalled = m["host_stalled_step_indices"]
+            assert exposed.exposed_comm_share == pytest.approx(exposed.exposed_comm_s / statistics.median(unstalled))
         assert m["host_stalled_steps"] == len(stalled) and len(m["host_lost_cpu_s_per_step"]) == row.spec.timed_steps
-        unstalled = [t for i, t in enumerate(m["step_time_s"]) if i not in stalled]
-        assert m["step_time_unstalled_median_s"] == pytest.approx(statistics.median(unstalled))
+        assert figures["step_time_unstalled_median_s"] == pytest.approx(statistics.median(unstalled))
