@@ -15,10 +15,12 @@ import pytest
 import torch
 from torch import nn
 
+from harness.derive.comm import Collective
+from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision
 from harness.strategies import EXTRA_STRATEGIES_ENV, register
-from harness.strategies.base import (Launcher, PrecisionRecipe, Strategy, Trainer, accumulate, make_adamw,
-                                     optimizer_description, torchrun_context)
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, PrecisionRecipe, Strategy, Trainer,
+                                     accumulate, make_adamw, optimizer_description, torchrun_context)
 
 
 @dataclass
@@ -39,6 +41,9 @@ class HandAllReduceTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
+    def model_state_tensors(self):
+        return torch_model_state_tensors(self.model, self.optimizer)
+
 
 class HandAllReduce(Strategy):
     name = "hand-allreduce"
@@ -47,6 +52,12 @@ class HandAllReduce(Strategy):
 
     def start(self, spec):
         return torchrun_context(spec.device)
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        # Its own fact: one all-reduce of each gradient per step (model_state_plan: the default, unsharded).
+        return ExpectedTraffic(collectives=(ExpectedCollective(collective=Collective.ALL_REDUCE,
+                                                               size_bytes=traffic.gradients_reduced, calls=1,
+                                                               ranks=data_parallel),))
 
     def wrap(self, spec, context, workload, layers):
         model = nn.Sequential(*layers).to(context.device)
@@ -89,10 +100,19 @@ def test_a_strategy_from_a_test_file_trains_like_the_plain_loop(toy_rows):
     toy = next(row for row in rows if row["spec"]["strategy"] == "hand-allreduce")
     assert toy["status"] == "ok", toy["message"]
     assert "torchrun" in " ".join(toy["launch_command"]) and toy["spec"]["world_size"] == 2
-    # Every gradient all-reduced once per step: 236,928 fp32 gpt-tiny parameters = 947,712 bytes.
-    assert toy["measurements"]["comm_bytes_per_step_max_rank"] == {"all_reduce": 236_928 * 4}
     cells = cell_table(rows).set_index("strategy")
-    assert cells.loc["hand-allreduce", "status"] == "ok"
+    toy_cell = cells.loc["hand-allreduce"]
+    assert toy_cell["status"] == "ok"
+    # Every gradient all-reduced once per step: 236,928 fp32 gpt-tiny parameters = 947,712 bytes, which a
+    # ring all-reduce of 2 ranks sends 2 x (2 - 1) / 2 = 1 time over: 947,712 wire bytes per rank, counted
+    # and as the strategy's own traffic model says.
+    assert toy_cell["comm_wire_bytes_per_step"] == 947_712
+    assert toy_cell["comm_expected_wire_bytes_per_step"] == 947_712
+    # Its model states by the default (unsharded) plan: 16 bytes per parameter, fp32 weights, gradients and
+    # two AdamW moments: 16 x 236,928 = 3,790,848 bytes per rank; the census measured the same tensors
+    # (plus AdamW's 4-byte step counter per parameter tensor).
+    assert toy_cell["model_state_bytes_predicted"] == 3_790_848
+    assert 0 <= toy_cell["model_state_census_bytes_max"] - 3_790_848 < 4 * 100
 
 
 def test_the_report_shows_the_strategy(toy_rows, tmp_path):
