@@ -107,15 +107,15 @@ class GateMetric:
 
 
 # Default thresholds by device kind. CPU: from launch-to-launch variation measured on the 2-core
-# development VM with scripts/measure_gate_noise.py: 16 runs of the smoke matrix at 3 launches a side over
-# 30 minutes while other users loaded the machine (load average 1 to 9); README, "Reports, the regression
-# gate", has every figure. Each threshold lies above the largest separation measured between two runs of
-# identical software (all 240 ordered pairs): step time 384% (the load rose from 1 to 9 between those
-# runs; 36% at a steady load), peak RSS 0.3%, exposed share 5.2 points. Step time on a shared VM therefore flags only
-# changes of 5x or more; pass --threshold where base and new ran back to back on a quiet machine.
-# CUDA: not measured by this project yet (no GPU at hand when these were set); step time keeps the gate's
-# earlier 15%, the rest share the CPU figures. Re-measure before trusting them on a GPU.
-STEP_TIME_THRESHOLDS = {DeviceKind.CPU: 4.0, DeviceKind.CUDA: 0.15}
+# development VM with scripts/measure_gate_noise.py (README, "Reports, the regression gate", has every
+# figure): 8 runs of the smoke matrix at 3 launches a side, back to back. Runs made alone separated by at
+# most 12% in step time (DDP at 2 ranks; the plain loop 2%), so 15% keeps them quiet (0 of 12 ordered
+# pairs) and still catches a 30% slowdown of the plain loop, whose 3 launches lie within 15% of each other;
+# runs made beside another process's load separate by up to 125% and are flagged (a slower machine is not
+# told from slower software). Peak RSS moved by at most 0.6%, the exposed share by 7.8 points.
+# CUDA: not measured by this project yet (no GPU at hand when these were set); step time keeps 15%, the
+# rest share the CPU figures. Re-measure before trusting them on a GPU.
+STEP_TIME_THRESHOLDS = {DeviceKind.CPU: 0.15, DeviceKind.CUDA: 0.15}
 MEMORY_THRESHOLDS = {DeviceKind.CPU: 0.02, DeviceKind.CUDA: 0.02}
 EXPOSED_SHARE_THRESHOLDS_POINTS = {DeviceKind.CPU: 0.10, DeviceKind.CUDA: 0.10}
 
