@@ -34,7 +34,7 @@ from harness.memory_model import ZERO_STAGE, deepspeed_estimate, predicted_model
 from harness.spec import RunSpec, Status
 from harness.stats import summarize
 from harness.strategies import Strategy, Trainer, get_strategy
-from harness.strategies.base import RankContext
+from harness.strategies.base import GradientsReady, RankContext
 from harness.strategies.plain import plain_trainer
 from harness.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
@@ -101,16 +101,19 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
     fault = fault_from_environment()
+    norms = FirstStepNorms(spec, trainer)
     for step in range(spec.warmup_steps + spec.timed_steps):
         if fault:
             fault.fire(context.rank, step)
+            trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
         micro_batches = [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index),
                                         context.device)
                          for index in range(layout.micro_batches)]
         trainer.barrier()
         timed = step >= spec.warmup_steps
         with timer.measure(record=timed), counter.counting(record=timed):
-            losses.append(trainer.train_step(micro_batches))
+            losses.append(trainer.train_step(micro_batches, norms.gradients_ready(step)))
+        norms.after_step(step)
         if step == spec.warmup_steps and context.device.type == "cuda":
             # Weights, gradients and optimizer state still held after a whole step: the model states.
             torch.cuda.synchronize(context.device)
@@ -129,12 +132,56 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "host": socket.gethostname(), "node": _node_rank(), "comm": counter.per_step(),
                               "compute_only": compute_only})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
+    measurements.update(norms.figures())
     measurements.update(_communication(spec, strategy, layout, parameters, by_rank, compute_only_note,
                                        measurements))
     measurements.update(profiled)
     measurements.update(_memory_predictions(spec, strategy, layout, context, trainer, parameters, largest_layer))
     trainer.close()
     return measurements
+
+
+class FirstStepNorms:
+    """The parity probe (harness.derive.parity): in step 0, a warm-up step, the global L2 norm of the reduced
+    gradients between reduction and update, and after the step the global norm of the parameters and of
+    the step's update theta_1 - theta_0. Every rank takes part (sharded trainers all-reduce their squares)."""
+
+    PROBED_STEP = 0
+
+    def __init__(self, spec: RunSpec, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.unavailable_because = trainer.norms_unavailable_because if not trainer.reaches_gradients_ready else ""
+        if spec.warmup_steps == 0 and not self.unavailable_because:
+            self.unavailable_because = ("no warm-up step: the probe's reads and collectives would land in a "
+                                        "timed step")
+        self.readings: dict[str, float] = {}
+        self.before: list[torch.Tensor] = []
+
+    def gradients_ready(self, step: int) -> GradientsReady | None:
+        """What the step's `train_step` is given: the probe in the probed step, else nothing."""
+        return self._read_gradients if step == self.PROBED_STEP and not self.unavailable_because else None
+
+    def _read_gradients(self) -> None:
+        if not self.trainer.gradient_norm_after_step:
+            self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
+        parts, _ = self.trainer.local_parameters()
+        self.before = [part.detach().clone() for part in parts]
+
+    def after_step(self, step: int) -> None:
+        if step != self.PROBED_STEP or self.unavailable_because:
+            return
+        if self.trainer.gradient_norm_after_step:
+            self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
+        parts, sharded = self.trainer.local_parameters()
+        self.readings["parameter_norm_after_first_step"] = self.trainer.global_norm(parts, sharded)
+        update = [part.detach() - before for part, before in zip(parts, self.before)]
+        self.readings["update_norm_first_step"] = self.trainer.global_norm(update, sharded)
+        self.before = []
+
+    def figures(self) -> dict[str, Any]:
+        if self.unavailable_because:
+            return {"norms_unavailable_because": self.unavailable_because}
+        return dict(self.readings)
 
 
 def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,

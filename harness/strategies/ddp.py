@@ -20,7 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer, accumulate,
-                                     make_adamw, optimizer_description, torchrun_context)
+                                     make_adamw, optimizer_description, replicated_gradients, replicated_parameters,
+                                     torchrun_context)
 from workloads import Workload
 
 
@@ -33,12 +34,18 @@ class DDPTrainer(Trainer):
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          no_sync=self.model.no_sync)
+                          no_sync=self.model.no_sync, multipliers=self.loss_multipliers)
         if gradients_ready is not None:     # DDP's last backward has waited for every bucket's all-reduce
             gradients_ready()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def local_parameters(self):
+        return replicated_parameters(self.model)
+
+    def local_gradients(self):
+        return replicated_gradients(self.model)     # every rank holds the averaged gradients whole
 
 
 class DDP(Strategy):

@@ -27,7 +27,8 @@ from torch import nn
 from harness.environment import horovod_build_flags
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (Launcher, MicroBatch, Option, PrecisionRecipe, RankContext, Strategy, Trainer,
-                                     accumulate, make_adamw, optimizer_description, place_rank)
+                                     accumulate, make_adamw, optimizer_description, place_rank, replicated_gradients,
+                                     replicated_parameters)
 from workloads import Workload
 
 
@@ -40,7 +41,8 @@ class HorovodTrainer(Trainer):
     hvd: Any = None
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
-        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device)
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          multipliers=self.loss_multipliers)
         if gradients_ready is None:
             self.optimizer.step()      # waits for the outstanding all-reduces, then updates
         else:
@@ -51,6 +53,13 @@ class HorovodTrainer(Trainer):
                 self.optimizer.step()
         self.optimizer.zero_grad()     # Horovod's takes no arguments; torch's default sets grads to None
         return loss
+
+    # Whole replicas: the norms need no collective (torch.distributed is not started under Horovod).
+    def local_parameters(self):
+        return replicated_parameters(self.model)
+
+    def local_gradients(self):
+        return replicated_gradients(self.model)     # synchronize() wrote the averaged gradients back
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(local_losses, op=self.hvd.Average, name="parbench.losses")

@@ -13,7 +13,8 @@ from torch import nn
 
 from harness.spec import Precision, RunSpec, SpecError
 from harness.strategies.base import (Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy, Trainer,
-                                     accumulate, make_adamw, optimizer_description, place_rank)
+                                     accumulate, make_adamw, optimizer_description, place_rank,
+                                     replicated_gradients, replicated_parameters)
 from workloads import Workload
 
 
@@ -25,12 +26,19 @@ class PlainTrainer(Trainer):
     spec: RunSpec | None = None
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
-        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device)
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          multipliers=self.loss_multipliers)
         if gradients_ready is not None:
             gradients_ready()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def local_parameters(self):
+        return replicated_parameters(self.model)
+
+    def local_gradients(self):
+        return replicated_gradients(self.model)
 
 
 def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model: nn.Module) -> PlainTrainer:
