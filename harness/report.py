@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.commbench import with_bandwidth  # noqa: E402
+from harness.derive.parity import judge  # noqa: E402
 from harness.record import COMMBENCH_KIND, read_rows  # noqa: E402
 from harness.scaling import scaling_efficiency  # noqa: E402
 from harness.spec import RunResult  # noqa: E402
@@ -83,13 +84,22 @@ def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
                 "model_state_predicted_mib": _median(ok, "model_state_bytes_predicted", 1 / (1 << 20)),
                 "mfu": _median(ok, "mfu"),
                 "parity": first.get("parity_verdict", ""),
-                "parity_max_abs_diff": first.get("parity_max_abs_diff"),
+                "parity_failed": first.get("parity_failed", ""),
             })
         lines.append(line)
     summary = pd.DataFrame(lines)
     if not summary.empty and "samples_per_s" in summary:
         summary = scaling_efficiency(summary.fillna({"samples_per_s": float("nan")}))
     return summary
+
+
+def with_parity(table: pd.DataFrame, results: Sequence[RunResult]) -> pd.DataFrame:
+    """`table` (one line per result, in order) with each launch's parity verdict and failed quantities
+    judged afresh across all `results` (harness.derive.parity), in place of anything a row stored."""
+    judged = judge([result.to_dict() for result in results])
+    stored = [column for column in table if column.startswith("parity_")]
+    return table.drop(columns=stored).assign(parity_verdict=[p.verdict.value for p in judged],
+                                             parity_failed=[",".join(p.failed) for p in judged])
 
 
 def _median(frame: pd.DataFrame, column: str, scale: float = 1.0):
@@ -349,6 +359,7 @@ def write_report(sources: Iterable[Path], out: Path) -> list[Path]:
     """Write report.md, report.html, rows.csv and rows.parquet into `out`; returns their paths."""
     sources = list(sources)
     table, results = load_table(sources)
+    table = with_parity(table, results) if not table.empty else table
     commbench = read_rows(sources, kind=COMMBENCH_KIND)
     summary = cell_summary(table) if not table.empty else pd.DataFrame()
     environments = _environments(results)

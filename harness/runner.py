@@ -19,8 +19,8 @@ from harness.environment import capture_environment
 from harness.launch import run_cell
 from harness.mfu import model_flops_utilization, peak_flops
 from harness.placement import Placement
-from harness.parity import parity_for, reference_key
-from harness.record import append_row, read_results
+from harness.derive.parity import judge
+from harness.record import append_row, read_results, read_rows
 from harness.spec import RunResult, RunSpec, Status
 from harness.stats import bootstrap_median_ci
 
@@ -45,7 +45,6 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
     """Launch every repeat of every cell in order; returns the rows of this call, with the rows a resumed
     run found already recorded in their place."""
     environment = capture_environment(freeze_dir=options.results.parent)
-    references = _existing_references(options.results)
     recorded = recorded_ok(options.results) if options.resume else {}
     results = []
     for spec in specs:
@@ -60,7 +59,6 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
             cell_dir = cells_dir(options.results) / f"{_slug(spec.label)}-{spec.cell_id}-r{repeat}"
             result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
                               environment=environment, placement=options.placement)
-            result = _with_parity(result, references)
             result = _with_mfu(result, options.peak_flops_per_s)
             append_row(options.results, result)
             results.append(result)
@@ -74,29 +72,6 @@ def recorded_ok(path: Path) -> dict[tuple[str, int], RunResult]:
     if not path.exists():
         return {}
     return {(r.spec.cell_id, r.repeat): r for r in read_results([path]) if r.status is Status.OK}
-
-
-def _existing_references(path: Path) -> dict[tuple, list[float]]:
-    """Reference losses already recorded in the results file (a resumed or extended run)."""
-    references: dict[tuple, list[float]] = {}
-    if path.exists():
-        for result in read_results([path]):
-            _remember_reference(result, references)
-    return references
-
-
-def _remember_reference(result: RunResult, references: dict[tuple, list[float]]) -> None:
-    if result.status is Status.OK and result.spec.strategy == "plain":
-        references.setdefault(reference_key(result.spec), result.measurements["loss_per_step"])
-
-
-def _with_parity(result: RunResult, references: dict[tuple, list[float]]) -> RunResult:
-    """The row with its loss-parity verdict against the plain reference (plain rows become references)."""
-    if result.status is not Status.OK:
-        return result
-    _remember_reference(result, references)
-    parity = parity_for(result.spec, result.measurements["loss_per_step"], references)
-    return dataclasses.replace(result, measurements={**result.measurements, **parity.to_dict()})
 
 
 def _with_mfu(result: RunResult, user_peak: float | None) -> RunResult:
@@ -117,11 +92,17 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
-def summary_table(results: Sequence[RunResult]) -> str:
+def summary_table(results: Sequence[RunResult], results_file: Path | None = None) -> str:
     """One line per cell: its status and headline figures. With several repeats, throughput is the median
     across the repeats' medians with its 95% bootstrap confidence interval; `stalled` counts the timed
     steps the host descheduled (harness.timing), which the raw medians include; exposed communication and
-    the parity verdict are the first repeat's."""
+    the parity verdict are the first repeat's. Parity is judged (harness.derive.parity) over these rows
+    and every row of `results_file`, so a reference run later, or in an earlier run, still counts."""
+    shown = [result.to_dict() for result in results]
+    earlier = read_rows([results_file]) if results_file is not None and results_file.exists() else []
+    ids = {row["run_id"] for row in shown}
+    verdicts = judge(shown + [row for row in earlier if row["run_id"] not in ids])
+    parity = {row["run_id"]: verdict.verdict.value for row, verdict in zip(shown, verdicts)}
     cells: dict[str, list[RunResult]] = {}
     for result in results:
         cells.setdefault(result.spec.cell_id, []).append(result)
@@ -147,5 +128,6 @@ def summary_table(results: Sequence[RunResult]) -> str:
         losses = m["loss_per_step"]
         status = "ok" if len(ok) == len(launches) else f"{len(ok)}/{len(launches)}ok"
         lines.append(f"{label:<52} {status:<7} {step * 1e3:>8.1f} {median(throughput):>10.1f} {interval:>15} "
-                     f"{stalled_text:>8} {exposed_text:>8} {losses[0]:>8.4f}->{losses[-1]:<8.4f} {m.get('parity_verdict', ''):>10}")
+                     f"{stalled_text:>8} {exposed_text:>8} {losses[0]:>8.4f}->{losses[-1]:<8.4f} "
+                     f"{parity[ok[0].run_id]:>10}")
     return "\n".join(lines)

@@ -164,8 +164,10 @@ class FirstStepNorms:
     def _read_gradients(self) -> None:
         if not self.trainer.gradient_norm_after_step:
             self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
+        # In host memory: on the device the copy (4 bytes per parameter on top of AdamW's 16 of model
+        # states) would land in the cell's peak device memory, at the step the optimizer state appears.
         parts, _ = self.trainer.local_parameters()
-        self.before = [part.detach().clone() for part in parts]
+        self.before = [part.detach().to("cpu", copy=True) for part in parts]
 
     def after_step(self, step: int) -> None:
         if step != self.PROBED_STEP or self.unavailable_because:
@@ -174,7 +176,7 @@ class FirstStepNorms:
             self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
         parts, sharded = self.trainer.local_parameters()
         self.readings["parameter_norm_after_first_step"] = self.trainer.global_norm(parts, sharded)
-        update = [part.detach() - before for part, before in zip(parts, self.before)]
+        update = (part.detach().cpu() - before for part, before in zip(parts, self.before))   # one at a time
         self.readings["update_norm_first_step"] = self.trainer.global_norm(update, sharded)
         self.before = []
 

@@ -16,7 +16,7 @@ import importlib.util
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -134,12 +134,14 @@ class Trainer(abc.ABC):
         """L2 norm over every parameter once, the same on every rank."""
         return self.global_norm(*self.local_parameters())
 
-    def global_norm(self, tensors: Sequence[torch.Tensor], sharded: bool) -> float:
-        """L2 norm of the vector `tensors` are (this rank's shards of it where `sharded`). Squares add up
-        in float64 so that the sum's order, which differs between strategies, stays below any tolerance."""
+    def global_norm(self, tensors: Iterable[torch.Tensor], sharded: bool) -> float:
+        """L2 norm of the vector `tensors` are (this rank's shards of it where `sharded`; on the device or
+        the host). Squares add up in float64, so the order of the sum, which differs between strategies,
+        stays far below any tolerance."""
         squares = torch.zeros((), dtype=torch.float64, device=self.context.device)
         for tensor in tensors:
-            squares += torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double() ** 2
+            norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double()
+            squares += norm.to(squares.device) ** 2
         if sharded and self.context.world_size > 1:
             torch.distributed.all_reduce(squares)
         return math.sqrt(squares.item())
