@@ -119,6 +119,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             torch.cuda.synchronize(context.device)
             after_step_allocated = float(torch.cuda.memory_allocated(context.device))
 
+    trainer.loss_multipliers = None        # a fault in the last step must not reach the passes below
     _phase(context.rank, "timed steps done")
     memory = _memory_figures(context)   # before the compute-only pass below adds a model of its own
     if context.device.type == "cuda":
@@ -164,8 +165,8 @@ class FirstStepNorms:
     def _read_gradients(self) -> None:
         if not self.trainer.gradient_norm_after_step:
             self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
-        # In host memory: on the device the copy (4 bytes per parameter on top of AdamW's 16 of model
-        # states) would land in the cell's peak device memory, at the step the optimizer state appears.
+        # In host memory: on a GPU the copy (4 bytes per parameter on top of AdamW's 16 of model states)
+        # would land in the cell's peak device memory. On CPU it can add as much to a rank's peak RSS.
         parts, _ = self.trainer.local_parameters()
         self.before = [part.detach().to("cpu", copy=True) for part in parts]
 
