@@ -236,7 +236,7 @@ def command_run(args: argparse.Namespace) -> int:
             bar.update(1)
 
         results = run_specs(specs, options, on_result=finished, on_start=started)
-    print(summary_table([result.to_dict() for result in results]))
+    print(summary_table([result.to_dict() for result in results], results_file=out))
     print(f"\nrows appended to {out}")
     return 0
 
@@ -369,7 +369,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
           file=sys.stderr)
     spec = original.spec.replace(repeats=1)
     [again] = run_specs([spec], RunOptions(results=found.path, timeout_s=args.timeout))
-    print(summary_table([again.to_dict()]))
+    print(summary_table([again.to_dict()], results_file=found.path))
     if again.status.value != "ok":
         return 1
     verdict = "identical, bit for bit" if same_losses(original, again) else "different"

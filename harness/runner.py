@@ -25,8 +25,7 @@ from harness.derive.intervals import median_interval
 from harness.environment import capture_environment
 from harness.launch import LOG_FILE, SPEC_FILE, run_cell
 from harness.placement import Placement
-from harness.parity import parity_for, reference_key
-from harness.record import AppendError, append_row, read_results
+from harness.record import AppendError, append_row, read_results, read_rows
 from harness.spec import RunResult, RunSpec, SpecError, Status
 from harness.worker import ERROR_FILE, MEASUREMENTS_FILE
 
@@ -57,9 +56,6 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
     where the launch's own record is kept, when its row cannot be appended."""
     environment = capture_environment(freeze_dir=options.results.parent)
     existing = read_results([options.results]) if options.results.exists() else []
-    references: dict[tuple, list[float]] = {}
-    for row in existing:
-        _remember_reference(row, references)
     with_row = {(r.spec.cell_id, r.repeat) for r in existing}
     recorded = {(r.spec.cell_id, r.repeat): r for r in existing if options.resume and r.status is Status.OK}
     results = []
@@ -81,7 +77,6 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
                 _clear_outcome(cell_dir)
                 result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
                                   environment=environment, placement=options.placement)
-            result = _with_parity(result, references)
             result = _with_user_peak(result, options.peak_flops_per_s)
             try:
                 append_row(options.results, result)
@@ -151,20 +146,6 @@ def _where_kept(result: RunResult, cell_dir: Path) -> str:
     return f"{what} is not recorded"
 
 
-def _remember_reference(result: RunResult, references: dict[tuple, list[float]]) -> None:
-    if result.status is Status.OK and result.spec.strategy == "plain":
-        references.setdefault(reference_key(result.spec), result.measurements["loss_per_step"])
-
-
-def _with_parity(result: RunResult, references: dict[tuple, list[float]]) -> RunResult:
-    """The row with its loss-parity verdict against the plain reference (plain rows become references)."""
-    if result.status is not Status.OK:
-        return result
-    _remember_reference(result, references)
-    parity = parity_for(result.spec, result.measurements["loss_per_step"], references)
-    return dataclasses.replace(result, measurements={**result.measurements, **parity.to_dict()})
-
-
 def _with_user_peak(result: RunResult, user_peak: float | None) -> RunResult:
     """The row with the peak the user stated (`--peak-tflops`), a recorded input: MFU itself is derived
     when rows are read (harness.derive.peaks, harness.derive.cells)."""
@@ -177,17 +158,21 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
-def summary_table(rows: Sequence[dict]) -> str:
+def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str:
     """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
     same figures `harness report` shows). Throughput is the median across ok launches on the table's
     basis (every timed step, or the unstalled ones where the host stalled some: harness.derive.throughput);
     `stalled` counts the timed steps the host descheduled; the interval, last on the line, is the one the
-    number of launches supports (harness.derive.intervals), with its label."""
+    number of launches supports (harness.derive.intervals), with its label. Parity is judged
+    (harness.derive.parity) over these rows and every row of `results_file`, so a reference recorded later
+    in the matrix, or by an earlier run into the same file, still counts."""
     from harness.derive.cells import cell_table
 
-    cells = cell_table(rows)
+    rows = [row.to_dict() if isinstance(row, RunResult) else row for row in rows]
+    earlier = read_rows([results_file]) if results_file is not None and results_file.exists() else []
+    cells = cell_table(rows, context=earlier)
     header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'stalled':>8} "
-              f"{'exposed':>8} {'loss first->last':>18}  samples/s interval")
+              f"{'exposed':>8} {'loss first->last':>18} {'parity':>12}  samples/s interval")
     lines = [header, "-" * len(header)]
     losses = {row["cell_id"]: row["measurements"]["loss_per_step"] for row in rows if row.get("status") == "ok"}
     for cell in cells.to_dict("records"):
@@ -204,6 +189,7 @@ def summary_table(rows: Sequence[dict]) -> str:
         status = "ok" if cell["status"] == "ok" else f"{cell['ok']}/{cell['launches']}ok"
         samples = cell["samples_per_s"]
         lines.append(f"{label:<52} {status:<7} {cell['step_time_median_s'] * 1e3:>8.1f} {samples:>10.1f} "
-                     f"{stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f}  {interval}")
+                     f"{stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f} {cell['parity']:>12}  "
+                     f"{interval}")
     lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; README, 'Host stalls')" if len(cells) else "")
     return "\n".join(lines)

@@ -33,7 +33,7 @@ from harness.memory_model import (ModelStateReader, PeakRssSince, largest_module
                                   reset_peak_memory)
 from harness.spec import RunSpec, Status
 from harness.strategies import Strategy, Trainer, get_strategy
-from harness.strategies.base import ExpectedTraffic, RankContext
+from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
 from harness.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
 
@@ -100,9 +100,11 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     fault = fault_from_environment()
     model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
     peak_rss_since = PeakRssSince.PROCESS_START
+    norms = FirstStepNorms(spec, trainer)
     for step in range(spec.warmup_steps + spec.timed_steps):
         if fault:
             fault.fire(context.rank, step)
+            trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
         micro_batches = [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index),
                                         context.device)
                          for index in range(layout.micro_batches)]
@@ -113,9 +115,12 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             # the device before sharding), nor the warm-up steps.
             peak_rss_since = reset_peak_memory(context.device)
         with timer.measure(record=timed), counter.counting(record=timed):
-            losses.append(trainer.train_step(micro_batches, model_states.gradients_ready(step, micro_batches)))
+            losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
+                                                                      model_states.gradients_ready(step, micro_batches))))
+        norms.after_step(step)
         model_states.after_step(step, micro_batches)
 
+    trainer.loss_multipliers = None        # a fault in the last step must not reach the passes below
     _phase(context.rank, "timed steps done")
     memory = _memory_figures(context, peak_rss_since)   # before the compute-only pass adds a model of its own
     compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
@@ -130,12 +135,75 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "parameters_held": trainer.parameters_held(parameters),
                               "parameters_kept_whole": trainer.parameters_kept_whole()})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
+    measurements.update(norms.figures())
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
     measurements.update(_model_state_facts(spec, strategy, layout, context, trainer, parameters, largest_module,
                                            by_rank))
     trainer.close()
     return measurements
+
+
+class FirstStepNorms:
+    """The parity probe (harness.derive.parity): in step 0, a warm-up step, the global L2 norm of the reduced
+    gradients between reduction and update, and after the step the global norm of the parameters and of
+    the step's update theta_1 - theta_0. Every rank takes part (sharded trainers all-reduce their squares)."""
+
+    PROBED_STEP = 0
+
+    def __init__(self, spec: RunSpec, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.unavailable_because = trainer.norms_unavailable_because if not trainer.reaches_gradients_ready else ""
+        if spec.warmup_steps == 0 and not self.unavailable_because:
+            self.unavailable_because = ("no warm-up step: the probe's reads and collectives would land in a "
+                                        "timed step")
+        self.readings: dict[str, float] = {}
+        self.before: list[torch.Tensor] = []
+
+    def gradients_ready(self, step: int) -> GradientsReady | None:
+        """What the step's `train_step` is given: the probe in the probed step, else nothing."""
+        return self._read_gradients if step == self.PROBED_STEP and not self.unavailable_because else None
+
+    def _read_gradients(self) -> None:
+        try:
+            parts, _ = self.trainer.local_parameters()
+        except NotImplementedError as error:     # a strategy that does not list them: losses alone, said so
+            self.unavailable_because = str(error)
+            return
+        if not self.trainer.gradient_norm_after_step:
+            self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
+        # In host memory: on a GPU the copy (4 bytes per parameter on top of AdamW's 16 of model states)
+        # would land in the cell's peak device memory. On CPU it can add as much to a rank's peak RSS.
+        self.before = [part.detach().to("cpu", copy=True) for part in parts]
+
+    def after_step(self, step: int) -> None:
+        if step != self.PROBED_STEP or self.unavailable_because:
+            return
+        if self.trainer.gradient_norm_after_step:
+            self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
+        parts, sharded = self.trainer.local_parameters()
+        self.readings["parameter_norm_after_first_step"] = self.trainer.global_norm(parts, sharded)
+        update = (part.detach().cpu() - before for part, before in zip(parts, self.before))   # one at a time
+        self.readings["update_norm_first_step"] = self.trainer.global_norm(update, sharded)
+        self.before = []
+
+    def figures(self) -> dict[str, Any]:
+        if self.unavailable_because:
+            return {"norms_unavailable_because": self.unavailable_because}
+        return dict(self.readings)
+
+
+def _together(*hooks: GradientsReady | None) -> GradientsReady | None:
+    """One `gradients_ready` running every given probe in turn (the parity probe of step 0 and the memory
+    reading of the last warm-up step meet when there is one warm-up step), or None where none is given."""
+    given = [hook for hook in hooks if hook is not None]
+    if not given:
+        return None
+
+    def run_all() -> None:
+        for hook in given:
+            hook()
+    return run_all
 
 
 def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,

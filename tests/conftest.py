@@ -13,3 +13,43 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- cells launched once per session and shared by the modules that judge them -------------------------
+
+PARITY_OVERRIDES = (("warmup_steps", 1), ("timed_steps", 3))   # exactly the 4 steps parity compares
+
+
+@pytest.fixture(scope="session")
+def fp32_rows(tmp_path_factory):
+    """Every strategy at world size 2 on both tiny workloads in fp32, and the plain loop: real rows,
+    {(workload, strategy): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
+    tests/test_parity_faults.py)."""
+    from harness.matrix import Machine, Selection, build_matrix
+    from harness.record import read_results
+    from harness.runner import RunOptions, run_specs
+    from harness.spec import DeviceKind
+
+    out = tmp_path_factory.mktemp("fp32") / "rows.jsonl"
+    specs = build_matrix("full", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+                         Selection(workloads=("resnet20-cifar", "gpt-tiny"), world_sizes=(2,),
+                                   overrides=PARITY_OVERRIDES))   # every strategy, DataParallel skipped
+    run_specs(specs, RunOptions(results=out, timeout_s=300))
+    return {(row.spec.workload, row.spec.strategy): row for row in read_results([out])}
+
+
+@pytest.fixture(scope="session")
+def bf16_rows(tmp_path_factory):
+    """Every strategy at world sizes 1 and 2 on gpt-tiny in bf16, and the plain loop: real rows,
+    {(strategy, world_size): RunResult}."""
+    from harness.matrix import Machine, Selection, build_matrix
+    from harness.record import read_results
+    from harness.runner import RunOptions, run_specs
+    from harness.spec import DeviceKind
+
+    out = tmp_path_factory.mktemp("bf16") / "rows.jsonl"
+    specs = build_matrix("full", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+                         Selection(workloads=("gpt-tiny",), world_sizes=(1, 2),
+                                   overrides=(*PARITY_OVERRIDES, ("precision", "bf16"))))
+    run_specs(specs, RunOptions(results=out, timeout_s=300))
+    return {(row.spec.strategy, row.spec.world_size): row for row in read_results([out])}

@@ -79,3 +79,28 @@ def test_a_malformed_fault_is_refused_before_launch(monkeypatch, capsys):
     assert main(["run", "--matrix", "smoke"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "KIND:rank=R:step=S" in err
+
+
+def test_silent_faults_multiply_only_their_ranks_losses_in_their_step():
+    from harness.faults import Fault
+
+    scale = Fault.parse("grad-scale:factor=2:rank=1:step=0")
+    assert (scale.kind, scale.rank, scale.step, scale.factor) == ("grad-scale", 1, 0, 2.0)
+    assert scale.loss_multipliers(rank=1, step=0, micro_batches=2) == [2.0, 2.0]
+    assert scale.loss_multipliers(rank=0, step=0, micro_batches=2) is None
+    assert scale.loss_multipliers(rank=1, step=1, micro_batches=2) is None
+    skip = Fault.parse("skip-microbatch:rank=1:step=3")
+    assert skip.loss_multipliers(rank=1, step=3, micro_batches=4) == [0.0, 1.0, 1.0, 1.0]
+    assert Fault.parse("kill:rank=1:step=3").loss_multipliers(rank=1, step=3, micro_batches=4) is None
+    skip.fire(rank=1, step=3)          # a silent fault never ends or fails the rank
+
+
+@pytest.mark.parametrize("text", ["grad-scale:rank=1:step=0", "grad-scale:factor=two:rank=1:step=0",
+                                  "skip-microbatch:factor=2:rank=1:step=0", "grad-scale:factor=inf:rank=1:step=0"])
+def test_a_malformed_silent_fault_is_a_one_line_error_naming_what_is_allowed(text):
+    from harness.faults import Fault
+
+    with pytest.raises(ValueError) as error:
+        Fault.parse(text)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and text in message and "factor" in message

@@ -4,6 +4,7 @@
 from harness.derive.exposed import exposed_communication
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
+from harness.derive.parity import judge
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import load_rows;
         print(cell_table(load_rows(['results/reference/ci-cpu/smoke.jsonl'])).T)"
@@ -27,6 +28,7 @@ from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
+from harness.derive.parity import judge
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
@@ -57,9 +59,19 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     return record
 
 
-def launch_table(rows: Sequence[Row], basis: Basis | None = None) -> pd.DataFrame:
+def launch_table(rows: Sequence[Row], basis: Basis | None = None, context: Sequence[Row] = ()) -> pd.DataFrame:
+    """One line per row, with its parity verdict judged over `rows` and `context` together (rows not shown
+    that may hold a reference, such as the rest of a results file: harness.derive.parity)."""
     basis = basis or throughput_basis(rows)
-    return pd.DataFrame([launch_record(row, basis) for row in rows])
+    shown_ids = {row.get("run_id") for row in rows}
+    verdicts = judge(list(rows) + [row for row in context if row.get("run_id") not in shown_ids])
+    records = []
+    for row, parity in zip(rows, verdicts):
+        record = launch_record(row, basis)
+        record.update({"parity_verdict": parity.verdict.value, "parity_failed": ",".join(parity.failed),
+                       "parity_note": parity.note})
+        records.append(record)
+    return pd.DataFrame(records)
 
 
 def _memory(m: dict) -> dict[str, Any]:
@@ -107,14 +119,16 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
                   "exposed_comm_share", "mfu")
 FIRST_COLUMNS = ("compute_only_kind", "exposed_comm_note", "mfu_unavailable_because", "peak_flops_source")
+# A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
+PARITY_ORDER = ("mismatch", "not-judged", "no-reference", "match", "reference")
 
 
-def cell_table(rows: Sequence[Row]) -> pd.DataFrame:
-    """One line per cell, in the order cells first appear in `rows`."""
+def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame:
+    """One line per cell, in the order cells first appear in `rows`; `context` as for `launch_table`."""
     if not rows:
         return pd.DataFrame()
     basis = throughput_basis(rows)
-    launches = launch_table(rows, basis)
+    launches = launch_table(rows, basis, context)
     lines = []
     for cell_id, group in launches.groupby("cell_id", sort=False):
         first = group.iloc[0]
@@ -129,6 +143,11 @@ def cell_table(rows: Sequence[Row]) -> pd.DataFrame:
         for column in FIRST_COLUMNS:
             values = [v for v in ok.get(column, pd.Series(dtype=object)).tolist() if _present(v)]
             line[column] = values[0] if values else None
+        verdicts = [v for v in ok.get("parity_verdict", pd.Series(dtype=object)).tolist() if v]
+        worst = min(verdicts, key=lambda v: PARITY_ORDER.index(v) if v in PARITY_ORDER else -1, default="")
+        line["parity"] = worst
+        line["parity_failed"] = next((f for v, f in zip(ok["parity_verdict"], ok["parity_failed"]) if v == worst
+                                      and f), "") if verdicts else ""
         throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
         line.update(_interval(throughputs))
         if not ok.empty:

@@ -16,9 +16,10 @@ import abc
 import contextlib
 import enum
 import importlib.util
+import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -174,10 +175,17 @@ class Trainer(abc.ABC):
     context: RankContext
     config: dict[str, Any] = field(default_factory=dict)   # what was configured, recorded in the row
     precision_recipe: PrecisionRecipe = PrecisionRecipe.FP32
+    # What this rank multiplies each micro-batch's loss by before backward in the coming step: set by the
+    # worker from a silent-corruption fault (harness.faults), None in every honest step.
+    loss_multipliers: Sequence[float] | None = None
 
     # False where a strategy's step cannot be stopped between reduction and update (DeepSpeed's pipeline
     # runs both inside `train_batch`); `gradients_ready` is then never called.
     reaches_gradients_ready: ClassVar[bool] = True
+    norms_unavailable_because: ClassVar[str] = ""           # why, where it is False
+    # True where the reduced gradients are not at hand inside `gradients_ready` and `gradient_norm` reads
+    # the norm the library computed during its own optimizer step instead (DeepSpeed ZeRO).
+    gradient_norm_after_step: ClassVar[bool] = False
 
     @abc.abstractmethod
     def train_step(self, micro_batches: Sequence[MicroBatch],
@@ -198,6 +206,36 @@ class Trainer(abc.ABC):
     def parameters_kept_whole(self) -> int:
         """Parameters a sharding strategy also keeps unsharded on this rank beside their shard."""
         return 0
+
+    def local_parameters(self) -> tuple[list[torch.Tensor], bool]:
+        """This rank's part of every trainable parameter, each once (a tied weight once), and whether the
+        parts are disjoint shards whose squares add up across ranks (True) or whole replicas (False)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its parameters")
+
+    def local_gradients(self) -> tuple[list[torch.Tensor], bool]:
+        """The reduced gradients of `local_parameters`, in the same form; valid inside `gradients_ready`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its gradients")
+
+    def gradient_norm(self) -> float:
+        """L2 norm of this step's reduced gradients over every parameter, the same on every rank. Called
+        inside `gradients_ready`, or right after the step where `gradient_norm_after_step`."""
+        return self.global_norm(*self.local_gradients())
+
+    def parameter_norm(self) -> float:
+        """L2 norm over every parameter once, the same on every rank."""
+        return self.global_norm(*self.local_parameters())
+
+    def global_norm(self, tensors: Iterable[torch.Tensor], sharded: bool) -> float:
+        """L2 norm of the vector `tensors` are (this rank's shards of it where `sharded`; on the device or
+        the host). Squares add up in float64, so the order of the sum, which differs between strategies,
+        stays far below any tolerance."""
+        squares = torch.zeros((), dtype=torch.float64, device=self.context.device)
+        for tensor in tensors:
+            norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double()
+            squares += norm.to(squares.device) ** 2
+        if sharded and self.context.world_size > 1:
+            torch.distributed.all_reduce(squares)
+        return math.sqrt(squares.item())
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         """Per-step losses of the whole global batch from each rank's `train_step` losses.
@@ -397,10 +435,12 @@ def place_rank(device_kind: DeviceKind, local_rank: int, local_world_size: int) 
 
 def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Sequence[MicroBatch],
                spec: RunSpec, device: torch.device,
-               no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> torch.Tensor:
+               no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+               multipliers: Sequence[float] | None = None) -> torch.Tensor:
     """Forward and backward over micro-batches, each loss scaled by 1/K so gradients are the batch mean.
 
     `no_sync` (DDP's, for instance) suppresses gradient communication on all but the last micro-batch.
+    `multipliers` (a fault's, `Trainer.loss_multipliers`) scale each micro-batch's loss before backward.
     Returns the mean unscaled loss (detached).
     """
     count = len(micro_batches)
@@ -412,9 +452,21 @@ def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Se
             with autocast(spec, device):
                 outputs = model(inputs)
             loss = loss_fn(outputs, targets)
-            (loss / count).backward()
+            scaled = loss if multipliers is None else loss * multipliers[index]
+            (scaled / count).backward()
         total += loss.detach()
     return total / count
+
+
+def replicated_parameters(model: nn.Module) -> tuple[list[torch.Tensor], bool]:
+    """`Trainer.local_parameters` of a model every rank holds whole: each trainable parameter once
+    (`nn.Module.parameters` yields a tied weight once)."""
+    return [p for p in model.parameters() if p.requires_grad], False
+
+
+def replicated_gradients(model: nn.Module) -> tuple[list[torch.Tensor], bool]:
+    """`Trainer.local_gradients` of a model every rank holds whole, after its gradients are reduced."""
+    return [p.grad for p in model.parameters() if p.requires_grad], False
 
 
 def is_block(layer: nn.Module) -> bool:

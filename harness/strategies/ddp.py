@@ -22,9 +22,9 @@ from harness.derive.comm import Collective
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option,
-                                     PrecisionRecipe, Strategy, Trainer, accumulate, make_adamw,
-                                     optimizer_description, torchrun_context)
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe,
+                                     Strategy, Trainer, accumulate, make_adamw, optimizer_description,
+                                     replicated_gradients, replicated_parameters, torchrun_context)
 from workloads import Workload
 
 
@@ -37,7 +37,7 @@ class DDPTrainer(Trainer):
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          no_sync=self.model.no_sync)
+                          no_sync=self.model.no_sync, multipliers=self.loss_multipliers)
         if gradients_ready is not None:     # DDP's last backward has waited for every bucket's all-reduce
             gradients_ready()
         self.optimizer.step()
@@ -49,6 +49,12 @@ class DDPTrainer(Trainer):
                 "DDP's communication buckets, a second copy of the gradients, live in its C++ reducer, out of "
                 "the census's reach")
         return torch_model_state_tensors(self.model, self.optimizer, note=note)
+
+    def local_parameters(self):
+        return replicated_parameters(self.model)
+
+    def local_gradients(self):
+        return replicated_gradients(self.model)     # every rank holds the averaged gradients whole
 
 
 class DDP(Strategy):

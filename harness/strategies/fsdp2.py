@@ -42,7 +42,7 @@ class FSDP2Trainer(Trainer):
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          no_sync=self._no_sync)
+                          no_sync=self._no_sync, multipliers=self.loss_multipliers)
         if gradients_ready is not None:     # FSDP2's root post-backward has waited for the reduce-scatters
             gradients_ready()
         self.optimizer.step()
@@ -53,6 +53,14 @@ class FSDP2Trainer(Trainer):
         # Parameters, gradients and optimizer state are DTensors; the census counts their local shards,
         # padded to equal sizes on every rank as FSDP2 allocates them.
         return torch_model_state_tensors(self.model, self.optimizer)
+
+    def local_parameters(self):
+        # fully_shard turns each parameter into a DTensor sharded on dim 0; to_local() is this rank's
+        # rows, without the padding FSDP2 adds to even out the shards.
+        return [p.to_local() for p in self.model.parameters() if p.requires_grad], True
+
+    def local_gradients(self):
+        return [p.grad.to_local() for p in self.model.parameters() if p.requires_grad], True
 
     @contextlib.contextmanager
     def _no_sync(self):

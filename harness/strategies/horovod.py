@@ -28,9 +28,9 @@ from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
 from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option,
-                                     PrecisionRecipe, RankContext, Strategy, Trainer, accumulate, make_adamw,
-                                     optimizer_description, place_rank)
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe,
+                                     RankContext, Strategy, Trainer, accumulate, make_adamw, optimizer_description,
+                                     place_rank, replicated_gradients, replicated_parameters)
 from workloads import Workload
 
 
@@ -43,7 +43,8 @@ class HorovodTrainer(Trainer):
     hvd: Any = None
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
-        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device)
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          multipliers=self.loss_multipliers)
         if gradients_ready is None:
             self.optimizer.step()      # waits for the outstanding all-reduces, then updates
         else:
@@ -59,6 +60,13 @@ class HorovodTrainer(Trainer):
         return torch_model_state_tensors(self.model, self.optimizer,
                                          note="Horovod's fusion buffer is a communication buffer in its C++ "
                                               "core, not a model state, and is not counted")
+
+    # Whole replicas: the norms need no collective (torch.distributed is not started under Horovod).
+    def local_parameters(self):
+        return replicated_parameters(self.model)
+
+    def local_gradients(self):
+        return replicated_gradients(self.model)     # synchronize() wrote the averaged gradients back
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(local_losses, op=self.hvd.Average, name="parbench.losses")

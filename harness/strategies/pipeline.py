@@ -20,9 +20,10 @@ import torch
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.memory_model import ModelStateTensors, optimizer_state_tensors
 from harness.spec import Layout, RunSpec, SpecError
-from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe, Strategy,
-                                     Trainer, make_adamw, optimizer_description)
-from harness.strategies.deepspeed_common import PRECISION_OPTION, base_config, precision_config, start_deepspeed
+from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer,
+                                     make_adamw, optimizer_description)
+from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
+                                                 throughput_timer_state)
 from workloads import get_workload
 
 
@@ -31,8 +32,14 @@ class PipelineTrainer(Trainer):
     engine: Any = None
 
     reaches_gradients_ready = False      # train_batch reduces and updates in one call
+    norms_unavailable_because = (
+        "DeepSpeed's pipeline reduces the gradients and updates the weights inside one train_batch call, "
+        "with no point between them to read the gradients")
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
+        if self.loss_multipliers is not None:
+            raise RuntimeError("a grad-scale or skip-microbatch fault cannot reach the pipeline's losses: "
+                               "train_batch computes and backpropagates them inside DeepSpeed")
         # train_batch returns the step's mean loss, already averaged over the replicas, on every stage.
         return self.engine.train_batch(data_iter=iter(micro_batches)).detach().float()
 
@@ -143,6 +150,7 @@ class Pipeline(Strategy):
             raise RuntimeError("DeepSpeed's topology disagrees with the data-parallel index the data was cut by")
         parts = list(module.parts)
         return PipelineTrainer(context=context, engine=engine, precision_recipe=recipe,
-                               config={"deepspeed_config": config, "stages": options["stages"],
+                               config={"deepspeed_config": config, **throughput_timer_state(engine),
+                                       "stages": options["stages"],
                                        "partition_method": options["partition_method"], "layer_boundaries": parts,
                                        "stage": engine.stage_id, **optimizer_description(context.device)})

@@ -14,7 +14,8 @@ from torch import nn
 from harness.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec, SpecError
 from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy,
-                                     Trainer, accumulate, make_adamw, optimizer_description, place_rank)
+                                     Trainer, accumulate, make_adamw, optimizer_description, place_rank,
+                                     replicated_gradients, replicated_parameters)
 from workloads import Workload
 
 
@@ -26,7 +27,8 @@ class PlainTrainer(Trainer):
     spec: RunSpec | None = None
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
-        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device)
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          multipliers=self.loss_multipliers)
         if gradients_ready is not None:
             gradients_ready()
         self.optimizer.step()
@@ -35,6 +37,12 @@ class PlainTrainer(Trainer):
 
     def model_state_tensors(self):
         return torch_model_state_tensors(self.model, self.optimizer)
+
+    def local_parameters(self):
+        return replicated_parameters(self.model)
+
+    def local_gradients(self):
+        return replicated_gradients(self.model)
 
 
 def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model: nn.Module) -> PlainTrainer:

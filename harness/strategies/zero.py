@@ -49,7 +49,8 @@ from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch,
                                      Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
                                      optimizer_description)
-from harness.strategies.deepspeed_common import PRECISION_OPTION, base_config, precision_config, start_deepspeed
+from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
+                                                 throughput_timer_state)
 from workloads import Workload
 
 
@@ -58,14 +59,18 @@ class DeepSpeedTrainer(Trainer):
     engine: Any = None
     workload: Workload | None = None
 
+    # DeepSpeed's own norm of the reduced gradients, which it computes in the optimizer step (below).
+    gradient_norm_after_step = True
+
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         # The engine divides each loss by gradient_accumulation_steps in backward and steps the
         # optimizer at the accumulation boundary (the last micro-batch). Its backward at the boundary
         # finishes the gradient reduction (reduce_gradients / the stage-3 reduce-scatter epilogue).
         total = torch.zeros((), device=self.context.device)
+        multipliers = self.loss_multipliers
         for index, (inputs, targets) in enumerate(micro_batches):
             loss = self.workload.loss(self.engine(inputs), targets)
-            self.engine.backward(loss)
+            self.engine.backward(loss if multipliers is None else loss * multipliers[index])
             if gradients_ready is not None and index == len(micro_batches) - 1:
                 gradients_ready()
             self.engine.step()
@@ -80,6 +85,26 @@ class DeepSpeedTrainer(Trainer):
         # their shard (ds_persist, deepspeed/runtime/zero/parameter_offload.py).
         return sum(p.ds_numel for p in self.engine.module.parameters() if getattr(p, "ds_persist", False))
 
+
+    def gradient_norm(self) -> float:
+        # The engine's norm of the step just taken (DeepSpeed 0.19.8, engine._take_model_step copies the
+        # optimizer's `_global_grad_norm` after optimizer.step()). Both ZeRO optimizers compute it inside
+        # step() before any weight changes: stage 1/2 (stage_1_and_2.py, step -> scaled_global_norm ->
+        # get_grad_norm_direct) over this rank's slices of `averaged_gradients`, padding skipped, squares
+        # all-reduced over the data-parallel group; stage 3 (stage3.py, step -> _get_norm_groups) over the
+        # reduce-scattered partitions, likewise. The gradients are those of losses divided by
+        # gradient_accumulation_steps and averaged over the data-parallel ranks, as everywhere else here;
+        # the norm is divided by the loss scale (1: no fp16 here) and taken before unscale_and_clip_grads,
+        # which would clip only where gradient_clipping > 0 (it is 0).
+        return float(self.engine.get_global_grad_norm())
+
+    def local_parameters(self):
+        module = self.engine.module
+        if self.engine.zero_optimization_stage() < 3:      # stages 1-2 keep every parameter whole on every rank
+            return [p for p in module.parameters() if p.requires_grad], False
+        # Stage 3 leaves an empty placeholder in the module; each rank's partition is `ds_tensor`
+        # (zero-padded at the end of the last partition, which adds nothing to a norm).
+        return [p.ds_tensor for p in module.parameters() if p.requires_grad], True
 
 def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
     """The storages a DeepSpeed ZeRO optimizer (0.19) keeps model states in.
@@ -103,7 +128,6 @@ def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
         optimizer=list(masters) + optimizer_state_tensors(optimizer.optimizer),
         note="DeepSpeed's reduction buckets (ipg buffers) are communication buffers, not model states, and are "
              "not counted")
-
 
 class ZeRO(Strategy):
     launcher = Launcher.TORCHRUN
@@ -238,4 +262,5 @@ class ZeRO(Strategy):
         resolved = {**config, "zero_optimization": {**config["zero_optimization"],
                                                     "overlap_comm": zero.overlap_comm}}
         return DeepSpeedTrainer(context=context, engine=engine, workload=workload, precision_recipe=recipe,
-                                config={"deepspeed_config": resolved, **optimizer_description(context.device)})
+                                config={"deepspeed_config": resolved, **throughput_timer_state(engine),
+                                        **optimizer_description(context.device)})

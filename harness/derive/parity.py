@@ -1,0 +1,249 @@
+"""Loss parity, judged when rows are read: does a strategy train the same way as the plain single-device loop?
+
+    python -m harness report results/full-*.jsonl --out report/     # the cell summary's `parity` column
+
+Every ok row is held against the ok `plain` row with the same workload, global batch, micro-batch,
+precision, seed, device and step count found anywhere among the rows read (`judge`), whatever their order:
+the same model, data and arithmetic, only distributed differently. Verdicts are computed here each time;
+the `parity_*` fields old rows stored when they were written are ignored. Compared:
+- the loss of step 0, from the initial weights on the same micro-batches, where only the order of the sum
+  over ranks differs: relative to the reference's;
+- the losses of steps 1-3, after one, two and three updates, as a fraction of the reference's largest
+  move from one of these steps to the next: how far a row is off the reference's own progress. Relative
+  to the loss itself the same tolerance would mean different things on different workloads: ResNet-20's
+  loss moves 0.35 a step here and gpt-tiny's 0.019, so a relative tolerance above ResNet-20's bf16 noise
+  (1.6e-3 of the loss) would sit within a factor of 2 of a gpt-tiny run one update behind (3.1e-3);
+- the global norm of the first step's gradient (reduced, before the update), of the parameters after that
+  step, and of the step's update theta_1 - theta_0 (`harness.worker.FirstStepNorms`), each relative to the
+  reference's. AdamW's first update is lr * g / (|g| + eps), nearly blind to a gradient's scale: gradients
+  summed instead of averaged, or a micro-batch lost from the accumulation, move the losses of a few steps
+  by a fraction of a step's progress but the gradient norm by 15-100%.
+Rows without norms (schema-1 rows; the pipeline, whose `train_batch` has no point between reduction and
+update) are judged on the losses alone, and the verdict's note says so.
+
+Why tolerances at all: strategies legitimately sum in different orders (all-reduce trees, buckets, sharded
+optimizer maths), and Adam's first updates, close to lr * sign(gradient), turn a rounding-level difference in
+a near-zero gradient into a whole lr-sized step of that weight, so trajectories separate slowly even when
+both are right. A departure smaller than the tolerances can show on one workload and not another: Horovod's
+weight decay before the first step (fixed in 6ee7646) moved ResNet-20's fourth loss by 3.6e-4 and
+gpt-tiny's by 2e-6; it also scaled every initial weight by 1 - 1e-5, which the parameter norm catches on
+both. A verdict is only as sensitive as the workload it is given.
+
+Tolerances, from measured reordering noise. Runs: `python -m harness run --matrix full --workload W
+--precision P --warmup-steps 1 --timed-steps 3 --out F` for both tiny workloads in fp32 and bf16 with seed 0,
+and bf16 again with seed 1 (every strategy at world sizes 1 and 2, default recipes; CPU, gloo, a loaded
+2-core VM, torch 2.13, DeepSpeed 0.19.8, Horovod 0.28.1). Below, the largest deviation from the plain loop
+over all those rows (`noise_table`), the planted error nearest to the tolerance, and the tolerance:
+
+  quantity                  precision  noise (row)                       nearest planted error          tolerance
+  loss, step 0              fp32       7.6e-8 (1 ulp; gpt-tiny, ws 2)    +0.1 offset: 1.6e-2            1e-6
+                            bf16       7.6e-8 (the same)                 +0.1 offset: 1.6e-2            1e-5
+  losses, steps 1-3         fp32       8.2e-5 (ResNet-20 DDP ws 2)       one update behind: 1           1e-3
+    (x largest step move)   bf16       9.5e-3 (ResNet-20 ZeRO-1 ws 2)    one update behind: 1           0.1
+  gradient norm, step 0     fp32       3.4e-8 (ResNet-20 FSDP2 ws 2)     a micro-batch of 4 lost: 0.15  1e-5
+                            bf16       1.5e-4 (gpt-tiny ZeRO-1 ws 2)     a micro-batch of 4 lost: 0.15  3e-3
+  parameter norm after it   fp32       1.1e-8 (gpt-tiny ZeRO-3 ws 2)     Horovod's weight decay: 1e-5   1e-6
+                            bf16       1.2e-6 (ResNet-20 ZeRO-1 ws 2)    weights never change: 4.0e-5   1e-5
+  update norm, step 0       fp32       6.7e-8 (ResNet-20 ZeRO-3 ws 2)    weights never change: 1        1e-5
+                            bf16       4.2e-4 (ResNet-20 ZeRO-1 ws 2)    weights never change: 1        1e-2
+
+Each tolerance is at least 8 times the noise and at least 4 times under the planted error (most are
+10-1000 times either way). Step 0's loss agrees to one float32 ulp in bf16 as in fp32, four orders of
+magnitude tighter than the later bf16 losses. The bf16 noise in the gradient, update and later losses is
+nearly all DeepSpeed ZeRO's: its `torch_autocast` section communicates the gradients of Linear and Conv
+weights in bf16 (deepspeed/runtime/torch_autocast.py, LOWER_PRECISION_SAFE_MODULES), where DDP, Horovod,
+FSDP2 and the pipeline reduce fp32 gradients (their bf16 rows stay within 1.2e-3 of a step's move and
+1.5e-7 on the norms). Planted errors (tests/test_derive_parity.py, tests/test_parity_faults.py): one of 2
+ranks' gradients doubled (`grad-scale`: the gradient norm rose 1.55 times on gpt-tiny, and the later
+losses moved 0.33 of a step), one of a rank's 2 micro-batches left out (`skip-microbatch`: 0.85 times,
+0.28 of a step), a sum where an average belongs (2 times), weights that never change (the later losses stay 1.3-2 step moves off, the update norm is
+0, the parameter norm is off by 2.3e-5 on ResNet-20 in fp32, 4.0e-5 in bf16, 1.4e-4 on gpt-tiny), a run
+one update behind (exactly one step move) and a +0.1 offset of every loss. The parameter norm alone
+would catch weights that never change on ResNet-20 in bf16 by a factor of 4 only; the update norm catches
+them 100 times over, and is why rows carry it.
+
+Recipes computing with bf16 weights (`precision_recipe=deepspeed-bf16` of ZeRO, `mixed_precision=policy`
+of FSDP2) are a different arithmetic from the plain loop's fp32 weights under autocast, already at step 0
+(8.2e-6). They are held to the wider `bf16-weights` set, measured on gpt-tiny alone (ZeRO-2 at ws 1 and
+2, ZeRO-3 at ws 1, FSDP2 at ws 2; on ResNet-20 both recipes fail on CPU, float images meeting bf16
+weights): noise 8.2e-6 / 1.35e-2 / 2.0e-4 / 1.6e-5 / 1.1e-2 in the order of the table, tolerances about 10
+times that (1e-4 / 0.2 / 3e-3 / 2e-4 / 0.1), 5 times under a run one update behind. The parameter norm no
+longer sees weights that never change there; the update norm and the losses still do.
+
+All of this noise was measured on CPU. GPU kernels and NCCL's reduction orders may add some, which the
+margins are meant to absorb; `noise_table` over rows of honest GPU runs measures it again.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+PARITY_STEPS = 4          # losses compared: the initial one and three updates
+REFERENCE_STRATEGY = "plain"
+
+
+class Verdict(enum.StrEnum):
+    MATCH = "match"
+    MISMATCH = "mismatch"
+    NO_REFERENCE = "no-reference"     # no ok plain row with the same reference key among the rows given
+    REFERENCE = "reference"           # an ok plain row: what the others are held against
+    NOT_JUDGED = "not-judged"         # not an ok row, or an ok row without losses
+
+
+class Quantity(enum.StrEnum):
+    """What is compared with the reference; each has its own tolerance per precision."""
+
+    FIRST_LOSS = "loss_first_step"                       # loss of the initial weights (step 0)
+    LATER_LOSSES = "loss_later_steps"                    # steps 1 .. PARITY_STEPS - 1, after 1..3 updates
+    GRADIENT_NORM = "gradient_norm_first_step"
+    PARAMETER_NORM = "parameter_norm_after_first_step"
+    UPDATE_NORM = "update_norm_first_step"
+
+
+NORMS = (Quantity.GRADIENT_NORM, Quantity.PARAMETER_NORM, Quantity.UPDATE_NORM)
+# bf16 recipes that compute with bf16 copies of the weights from step 0 on (harness.strategies.base
+# PrecisionRecipe), where the plain loop keeps fp32 weights under autocast: a different arithmetic.
+BF16_WEIGHT_RECIPES = ("deepspeed-bf16", "fsdp-mp-policy")
+
+# Largest deviation that still matches, per arithmetic (`arithmetic`): |x - x_ref| / |x_ref|, and for the
+# later losses the largest |l_k - r_k| over the reference's largest step move. The docstring has the noise
+# each was set over and the planted errors each sits under.
+TOLERANCE: Mapping[str, Mapping[Quantity, float]] = {
+    "fp32": {Quantity.FIRST_LOSS: 1e-6, Quantity.LATER_LOSSES: 1e-3, Quantity.GRADIENT_NORM: 1e-5,
+             Quantity.PARAMETER_NORM: 1e-6, Quantity.UPDATE_NORM: 1e-5},
+    "bf16": {Quantity.FIRST_LOSS: 1e-5, Quantity.LATER_LOSSES: 0.1, Quantity.GRADIENT_NORM: 3e-3,
+             Quantity.PARAMETER_NORM: 1e-5, Quantity.UPDATE_NORM: 1e-2},
+    "bf16-weights": {Quantity.FIRST_LOSS: 1e-4, Quantity.LATER_LOSSES: 0.2, Quantity.GRADIENT_NORM: 3e-3,
+                     Quantity.PARAMETER_NORM: 2e-4, Quantity.UPDATE_NORM: 0.1},
+}
+
+
+@dataclass(frozen=True)
+class Parity:
+    """One row's verdict: which quantities failed, the largest relative deviation of each quantity compared,
+    the tolerances it was held to, and a note (what was left out and why, or why it was not judged)."""
+
+    verdict: Verdict
+    failed: tuple[Quantity, ...] = ()
+    deviations: dict[Quantity, float] = field(default_factory=dict)
+    tolerances: dict[Quantity, float] = field(default_factory=dict)
+    note: str = ""
+
+
+def reference_key(spec: Mapping[str, Any]) -> tuple:
+    """What must be equal for two cells to train on identical arithmetic (a row's `spec` dict)."""
+    return (spec["workload"], spec["global_batch"], spec["micro_batch"], spec.get("precision", "fp32"),
+            spec.get("seed", 0), spec.get("device", "cpu"), spec["warmup_steps"] + spec["timed_steps"])
+
+
+def judge(rows: Sequence[Mapping[str, Any]]) -> list[Parity]:
+    """A verdict for each row, in the order given, each non-plain ok row held against the ok plain row of
+    its reference key found anywhere among `rows`. Verdicts a row stored when it was written are ignored."""
+    references: dict[tuple, Mapping[str, Any]] = {}
+    for row in sorted((r for r in rows if _is_reference(r)), key=_launch_order):
+        references.setdefault(reference_key(row["spec"]), row)    # the earliest launch of a key
+    return [_judge_one(row, references) for row in rows]
+
+
+def arithmetic(row: Mapping[str, Any]) -> str:
+    """The key of `TOLERANCE` a row is held to: fp32, bf16 (autocast over fp32 weights, as the plain loop)
+    or bf16-weights (a recipe computing with bf16 weights)."""
+    if row["spec"].get("precision", "fp32") == "fp32":
+        return "fp32"
+    return "bf16-weights" if row["measurements"].get("precision_recipe") in BF16_WEIGHT_RECIPES else "bf16"
+
+
+def deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Quantity, float]:
+    """Each quantity both rows hold, as `TOLERANCE` measures it (inf where a value is not finite)."""
+    m, r = row["measurements"], reference["measurements"]
+    losses, expected = m["loss_per_step"], r["loss_per_step"]
+    count = min(PARITY_STEPS, len(losses), len(expected))
+    found: dict[Quantity, float] = {}
+    if count >= 1:
+        found[Quantity.FIRST_LOSS] = _relative(losses[0], expected[0])
+    if count >= 2:
+        # As a fraction of the reference's largest move from one compared step to the next, not of the loss
+        # itself: how far off the reference's own progress a row is (see the docstring).
+        step = max(abs(b - a) for a, b in zip(expected[:count - 1], expected[1:count]))
+        gap = max(abs(a - b) for a, b in zip(losses[1:count], expected[1:count]))
+        found[Quantity.LATER_LOSSES] = _ratio(gap, step)
+    for quantity in NORMS:
+        if m.get(quantity) is not None and r.get(quantity) is not None:
+            found[quantity] = _relative(m[quantity], r[quantity])
+    return found
+
+
+def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, Any]]) -> Parity:
+    if row.get("status") != "ok" or not row.get("measurements", {}).get("loss_per_step"):
+        return Parity(Verdict.NOT_JUDGED, note="not an ok row with losses")
+    if _is_reference(row):
+        return Parity(Verdict.REFERENCE)
+    reference = references.get(reference_key(row["spec"]))
+    if reference is None:
+        return Parity(Verdict.NO_REFERENCE, note="no ok plain row with the same workload, batch, precision, "
+                                                 "seed, device and steps among the rows read")
+    tolerance = TOLERANCE[arithmetic(row)]
+    found = deviations(row, reference)
+    failed = tuple(q for q, deviation in found.items() if not deviation <= tolerance[q])
+    return Parity(Verdict.MISMATCH if failed else Verdict.MATCH, failed=failed, deviations=found,
+                  tolerances={q: tolerance[q] for q in found}, note=_left_out(row, reference, found))
+
+
+def _left_out(row: Mapping[str, Any], reference: Mapping[str, Any], found: Mapping[Quantity, float]) -> str:
+    """Which quantities were not compared, and why."""
+    if all(q in found for q in NORMS):
+        return ""
+    for side, which in ((row, "this row"), (reference, "the reference")):
+        reason = side["measurements"].get("norms_unavailable_because")
+        if reason:
+            return f"judged on losses alone: {which} has no norms ({reason})"
+    for side, which in ((row, "this row"), (reference, "the reference")):
+        if not any(q in side["measurements"] for q in NORMS):
+            return f"judged on losses alone: {which} was written before rows held norms (schema 1)"
+    missing = ", ".join(q.value for q in NORMS if q not in found)
+    return f"not compared, absent from one of the rows: {missing}"
+
+
+def _is_reference(row: Mapping[str, Any]) -> bool:
+    return (row.get("status") == "ok" and row["spec"]["strategy"] == REFERENCE_STRATEGY
+            and bool(row.get("measurements", {}).get("loss_per_step")))
+
+
+def _launch_order(row: Mapping[str, Any]) -> tuple[str, str]:
+    """Plain repeats of one key are identical arithmetic; the earliest launch is the reference whatever the
+    order rows are read in."""
+    return (row.get("started_at", ""), row.get("run_id", ""))
+
+
+def _relative(value: float, reference: float) -> float:
+    return _ratio(abs(value - reference), abs(reference))
+
+
+def _ratio(gap: float, scale: float) -> float:
+    """gap / scale, inf where either is not finite or a gap meets a zero scale."""
+    if not (math.isfinite(gap) and math.isfinite(scale)):
+        return math.inf
+    if scale == 0:
+        return 0.0 if gap == 0 else math.inf
+    return gap / scale
+
+
+def noise_table(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, Quantity], tuple[float, str]]:
+    """{(TOLERANCE key, quantity): (largest deviation from the reference, the row that showed it)} over every
+    judged row: how the tolerances were measured, and how to measure them again on other hardware from
+    rows of honest runs."""
+    rows = list(rows)
+    largest: dict[tuple[str, Quantity], tuple[float, str]] = {}
+    for row, parity in zip(rows, judge(rows)):
+        if parity.verdict not in (Verdict.MATCH, Verdict.MISMATCH):
+            continue
+        spec = row["spec"]
+        label = f"{spec['workload']}/{spec['strategy']}/ws{spec['world_size']}/seed{spec.get('seed', 0)}"
+        for quantity, deviation in parity.deviations.items():
+            key = (arithmetic(row), quantity)
+            if key not in largest or deviation > largest[key][0]:
+                largest[key] = (deviation, label)
+    return largest
