@@ -113,3 +113,15 @@ def test_the_derive_package_imports_neither_torch_nor_the_registries():
             + "heavy = [m for m in ('torch', 'deepspeed', 'horovod', 'harness.strategies', 'workloads') "
               "if m in sys.modules]\nassert not heavy, heavy\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_a_cell_without_an_ok_launch_is_summarised_with_its_status(capsys):
+    # `make run` on CPU records DataParallel as skipped: the summary must show it, not fail on an interval
+    # of no launches.
+    from harness.runner import summary_table
+
+    skipped = {**_row("dataparallel", 2, cell="dp"), "status": "skipped", "measurements": {},
+               "message": "DataParallel replicates over CUDA devices only"}
+    table = summary_table([_row("plain", 1, steps=(0.2, 0.2, 0.2), cell="p"), skipped])
+    line = next(x for x in table.splitlines() if "/dataparallel/" in x)
+    assert "skipped" in line and "CUDA devices only" in line

@@ -162,7 +162,7 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
 def _interval(values: list[float]) -> dict[str, Any]:
     """The interval the number of launches supports (harness.derive.intervals): none for one launch, the
     range below five, a bootstrap CI of the median from five; labelled as what it is."""
-    interval = median_interval(values)
+    interval = median_interval(values) if values else None    # a cell with no ok launch has none
     return {"samples_per_s_low": interval.low if interval else None,
             "samples_per_s_high": interval.high if interval else None,
             "samples_per_s_interval": interval.label if interval else ""}
