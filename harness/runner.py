@@ -184,7 +184,7 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
                     f"({cell['samples_per_s_interval']})" if cell["samples_per_s_low"] is not None else "1 launch")
         exposed = cell.get("exposed_comm_share")
         exposed_text = f"{exposed:.0%}" if exposed is not None and exposed == exposed else "-"
-        stalled_text = f"{cell['host_stalled_steps']}/{cell['timed_steps_recorded']}"
+        stalled_text = f"{int(cell['host_stalled_steps'])}/{int(cell['timed_steps_recorded'])}"   # floats where a skipped cell left NaN
         first, last = losses[cell["cell_id"]][0], losses[cell["cell_id"]][-1]
         status = "ok" if cell["status"] == "ok" else f"{cell['ok']}/{cell['launches']}ok"
         samples = cell["samples_per_s"]
