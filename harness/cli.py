@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from harness.matrix import MATRICES, Machine, Selection, build_matrix
 from harness.record import AppendError, ResultsError
-from harness.faults import fault_from_environment
-from harness.placement import Placement, make_placement
+from harness.rank.faults import fault_from_environment
+from harness.launch.placement import Placement, make_placement
 from harness.spec import RunResult, RunSpec, SpecError
 
 

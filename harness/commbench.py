@@ -143,7 +143,7 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
         iters: int, out: Path, timeout_s: float) -> list[dict[str, Any]]:
     """Launch the benchmark with torchrun, like a cell, and append its row (with bandwidths) to `out`."""
     from harness.environment import capture_environment
-    from harness.launch import CELL_TOKEN_ENV, Launch, free_port, run_launcher, shown_command, torchrun_command
+    from harness.launch.cell import CELL_TOKEN_ENV, Launch, free_port, run_launcher, shown_command, torchrun_command
     from harness.record import COMMBENCH_KIND, append_line
 
     run_dir = out.with_name(out.stem + "-cells") / f"commbench-ws{world_size}-{uuid.uuid4().hex[:8]}"

@@ -23,11 +23,11 @@ from typing import Any, Callable, Sequence
 
 from harness.derive.intervals import median_interval
 from harness.environment import capture_environment
-from harness.launch import LOG_FILE, SPEC_FILE, run_cell
-from harness.placement import Placement
+from harness.launch.cell import LOG_FILE, SPEC_FILE, run_cell
+from harness.launch.placement import Placement
 from harness.record import AppendError, append_row, read_results, read_rows
 from harness.spec import RunResult, RunSpec, SpecError, Status
-from harness.worker import ERROR_FILE, MEASUREMENTS_FILE
+from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE
 
 # Starts the message of a row recorded from its cell folder by a resumed run (recover_from_cell_dir).
 RECOVERED = "recovered from its cell folder"
@@ -128,7 +128,7 @@ def _logged_command(log: Path) -> list[str]:
 
 def _clear_outcome(cell_dir: Path) -> None:
     """Remove an earlier launch's measurements and error reports from a folder about to be reused, so that
-    what is there afterwards is this launch's alone (harness.launch reads them as its outcome; a resumed
+    what is there afterwards is this launch's alone (harness.launch.cell reads them as its outcome; a resumed
     run recovers rows from them)."""
     for stale in [cell_dir / MEASUREMENTS_FILE, *cell_dir.glob(ERROR_FILE.format(rank="*"))]:
         stale.unlink(missing_ok=True)

@@ -3,7 +3,7 @@
 import torch
 import torch.distributed as dist
 
-from harness.comm_counter import CollectiveCounter
+from harness.rank.comm_counter import CollectiveCounter
 
 
 def test_counts_bytes_and_calls_per_step_in_a_real_process_group(tmp_path):

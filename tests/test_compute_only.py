@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.compute_only import Piece, ShardStep, shard_pieces
+from harness.rank.compute_only import Piece, ShardStep, shard_pieces
 from harness.strategies.base import ComputeOnlyPlan, Sharding
 
 # Three parameters: 4x3 = 12, 5 and 2x2 = 4 elements, 21 in all.

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from harness.derive.comm import Collective
-from harness.memory_model import torch_model_state_tensors
+from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision
 from harness.strategies import EXTRA_STRATEGIES_ENV, register
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, PrecisionRecipe, Strategy, Trainer,

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from harness.cli import main
-from harness.launch import CELL_TOKEN_ENV
+from harness.launch.cell import CELL_TOKEN_ENV
 from harness.matrix import Machine, Selection, build_matrix
 from harness.record import read_results
 from harness.runner import RunOptions, run_specs
@@ -82,7 +82,7 @@ def test_a_malformed_fault_is_refused_before_launch(monkeypatch, capsys):
 
 
 def test_silent_faults_multiply_only_their_ranks_losses_in_their_step():
-    from harness.faults import Fault
+    from harness.rank.faults import Fault
 
     scale = Fault.parse("grad-scale:factor=2:rank=1:step=0")
     assert (scale.kind, scale.rank, scale.step, scale.factor) == ("grad-scale", 1, 0, 2.0)
@@ -98,7 +98,7 @@ def test_silent_faults_multiply_only_their_ranks_losses_in_their_step():
 @pytest.mark.parametrize("text", ["grad-scale:rank=1:step=0", "grad-scale:factor=two:rank=1:step=0",
                                   "skip-microbatch:factor=2:rank=1:step=0", "grad-scale:factor=inf:rank=1:step=0"])
 def test_a_malformed_silent_fault_is_a_one_line_error_naming_what_is_allowed(text):
-    from harness.faults import Fault
+    from harness.rank.faults import Fault
 
     with pytest.raises(ValueError) as error:
         Fault.parse(text)

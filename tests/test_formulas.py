@@ -45,7 +45,7 @@ def test_strong_and_weak_scaling_efficiency_by_hand():
 
 
 def test_nccl_overlap_from_kernel_intervals_by_hand():
-    from harness.profile_pass import overlap_figures
+    from harness.rank.profile_pass import overlap_figures
 
     kernels = [("ncclDevKernel_AllReduce", 0.0, 4.0), ("ncclDevKernel_AllReduce", 3.0, 6.0),   # union 0-6
                ("volta_sgemm", 1.0, 2.0), ("elementwise", 5.0, 9.0)]                          # hides 1 + 1
@@ -59,7 +59,7 @@ def test_profiler_pass_sees_nccl_kernels_of_a_real_all_reduce(tmp_path):
     import torch
     import torch.distributed as dist
 
-    from harness.profile_pass import profile_steps
+    from harness.rank.profile_pass import profile_steps
 
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))

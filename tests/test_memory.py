@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from harness.derive.memory import (STORED_SCHEMA_1, model_state_comparison, plan_bytes, predicted_model_states)
-from harness.memory_model import (ModelStateReader, PeakRssSince, census_bytes, largest_module_own_parameters,
+from harness.rank.memory_model import (ModelStateReader, PeakRssSince, census_bytes, largest_module_own_parameters,
                                   peak_memory, reset_peak_memory)
 from harness.record import read_results
 from harness.runner import RunOptions, run_specs
@@ -57,7 +57,7 @@ def test_peak_rss_reset_forgets_an_allocation_freed_before_it():
 
 
 def test_peak_rss_falls_back_to_the_process_peak_where_it_cannot_be_reset(monkeypatch, tmp_path):
-    monkeypatch.setattr("harness.memory_model.CLEAR_REFS", tmp_path / "no-such-dir" / "clear_refs")
+    monkeypatch.setattr("harness.rank.memory_model.CLEAR_REFS", tmp_path / "no-such-dir" / "clear_refs")
     since = reset_peak_memory(torch.device("cpu"))
     assert since is PeakRssSince.PROCESS_START
     import resource

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.launch import plan_launch
-from harness.placement import Host, Placement, make_placement, read_hostfile
+from harness.launch.cell import plan_launch
+from harness.launch.placement import Host, Placement, make_placement, read_hostfile
 from harness.record import read_results
 from harness.spec import RunSpec, SpecError, Status
 
@@ -91,11 +91,11 @@ def test_bad_placement_is_refused_before_launch(tmp_path, capsys, argv, message)
 
 
 def test_slurm_job_script_expands_the_first_node_in_the_job(tmp_path):
-    from harness import slurm
-    from harness.launch import torchrun_command
+    from harness.launch import slurm
+    from harness.launch.cell import torchrun_command
 
     spec = RunSpec(workload="gpt-tiny", strategy="ddp", world_size=2, global_batch=16, micro_batch=4)
-    command = torchrun_command(1, 2, "$head:29500", ["-m", "harness.worker", "--spec", "a b/spec.json"])
+    command = torchrun_command(1, 2, "$head:29500", ["-m", "harness.rank.worker", "--spec", "a b/spec.json"])
     script = slurm.job_script(spec, command, {"X": "1 2"}, per_node=True)
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -1,5 +1,5 @@
 """Silent corruption that loss parity must catch: one rank's gradients scaled by 2 before they are reduced,
-and one rank leaving a micro-batch out of its accumulation, planted in real 2-rank cells (harness.faults)
+and one rank leaving a micro-batch out of its accumulation, planted in real 2-rank cells (harness.rank.faults)
 of DDP, Horovod, ZeRO-2 and FSDP2 on gpt-tiny, in fp32 and in bf16.
 
 AdamW's first update is lr * g / (|g| + eps) per element, nearly blind to a gradient's scale, so the
@@ -15,7 +15,7 @@ rows of those session fixtures are the references and the controls).
 import pytest
 
 from harness.derive.parity import Quantity, Verdict, judge
-from harness.faults import FAULT_ENV
+from harness.rank.faults import FAULT_ENV
 from harness.matrix import Machine, Selection, build_matrix
 from harness.record import read_results
 from harness.runner import RunOptions, run_specs

@@ -119,7 +119,7 @@ def write_cell_folder(cell_dir: Path, spec, measurements: dict) -> None:
     measurements.json."""
     cell_dir.mkdir(parents=True)
     (cell_dir / "spec.json").write_text(json.dumps(spec.to_dict()))
-    (cell_dir / "log.txt").write_text(f"$ OMP_NUM_THREADS=1 /usr/bin/python3 -m harness.worker --spec "
+    (cell_dir / "log.txt").write_text(f"$ OMP_NUM_THREADS=1 /usr/bin/python3 -m harness.rank.worker --spec "
                                       f"'{cell_dir}/spec.json' --out '{cell_dir}'\nsteps done\n")
     (cell_dir / "measurements.json").write_text(json.dumps(measurements))
 
@@ -142,7 +142,7 @@ def test_resume_records_a_row_from_its_cell_folder_without_launching(tmp_path, m
     assert recorded.message.startswith(f"{RECOVERED} {cell_dir}")
     assert recorded.spec == spec and recorded.artifacts_dir == str(cell_dir)
     assert {k: recorded.measurements[k] for k in measured} == measured
-    assert recorded.launch_command == ["OMP_NUM_THREADS=1", "/usr/bin/python3", "-m", "harness.worker",
+    assert recorded.launch_command == ["OMP_NUM_THREADS=1", "/usr/bin/python3", "-m", "harness.rank.worker",
                                        "--spec", f"{cell_dir}/spec.json", "--out", str(cell_dir)]
     assert recorded.environment["python"]   # captured now
 
@@ -218,7 +218,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_resume_records_the_row(tmp_p
         assert recorded.status is Status.OK and recorded.message.startswith(RECOVERED)
         measured = json.loads(kept.read_text())
         assert {k: recorded.measurements[k] for k in measured} == measured
-        assert "harness.worker" in recorded.launch_command
+        assert "harness.rank.worker" in recorded.launch_command
         assert list(cells.iterdir()) == [cell]                       # no second launch
         assert (log.read_bytes(), log.stat().st_mtime_ns) == logged
     finally:

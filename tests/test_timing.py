@@ -5,7 +5,7 @@ import torch
 
 from harness.derive.gate import Verdict, gate
 from harness.spec import RunResult, RunSpec, Status
-from harness.timing import HostClock, StepTimer
+from harness.rank.timing import HostClock, StepTimer
 
 
 def test_a_step_the_host_descheduled_is_stalled_and_an_ordinary_one_is_not():

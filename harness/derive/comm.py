@@ -2,7 +2,7 @@
 
     python -c "from harness.derive.comm import wire_bytes; print(wire_bytes('all_reduce', 4e6, 8))"
 
-Sizes. The collective counter (harness.comm_counter) and the strategies' expected traffic
+Sizes. The collective counter (harness.rank.comm_counter) and the strategies' expected traffic
 (`Strategy.expected_traffic`, recorded as `comm_expected_per_step`) give every collective in nccl-tests'
 "size": the all-reduced tensor, the whole gathered output of an all-gather, the whole scattered input of a
 reduce-scatter, the send buffer of an all-to-all, the tensor of a broadcast, reduce, send or recv. Sizes

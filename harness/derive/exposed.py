@@ -2,15 +2,15 @@
 
     python -c "from harness.derive.exposed import exposed_communication as e; print(e(ROW_MEASUREMENTS))"
 
-Definition (parbench since its first release: harness/worker.py `_communication` and README "Exposed
+Definition (parbench since its first release: harness/rank/worker.py `_communication` and README "Exposed
 communication" at b2b0cbe; the usual "step time minus compute time" of overlap studies):
     exposed = median(unstalled real steps) - median(unstalled compute-only steps)
     share   = exposed / median(unstalled real steps)
 A step is a synchronous step's slowest rank; a step is left out of a pass when the host stalled it on
-any rank (harness.timing), because a stall lands on one pass and not the other and would otherwise decide
+any rank (harness.rank.timing), because a stall lands on one pass and not the other and would otherwise decide
 the difference.
 
-The compute-only pass (harness.compute_only, run by each rank after its timed steps) records what kind
+The compute-only pass (harness.rank.compute_only, run by each rank after its timed steps) records what kind
 of baseline it was: "same work" (the rank's own forward, backward and optimizer step over its own share
 of the parameters, in the real recipe's dtypes) or "bound: <why>" where the rank's work could not be
 mirrored (a CPU-offloaded optimizer step, say): then the exposed figure also holds that difference and

@@ -8,7 +8,7 @@ software's speed (two launches of one DDP cell on the 2-core VM differed by 25% 
 a rank test over their steps called that a regression at p = 3.8e-9). Every metric is therefore reduced to ONE value per launch, and only
 those values are compared:
 - step time: the launch's median over its timed steps the host did not stall (`host_stalled_step_indices`,
-  harness/timing.py: a stalled step measures the hypervisor, not the software); a launch whose every timed
+  harness/rank/timing.py: a stalled step measures the hypervisor, not the software); a launch whose every timed
   step was stalled has no value, and says so;
 - peak memory: `peak_rss_bytes_max` (every device) and `peak_allocated_bytes_max` (GPU rows);
 - exposed communication share: `exposed_comm_share`, a difference of two times over the step time, which

@@ -14,7 +14,7 @@ the `parity_*` fields old rows stored when they were written are ignored. Compar
   loss moves 0.35 a step here and gpt-tiny's 0.019, so a relative tolerance above ResNet-20's bf16 noise
   (1.6e-3 of the loss) would sit within a factor of 2 of a gpt-tiny run one update behind (3.1e-3);
 - the global norm of the first step's gradient (reduced, before the update), of the parameters after that
-  step, and of the step's update theta_1 - theta_0 (`harness.worker.FirstStepNorms`), each relative to the
+  step, and of the step's update theta_1 - theta_0 (`harness.rank.worker.FirstStepNorms`), each relative to the
   reference's. AdamW's first update is lr * g / (|g| + eps), nearly blind to a gradient's scale: gradients
   summed instead of averaged, or a micro-batch lost from the accumulation, move the losses of a few steps
   by a fraction of a step's progress but the gradient norm by 15-100%.

@@ -19,7 +19,7 @@ mode:
 - A peak the user gives (`--peak-tflops`) is recorded as the user's, never mixed with the table.
 
 Nothing here imports torch or the workloads: rows carry the device name, the TF32 flags and the
-workload family, recorded by the rank (harness.worker).
+workload family, recorded by the rank (harness.rank.worker).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each timed step's time is the slowest rank's (a synchronous step ends when its slowest rank ends), device
 synchronised (harness/rank timing). A step during which the host withheld the CPUs (`host_stalled_step_
-indices`, harness/timing.py) measures the host, not the software.
+indices`, harness/rank/timing.py) measures the host, not the software.
 
     throughput X = global_batch / median(step_time_s)      samples/s, per launch
     tokens/s     = X * tokens_per_sample;  per device: / world_size

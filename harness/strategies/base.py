@@ -2,7 +2,7 @@
 
 A `Strategy` is consulted twice. Before launch (in the harness process) it validates a spec, says how the
 global batch is laid out, why a cell must be skipped here, and which launcher starts it. Inside each rank
-(in `harness.worker`) it starts its communication library, wraps the model and optimizer, and returns a
+(in `harness.rank.worker`) it starts its communication library, wraps the model and optimizer, and returns a
 `Trainer` that runs one optimizer step over the rank's micro-batches. It also owns two facts about its
 step that the row records: the collectives a step should issue (`expected_traffic`, in the dtypes its
 precision recipe really reduces and gathers) and what a rank's own work is without communication
@@ -27,7 +27,7 @@ from torch import nn
 from harness.derive.comm import Collective
 from harness.derive.exposed import SAME_WORK
 from harness.derive.memory import ModelStatePlan, zero_plan
-from harness.memory_model import ModelStateTensors
+from harness.rank.memory_model import ModelStateTensors
 from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
 from workloads import Workload
 
@@ -146,7 +146,7 @@ class Sharding(enum.StrEnum):
 @dataclass(frozen=True, kw_only=True)
 class ComputeOnlyPlan:
     """A rank's own work with no communication: the baseline of exposed communication
-    (harness.compute_only runs it, harness.derive.exposed uses it)."""
+    (harness.rank.compute_only runs it, harness.derive.exposed uses it)."""
 
     kind: str = SAME_WORK                       # "same work", or "bound: <why it is not the same work>"
     sharding: Sharding = Sharding.REPLICATED
@@ -176,7 +176,7 @@ class Trainer(abc.ABC):
     config: dict[str, Any] = field(default_factory=dict)   # what was configured, recorded in the row
     precision_recipe: PrecisionRecipe = PrecisionRecipe.FP32
     # What this rank multiplies each micro-batch's loss by before backward in the coming step: set by the
-    # worker from a silent-corruption fault (harness.faults), None in every honest step.
+    # worker from a silent-corruption fault (harness.rank.faults), None in every honest step.
     loss_multipliers: Sequence[float] | None = None
 
     # False where a strategy's step cannot be stopped between reduction and update (DeepSpeed's pipeline
@@ -196,7 +196,7 @@ class Trainer(abc.ABC):
     @abc.abstractmethod
     def model_state_tensors(self) -> ModelStateTensors:
         """The tensors holding this rank's weights, gradients and optimizer state right now, for the census
-        (harness.memory_model): called at `gradients_ready`, or after the step where there is none."""
+        (harness.rank.memory_model): called at `gradients_ready`, or after the step where there is none."""
 
     def parameters_held(self, whole_model: int) -> int:
         """Parameters this rank's model holds before any sharding (`whole_model` unless the strategy cuts
@@ -304,7 +304,7 @@ class Strategy(abc.ABC):
 
     def deepspeed_estimate_bytes(self, parameters: int, largest_module_parameters: int, gpus_per_node: int,
                                  nodes: int, options: Mapping[str, OptionValue]) -> float | None:
-        """DeepSpeed's own estimate of a rank's model-state bytes (harness.memory_model.deepspeed_estimate),
+        """DeepSpeed's own estimate of a rank's model-state bytes (harness.rank.memory_model.deepspeed_estimate),
         where DeepSpeed has one for this strategy (ZeRO-2/3); None elsewhere."""
         return None
 
@@ -326,7 +326,7 @@ class Strategy(abc.ABC):
     # ---- inside a rank ---------------------------------------------------------------------------
 
     def instrument(self, counter: Any) -> None:
-        """Let a `harness.comm_counter.CollectiveCounter` see this strategy's collectives (called first)."""
+        """Let a `harness.rank.comm_counter.CollectiveCounter` see this strategy's collectives (called first)."""
         counter.install_torch()
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:

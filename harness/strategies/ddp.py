@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.derive.comm import Collective
 from harness.derive.memory import ModelStatePlan, ShardedState
-from harness.memory_model import torch_model_state_tensors
+from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe,
                                      Strategy, Trainer, accumulate, make_adamw, optimizer_description,

@@ -24,7 +24,7 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.derive.memory import zero_plan
-from harness.memory_model import torch_model_state_tensors
+from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic,
                                      Launcher, MicroBatch, Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes,

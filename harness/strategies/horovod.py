@@ -26,7 +26,7 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
-from harness.memory_model import torch_model_state_tensors
+from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe,
                                      RankContext, Strategy, Trainer, accumulate, make_adamw, optimizer_description,

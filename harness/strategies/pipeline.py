@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from harness.derive.memory import ModelStatePlan, ShardedState
-from harness.memory_model import ModelStateTensors, optimizer_state_tensors
+from harness.rank.memory_model import ModelStateTensors, optimizer_state_tensors
 from harness.spec import Layout, RunSpec, SpecError
 from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer,
                                      make_adamw, optimizer_description)

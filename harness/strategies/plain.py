@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from harness.memory_model import torch_model_state_tensors
+from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec, SpecError
 from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy,
                                      Trainer, accumulate, make_adamw, optimizer_description, place_rank,

@@ -44,7 +44,7 @@ from torch import nn
 from harness.derive.comm import Collective
 from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
 from harness.derive.memory import ModelStatePlan, zero_plan
-from harness.memory_model import ModelStateTensors, deepspeed_estimate, optimizer_state_tensors
+from harness.rank.memory_model import ModelStateTensors, deepspeed_estimate, optimizer_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch,
                                      Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,

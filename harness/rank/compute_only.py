@@ -1,6 +1,6 @@
 """The compute-only pass: a rank's own step with no communication, the baseline of exposed communication.
 
-Run by each rank (harness.worker) after its timed steps, as its strategy's `compute_only_plan` says: the
+Run by each rank (harness.rank.worker) after its timed steps, as its strategy's `compute_only_plan` says: the
 unwrapped model, built from the same seed, its weights in the dtype the real recipe computes with, trained
 on the same micro-batches, then an AdamW step over exactly the parameter elements this rank's optimizer
 updates in the real step (`shard_pieces`): all of them for DDP and Horovod; for ZeRO and FSDP2 the rank's
@@ -22,7 +22,7 @@ from torch import nn
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ComputeOnlyPlan, RankContext, Sharding, Strategy, accumulate, make_adamw)
 from harness.strategies.plain import PlainTrainer
-from harness.timing import StepTimer
+from harness.rank.timing import StepTimer
 from workloads import Workload
 
 

@@ -154,5 +154,5 @@ def remote_command(placement: Placement, node: int, script: str) -> list[str]:
 
 def cleanup_script(spec_path: Path) -> str:
     """Kills what is left of a cell on a host: its launchers and ranks all name the cell's spec file."""
-    pattern = "harness[.]worker --spec " + re.escape(str(spec_path))
+    pattern = "harness[.]rank[.]worker --spec " + re.escape(str(spec_path))
     return f"pkill -KILL -f {shlex.quote(pattern)} || true"

@@ -4,7 +4,7 @@ into a `RunResult` whatever happens: ok, oom, failed, timeout or skipped.
     run_cell(spec, repeat=0, cell_dir=..., timeout_s=900, environment=...)   (harness.runner loops over it)
 
 On this host a launch is one command; across a hostfile's hosts it is one command per node, each reaching
-its node through the remote shell; under Slurm it is one `sbatch --wait` (harness.placement, harness.slurm).
+its node through the remote shell; under Slurm it is one `sbatch --wait` (harness.launch.placement, harness.launch.slurm).
 Every process of a cell carries a marker in its environment (PARBENCH_CELL_TOKEN). When the launch
 exits, times out or is interrupted, every process here still carrying the marker is killed, and the
 launch's clean-up commands sweep the other hosts (or cancel the job), so no rank outlives its cell.
@@ -29,11 +29,11 @@ from typing import Any
 
 import psutil
 
-from harness import slurm
-from harness.placement import Placement, cleanup_script, forwarded_environment, node_script, remote_command
+from harness.launch import slurm
+from harness.launch.placement import Placement, cleanup_script, forwarded_environment, node_script, remote_command
 from harness.spec import RunResult, RunSpec, Status
 from harness.strategies import Launcher, get_strategy
-from harness.worker import ERROR_FILE, MEASUREMENTS_FILE, THREADS_ENV
+from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE, THREADS_ENV
 
 CELL_TOKEN_ENV = "PARBENCH_CELL_TOKEN"
 LOG_FILE = "log.txt"
@@ -104,8 +104,8 @@ def deepspeed_command(hostfile: Path, node: int, master: str, port: int, program
 
 
 def worker_program(cell_dir: Path) -> list[str]:
-    """The rank's program after the interpreter: `-m harness.worker` and its arguments."""
-    return ["-m", "harness.worker", "--spec", str(cell_dir / SPEC_FILE), "--out", str(cell_dir)]
+    """The rank's program after the interpreter: `-m harness.rank.worker` and its arguments."""
+    return ["-m", "harness.rank.worker", "--spec", str(cell_dir / SPEC_FILE), "--out", str(cell_dir)]
 
 
 def launch_command(spec: RunSpec, cell_dir: Path, port: int, timeout_s: float) -> list[str]:

@@ -1,6 +1,6 @@
 """Memory as a rank sees it: the census of its model states, its peak memory, and DeepSpeed's estimate.
 
-Inside a rank (harness.worker) this module
+Inside a rank (harness.rank.worker) this module
 - counts the model states a rank holds (`census_bytes`): the bytes of the distinct tensor storages its
   trainer names as weights, gradients and optimizer state (`Trainer.model_state_tensors`). Each storage
   counts once, in the first kind that names it, so gradients that are views of DDP's buckets, parameters

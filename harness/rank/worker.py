@@ -1,6 +1,6 @@
 """The per-rank program every launcher starts: build, wrap, warm up, time, report.
 
-    torchrun --nproc-per-node 2 -m harness.worker --spec CELL/spec.json --out CELL
+    torchrun --nproc-per-node 2 -m harness.rank.worker --spec CELL/spec.json --out CELL
 
 Every rank builds the workload from the spec's seed (identical weights everywhere), lets the strategy wrap
 it, runs the warm-up steps and then the timed steps, each over this rank's slice of a deterministic
@@ -26,15 +26,15 @@ from typing import Any
 import psutil
 import torch
 
-from harness.comm_counter import CollectiveCounter
-from harness.compute_only import CompletedPass, compute_only_pass
-from harness.faults import fault_from_environment
-from harness.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
+from harness.rank.comm_counter import CollectiveCounter
+from harness.rank.compute_only import CompletedPass, compute_only_pass
+from harness.rank.faults import fault_from_environment
+from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
                                   reset_peak_memory)
 from harness.spec import RunSpec, Status
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
-from harness.timing import StepTimer
+from harness.rank.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
 
 MEASUREMENTS_FILE = "measurements.json"
@@ -44,7 +44,7 @@ PROFILE_ENV = "PARBENCH_PROFILE_STEPS"      # GPU only: steps to run under the p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.rank.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, type=Path, help="the cell's spec.json")
     parser.add_argument("--out", required=True, type=Path, help="the cell's folder for measurements.json")
     args = parser.parse_args(argv)
@@ -208,7 +208,7 @@ def _together(*hooks: GradientsReady | None) -> GradientsReady | None:
 
 def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
                         trainer: Trainer) -> tuple[CompletedPass | None, str]:
-    """This rank's own work with no communication (harness.compute_only), or None and why not."""
+    """This rank's own work with no communication (harness.rank.compute_only), or None and why not."""
     reason = strategy.compute_only_unavailable(spec)
     if reason:
         return None, reason
@@ -223,12 +223,12 @@ def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext,
 
 def _profile(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
              trainer: Trainer) -> dict[str, Any]:
-    """NCCL kernel time and its overlapped fraction from a profiled pass (harness.profile_pass), on GPU
+    """NCCL kernel time and its overlapped fraction from a profiled pass (harness.rank.profile_pass), on GPU
     when PARBENCH_PROFILE_STEPS asks for it; after the timed steps, so it never touches them."""
     steps = int(os.environ.get(PROFILE_ENV, "0") or 0)
     if steps <= 0 or context.device.type != "cuda":
         return {}
-    from harness.profile_pass import profile_steps
+    from harness.rank.profile_pass import profile_steps
 
     layout = strategy.layout(spec)
 
@@ -366,7 +366,7 @@ def _phase(rank: int, what: str) -> None:
 
 def _memory_figures(context: RankContext, peak_rss_since: PeakRssSince) -> list[Any]:
     """[peak RSS, peak CUDA allocated, peak CUDA reserved, where the peak RSS starts] of this process, in
-    bytes, since the reset before the first timed step (harness.memory_model)."""
+    bytes, since the reset before the first timed step (harness.rank.memory_model)."""
     peaks = peak_memory(context.device, peak_rss_since)
     return [peaks["peak_rss"], peaks.get("peak_allocated", 0.0), peaks.get("peak_reserved", 0.0),
             peak_rss_since.value]
