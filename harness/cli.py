@@ -26,7 +26,9 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from harness.matrix import MATRICES, Machine, Selection, build_matrix
+from harness.launch.cell import threads_per_rank
+from harness.machine import Machine, oversubscription_warning
+from harness.matrix import MATRICES, Selection, build_matrix
 from harness.record import AppendError, ResultsError
 from harness.rank.faults import fault_from_environment
 from harness.launch.placement import Placement, make_placement
@@ -106,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a matrix of cells and append their rows")
     run.add_argument("--matrix", default="smoke", help=f"one of: {', '.join(MATRICES)}")
     run.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible")
+    run.add_argument("--gpus-per-node", type=int, help="with --device cuda: GPUs of each node to plan for "
+                     "(default: those visible here; more than that only with --dry-run)")
+    run.add_argument("--cpus-per-node", type=int, help="with --device cpu: cores of each node to plan for, a "
+                     "rank per core (default: this host's; more than that only with --dry-run)")
     run.add_argument("--workload", type=_csv, help="comma-separated workloads to keep")
     run.add_argument("--strategy", type=_csv, help="comma-separated strategies to keep")
     run.add_argument("--world-sizes", type=_int_csv, help="comma-separated world sizes")
@@ -183,18 +189,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
-    """The validated cells a `run` invocation asks for and where they go; raises SpecError before anything
-    launches."""
+    """The validated cells a `run` invocation asks for and where they go, planned for the machine it names
+    (this one, or with --dry-run one it need not be); raises SpecError before anything launches, and warns
+    in one line on stderr where CPU ranks would outnumber a node's cores."""
     placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args)
     if args.slurm and shutil.which("sbatch") is None:
         raise SpecError("--slurm needs Slurm's sbatch on PATH; it was not found")
-    machine = Machine.detect(args.device, nodes=placement.nnodes)
+    machine = Machine.requested(args.device, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+                                nodes=placement.nnodes, dry_run=args.dry_run)
     overrides = tuple((name, getattr(args, name)) for name in
                       ("global_batch", "micro_batch", "precision", "warmup_steps", "timed_steps", "seed")
                       if getattr(args, name) is not None)
     select = Selection(workloads=args.workload, strategies=args.strategy, world_sizes=args.world_sizes,
                        repeats=args.repeats, overrides=overrides, options=tuple(args.option))
-    return [placement.place(spec) for spec in build_matrix(args.matrix, machine, select)], placement
+    specs = [placement.place(spec) for spec in build_matrix(args.matrix, machine, select)]
+    warning = oversubscription_warning(specs, machine, threads_per_rank)
+    if warning:
+        print(f"parbench: warning: {warning}", file=sys.stderr)
+    return specs, placement
 
 
 def command_run(args: argparse.Namespace) -> int:

@@ -1,48 +1,32 @@
 """Matrices: plain functions from the machine and the user's selection to a list of `RunSpec`s.
 
     python -m harness list
+    python -m harness run --matrix scaling --dry-run --device cuda --gpus-per-node 8 --nnodes 4
 
-A new experiment is a new function here, added to MATRICES. Each matrix is device-aware: on CPU it uses
-the small workloads and world sizes up to the core count; on GPUs, ResNet-50 and GPT-2 and world sizes up
-to the GPU count. The micro-batch of a workload is fixed across world sizes (fewer ranks accumulate more
-micro-batches), so every world size computes the same per-micro-batch statistics (BatchNorm) and its
-losses can be compared with the plain single-device reference at the same global batch.
+A new experiment is a new function here, added to MATRICES. Each matrix follows the machine it is planned
+for (harness.machine): on CPU the small workloads and world sizes up to the cores, on GPUs ResNet-50 and
+GPT-2 and world sizes up to the GPUs, across nodes where there are several.
+
+A workload's batch plan fixes two things. The micro-batch is the same at every world size (fewer ranks
+accumulate more micro-batches), so every world size computes the same per-micro-batch statistics
+(BatchNorm) and its losses can be compared with the plain single-device reference at the same global
+batch. The per-device batch is what one data-parallel replica takes per step at the largest
+data-parallel size the matrix contains; the matrix's global batch is the per-device batch times that
+size, so every smaller world size (a divisor of it) splits the same global batch with the same
+micro-batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable
 
-import torch
-
+from harness.machine import Machine
 from harness.spec import DeviceKind, Precision, RunSpec, SpecError
-from harness.strategies import STRATEGIES
+from harness.strategies import STRATEGIES, Launcher, get_strategy
 from workloads import get_workload
-
-
-@dataclass(frozen=True)
-class Machine:
-    device: DeviceKind
-    gpus: int
-    cores: int
-    nodes: int = 1      # hosts a multi-rank cell may spread over (a hostfile's, or Slurm's)
-
-    @classmethod
-    def detect(cls, device: DeviceKind | str | None = None, nodes: int = 1) -> "Machine":
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        chosen = DeviceKind(device) if device else (DeviceKind.CUDA if gpus else DeviceKind.CPU)
-        if chosen is DeviceKind.CUDA and not gpus:
-            raise SpecError("device cuda requested but no CUDA device is visible; allowed here: cpu")
-        return cls(device=chosen, gpus=gpus, cores=os.cpu_count() or 1, nodes=nodes)
-
-    @property
-    def parallel_devices(self) -> int:
-        """How many ranks can run truly in parallel: GPUs, or CPU cores, on each of the nodes (taken to be
-        like this one)."""
-        return (self.gpus if self.device is DeviceKind.CUDA else self.cores) * self.nodes
 
 
 @dataclass(frozen=True)
@@ -63,75 +47,58 @@ class Selection:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    global_batch: int    # samples per optimizer step
-    micro_batch: int     # samples per forward/backward on one rank
+    micro_batch: int         # samples per forward/backward on one rank
+    per_device_batch: int    # samples per data-parallel replica per step at the matrix's largest data-parallel size
     warmup_steps: int
     timed_steps: int
 
+    def __post_init__(self) -> None:
+        if self.per_device_batch % self.micro_batch:
+            raise ValueError(f"per_device_batch {self.per_device_batch} must be a multiple of micro_batch "
+                             f"{self.micro_batch}")
 
-# Batches sized so that world sizes 1, 2 and 4 all divide them with the same micro-batch.
+    def global_batch(self, largest_data_parallel: int) -> int:
+        return self.per_device_batch * largest_data_parallel
+
+
+# Per-device 8 in micro-batches of 4: the 2-core results so far (global 16 at world sizes 1 and 2) stay
+# the same, and a rank at the largest size still accumulates two micro-batches.
 CPU_PLANS = {
-    "resnet20-cifar": BatchPlan(global_batch=16, micro_batch=4, warmup_steps=3, timed_steps=10),
-    "gpt-tiny": BatchPlan(global_batch=16, micro_batch=4, warmup_steps=3, timed_steps=10),
+    "resnet20-cifar": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=3, timed_steps=10),
+    "gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=3, timed_steps=10),
 }
+# The batches a bare training loop (bf16 autocast, fused AdamW) ran at on one H100 80GB (ResNet-50 at 256
+# images, ~3,970 img/s and 11.1 GiB peak; GPT-2 small at 16 x 1024 tokens, ~341k tokens/s and 14.5 GiB peak): they
+# keep an H100-class GPU busy and leave most of its 80 GB for what a wrapper adds (buckets, gathered shards,
+# a pipeline's micro-batches in flight). Micro-batch = per-device batch, so at the largest size each rank
+# runs one forward/backward per step as a tuned job would, its plain reference compares with the bare
+# loop, and only smaller world sizes accumulate.
 GPU_PLANS = {
-    "resnet50": BatchPlan(global_batch=256, micro_batch=64, warmup_steps=5, timed_steps=20),
-    "gpt2-small": BatchPlan(global_batch=16, micro_batch=4, warmup_steps=5, timed_steps=20),
+    "resnet50": BatchPlan(micro_batch=256, per_device_batch=256, warmup_steps=5, timed_steps=20),
+    "gpt2-small": BatchPlan(micro_batch=16, per_device_batch=16, warmup_steps=5, timed_steps=20),
 }
 
 ALL_BUT_PLAIN = tuple(name for name in STRATEGIES if name != "plain")
 
 
-def _plans(machine: Machine, select: Selection) -> dict[str, BatchPlan]:
-    plans = GPU_PLANS if machine.device is DeviceKind.CUDA else CPU_PLANS
+def _plans(machine: Machine, select: Selection, plans: dict[DeviceKind, dict[str, BatchPlan]],
+           what: str = "batch plan") -> dict[str, BatchPlan]:
+    own = plans[machine.device]
     if select.workloads is None:
-        return dict(plans)
+        return dict(own)
     for name in select.workloads:
         get_workload(name)  # an unknown name fails here, listing the known ones
-    missing = [w for w in select.workloads if w not in plans]
+    missing = [w for w in select.workloads if w not in own]
     if missing:
-        raise SpecError(f"no batch plan for workload(s) {', '.join(missing)} on {machine.device.value}; "
-                        f"allowed: {', '.join(plans)}")
-    return {w: plans[w] for w in select.workloads}
+        raise SpecError(f"no {what} for workload(s) {', '.join(missing)} on {machine.device.value}; "
+                        f"allowed: {', '.join(own)}")
+    return {w: own[w] for w in select.workloads}
 
 
-def _cells(machine: Machine, select: Selection, strategies: Sequence[str], world_sizes: Sequence[int],
-           repeats: int, precision: Precision, plans: dict[str, BatchPlan] | None = None) -> list[RunSpec]:
-    """Every workload x strategy x world size, plus the plain reference at world size 1."""
-    chosen = select.strategies if select.strategies is not None else ("plain", *strategies)
-    sizes = select.world_sizes if select.world_sizes is not None else tuple(world_sizes)
-    specs = []
-    for workload, plan in (plans or _plans(machine, select)).items():
-        for strategy in chosen:
-            for world_size in (1,) if strategy == "plain" else sizes:
-                options = {"stages": min(2, world_size)} if strategy == "pipeline" else {}
-                fields = dict(workload=workload, strategy=strategy, world_size=world_size,
-                              global_batch=plan.global_batch, micro_batch=plan.micro_batch, precision=precision,
-                              warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
-                              repeats=select.repeats or repeats, device=machine.device)
-                fields.update(select.overrides)
-                specs.append(RunSpec(**fields, options={**options, **select.options_for(strategy)}))
-    return specs
-
-
-SMOKE_WORKLOADS = {DeviceKind.CPU: ("gpt-tiny",), DeviceKind.CUDA: ("gpt2-small",)}
-
-
-def smoke(machine: Machine, select: Selection) -> list[RunSpec]:
-    """The quickest end-to-end check: the plain reference and DDP at two ranks, on the smallest
-    transformer unless --workload names others (each launch costs ~20-40 s of interpreter start-up on a
-    2-core machine, so two launches keep it under two minutes there)."""
-    if select.workloads is None:
-        select = dataclasses.replace(select, workloads=SMOKE_WORKLOADS[machine.device])
-    return _cells(machine, select, ("ddp",), (2,), repeats=1, precision=Precision.FP32)
-
-
-def full(machine: Machine, select: Selection) -> list[RunSpec]:
-    """Every strategy on both workload families at world sizes 1 and 2 (the CPU default; fp32 on CPU,
-    bf16 on GPU)."""
-    precision = Precision.BF16 if machine.device is DeviceKind.CUDA else Precision.FP32
-    repeats = 3 if machine.device is DeviceKind.CUDA else 1
-    return _cells(machine, select, ALL_BUT_PLAIN, (1, 2), repeats=repeats, precision=precision)
+def spans_nodes(strategy: str) -> bool:
+    """Whether a strategy's ranks can spread over nodes: a single-process launcher (DataParallel's one
+    process driving a node's GPUs) cannot."""
+    return get_strategy(strategy).launcher is not Launcher.SINGLE_PROCESS
 
 
 def _powers_of_two_up_to(limit: int) -> tuple[int, ...]:
@@ -141,33 +108,133 @@ def _powers_of_two_up_to(limit: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def _largest_data_parallel(sizes: Iterable[int]) -> int:
+    """The size the per-device batch is set at: the largest world size, where the sizes are powers of two
+    (every matrix's own); their least common multiple otherwise (a user's --world-sizes 2,3), so that each
+    still divides the global batch. A pipeline's data-parallel size (world size / stages) divides its world
+    size, so it divides the global batch too."""
+    return math.lcm(*sizes)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one matrix lays out its cells on a machine, before the user's strategy filter."""
+
+    strategies: tuple[str, ...]     # besides the plain reference
+    world_sizes: tuple[int, ...]
+    repeats: int
+    precision: Precision
+
+
+class Cells:
+    """Builds a matrix's specs from its plan and the user's selection, each cell once."""
+
+    def __init__(self, machine: Machine, select: Selection, plan: Plan):
+        self.machine, self.select, self.plan = machine, select, plan
+        self.sizes = select.world_sizes if select.world_sizes is not None else plan.world_sizes
+        for size in self.sizes:     # before the global batch is made from them
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise SpecError(f"world_size must be a whole number >= 1, got {size!r}")
+        self.largest = _largest_data_parallel(self.sizes)
+        self.chosen = select.strategies if select.strategies is not None else ("plain", *plan.strategies)
+        self._by_cell: dict[str, RunSpec] = {}
+
+    def sizes_for(self, strategy: str) -> tuple[int, ...]:
+        if strategy == "plain":
+            return (1,)
+        if not spans_nodes(strategy):
+            return tuple(size for size in self.sizes if size <= self.machine.devices_per_node)
+        return self.sizes
+
+    def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int) -> None:
+        if strategy not in self.chosen:
+            return
+        options = {"stages": min(2, world_size)} if strategy == "pipeline" else {}
+        fields = dict(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
+                      micro_batch=plan.micro_batch, precision=self.plan.precision,
+                      warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
+                      repeats=self.select.repeats or self.plan.repeats, device=self.machine.device)
+        fields.update(self.select.overrides)
+        spec = RunSpec(**fields, options={**options, **self.select.options_for(strategy)})
+        self._by_cell.setdefault(spec.cell_id, spec)
+
+    def strong(self, workload: str, plan: BatchPlan) -> None:
+        """Every chosen strategy at each of its world sizes on the matrix's one global batch, and the plain
+        reference at that batch."""
+        for strategy in self.chosen:
+            for world_size in self.sizes_for(strategy):
+                self.add(workload, plan, strategy, world_size, plan.global_batch(self.largest))
+
+    def weak(self, workload: str, plan: BatchPlan) -> None:
+        """Every chosen strategy at each of its world sizes on the per-device batch times the world size,
+        and the plain reference at each of those batches."""
+        for strategy in self.chosen:
+            for world_size in self.sizes_for(strategy):
+                self.add(workload, plan, strategy, world_size, plan.global_batch(world_size))
+                self.add(workload, plan, "plain", 1, plan.global_batch(world_size))
+
+    @property
+    def specs(self) -> list[RunSpec]:
+        """Each cell once, in the order first added."""
+        return list(self._by_cell.values())
+
+
+def _precision(machine: Machine) -> Precision:
+    return Precision.BF16 if machine.device is DeviceKind.CUDA else Precision.FP32
+
+
+SMOKE_WORKLOADS = {DeviceKind.CPU: ("gpt-tiny",), DeviceKind.CUDA: ("gpt2-small",)}
+PLANS = {DeviceKind.CPU: CPU_PLANS, DeviceKind.CUDA: GPU_PLANS}
+
+
+def smoke(machine: Machine, select: Selection) -> list[RunSpec]:
+    """The quickest end-to-end check: the plain reference and DDP at two ranks, on the smallest
+    transformer unless --workload names others (each launch costs ~20-40 s of interpreter start-up on a
+    2-core machine, so two launches keep it under two minutes there). Two ranks even where there is one
+    device: the check is of the communication, not of speed (a CPU core is then oversubscribed, and
+    harness.machine warns; ranks share one GPU over gloo)."""
+    if select.workloads is None:
+        select = dataclasses.replace(select, workloads=SMOKE_WORKLOADS[machine.device])
+    cells = Cells(machine, select, Plan(("ddp",), (2,), repeats=1, precision=Precision.FP32))
+    for workload, plan in _plans(machine, select, PLANS).items():
+        cells.strong(workload, plan)
+    return cells.specs
+
+
+def full(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Every strategy on both workload families at world sizes 1, 2, 4, ... up to the devices x nodes
+    (DataParallel up to one node's devices; fp32 on CPU, bf16 and 3 repeats on GPU)."""
+    repeats = 3 if machine.device is DeviceKind.CUDA else 1
+    sizes = _powers_of_two_up_to(machine.devices)
+    cells = Cells(machine, select, Plan(ALL_BUT_PLAIN, sizes, repeats=repeats, precision=_precision(machine)))
+    for workload, plan in _plans(machine, select, PLANS).items():
+        cells.strong(workload, plan)
+    return cells.specs
+
+
 DATA_PARALLEL = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3")
 
 
 def scaling(machine: Machine, select: Selection) -> list[RunSpec]:
     """Strong and weak scaling of the data-parallel strategies over world sizes 1, 2, 4, ... up to the
-    devices (x nodes): strong keeps the matrix's global batch, weak keeps its per-rank share at the largest
-    size; the plain loop at each global batch is the reference (harness.derive.scaling)."""
-    precision = Precision.BF16 if machine.device is DeviceKind.CUDA else Precision.FP32
-    sizes = select.world_sizes or _powers_of_two_up_to(machine.parallel_devices)
-    specs: dict[str, RunSpec] = {}
-    for spec in _cells(machine, select, DATA_PARALLEL, sizes, repeats=3, precision=precision):
-        specs.setdefault(spec.cell_id, spec)
-        per_rank = spec.global_batch // max(sizes)
-        if spec.strategy == "plain" or "global_batch" in dict(select.overrides) or per_rank < spec.micro_batch:
-            continue
-        weak = spec.replace(global_batch=per_rank * spec.world_size)
-        reference = spec.replace(strategy="plain", world_size=1, global_batch=per_rank, options=())
-        with_reference = select.strategies is None or "plain" in select.strategies
-        for cell in (weak, reference) if with_reference else (weak,):
-            specs.setdefault(cell.cell_id, cell)
-    return sorted(specs.values(), key=lambda s: (s.workload, s.strategy != "plain", s.strategy, s.world_size,
-                                                s.global_batch))
+    devices x nodes: strong keeps the global batch of the largest size, weak keeps the per-device batch;
+    the plain loop at each global batch is the reference (harness.derive.scaling)."""
+    sizes = _powers_of_two_up_to(machine.devices)
+    cells = Cells(machine, select, Plan(DATA_PARALLEL, sizes, repeats=3, precision=_precision(machine)))
+    for workload, plan in _plans(machine, select, PLANS).items():
+        cells.strong(workload, plan)
+        if "global_batch" not in dict(select.overrides):    # a global batch the user fixed has no weak series
+            cells.weak(workload, plan)
+    return sorted(cells.specs, key=lambda s: (s.workload, s.strategy != "plain", s.strategy, s.world_size,
+                                             s.global_batch))
 
 
+# Memory, not speed, is the point: one sample per rank per step keeps activations small beside the
+# model states being measured, and the runs short.
 MEMORY_PLANS = {
-    DeviceKind.CPU: {"gpt-tiny": BatchPlan(global_batch=8, micro_batch=4, warmup_steps=2, timed_steps=3)},
-    DeviceKind.CUDA: {name: BatchPlan(global_batch=8, micro_batch=1, warmup_steps=2, timed_steps=5)
+    # Per-device 4 in one micro-batch of 4: the 2-core results so far (global 8 at 2 ranks) stay the same.
+    DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=2, timed_steps=3)},
+    DeviceKind.CUDA: {name: BatchPlan(micro_batch=1, per_device_batch=1, warmup_steps=2, timed_steps=5)
                       for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
 }
 MEMORY_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
@@ -176,23 +243,13 @@ MEMORY_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 def zero_memory(machine: Machine, select: Selection) -> list[RunSpec]:
     """Peak memory per rank of DDP, ZeRO-1/2/3 and FSDP2 against the ZeRO paper's prediction, on the
     transformer family (GPT-2 small to xl on GPUs; a cell that runs out of memory is a finding, recorded
-    as oom) at the largest world size; short runs, since memory, not speed, is the point."""
-    precision = Precision.BF16 if machine.device is DeviceKind.CUDA else Precision.FP32
-    plans = MEMORY_PLANS[machine.device]
-    chosen = select.workloads or tuple(plans)
-    missing = [w for w in chosen if w not in plans]
-    if missing:
-        raise SpecError(f"no memory-sweep plan for workload(s) {', '.join(missing)} on {machine.device.value}; "
-                        f"allowed: {', '.join(plans)}")
-    largest = _powers_of_two_up_to(machine.parallel_devices)[-1]
-    sizes = select.world_sizes or (max(2, largest),)
-    specs = []
-    for workload in chosen:
-        plan = plans[workload]
-        narrowed = dataclasses.replace(select, workloads=(workload,))
-        specs += _cells(machine, narrowed, MEMORY_STRATEGIES, sizes, repeats=1, precision=precision,
-                        plans={workload: plan})
-    return specs
+    as oom) at the largest world size, two ranks at least (sharding over one rank shows nothing; two
+    ranks share one device where there is one, valid for memory); short runs."""
+    largest = max(2, _powers_of_two_up_to(machine.devices)[-1])
+    cells = Cells(machine, select, Plan(MEMORY_STRATEGIES, (largest,), repeats=1, precision=_precision(machine)))
+    for workload, plan in _plans(machine, select, MEMORY_PLANS, "memory-sweep plan").items():
+        cells.strong(workload, plan)
+    return cells.specs
 
 
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
@@ -218,3 +275,6 @@ def build_matrix(name: str, machine: Machine, select: Selection = Selection()) -
     if not specs:
         raise SpecError(f"matrix {name} has no cells for this selection")
     return specs
+
+
+__all__ = ["BatchPlan", "MATRICES", "Machine", "Selection", "build_matrix"]

@@ -218,7 +218,12 @@ SUMMARY_COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("options
                    ("model_state_bytes_measured_max", "model states (allocator) B"),
                    ("model_state_census_bytes_max", "model states (census) B"),
                    ("model_state_bytes_predicted", "predicted model states B"), ("mfu", "MFU"), ("parity", "parity"),
+                   ("host_load", "host load"),
                    ("message", "why")]
+
+
+HOST_LOAD_NOTE = ("'host load' is the most loaded host's rank threads against its cores, 'oversubscribed' where "
+                  "they outnumber them: those step times measure the cores' sharing (README, 'On CPU').")
 
 
 def _format(value) -> str:
@@ -244,7 +249,8 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
     lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
     lines += ["", "Step time and throughput: medians across repeats; the samples/s interval is the range of the "
               "launches below 5 launches, a 95% bootstrap CI from 5 (column 'interval'); efficiencies by the "
-              "formulas in the README; rows on a shared GPU carry no speed figures.", "", _basis_note(summary),
+              "formulas in the README; rows on a shared GPU carry no speed figures. " + HOST_LOAD_NOTE, "",
+              _basis_note(summary),
               "", "## Environment", ""]
     for environment in environments:
         lines.append("- " + ", ".join(f"{k}: {escape(str(v))}" for k, v in environment.items()))
@@ -267,7 +273,8 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
     parts += ["<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in rows]
     parts.append("</table><p>Medians across repeats; samples/s intervals are the range of the launches below 5 "
                  "launches and 95% bootstrap intervals from 5 (column 'interval'). Efficiencies: "
-                 "E(N) = X(N) / (N X_ref(1)) (README, 'Derived figures'). Shared-GPU rows carry no speed.</p>")
+                 "E(N) = X(N) / (N X_ref(1)) (README, 'Derived figures'). Shared-GPU rows carry no speed. "
+                 f"{e(HOST_LOAD_NOTE)}</p>")
     parts.append(f"<p>{e(_basis_note(summary))}</p>")
     workloads = list(dict.fromkeys(table["workload"])) if not table.empty else []
     sections = [("Throughput", plot_throughput, summary), ("Scaling efficiency", plot_efficiency, summary),

@@ -158,6 +158,11 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
+def _oversubscribed(flag: Any) -> bool:
+    """True only for a recorded True (a table's missing value may be None or NaN)."""
+    return flag is not None and flag == True  # noqa: E712  (numpy's bool is not `True`)
+
+
 def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str:
     """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
     same figures `harness report` shows). Throughput is the median across ok launches on the table's
@@ -188,8 +193,13 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
         first, last = losses[cell["cell_id"]][0], losses[cell["cell_id"]][-1]
         status = "ok" if cell["status"] == "ok" else f"{cell['ok']}/{cell['launches']}ok"
         samples = cell["samples_per_s"]
+        # Last on the line, like the interval: a mark that the step times measured cores taking turns.
+        shared = f"  {cell['host_load']}" if _oversubscribed(cell.get("host_oversubscribed")) else ""
         lines.append(f"{label:<52} {status:<7} {cell['step_time_median_s'] * 1e3:>8.1f} {samples:>10.1f} "
                      f"{stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f} {cell['parity']:>12}  "
-                     f"{interval}")
+                     f"{interval}{shared}")
     lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; README, 'Host stalls')" if len(cells) else "")
+    if any(_oversubscribed(cell.get("host_oversubscribed")) for cell in cells.to_dict("records")):
+        lines.append("(oversubscribed: a host ran more rank threads than it has cores, so those step times "
+                     "measure the cores' sharing; README, 'On CPU')")
     return "\n".join(lines)

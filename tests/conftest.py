@@ -31,7 +31,7 @@ def fp32_rows(tmp_path_factory):
     from harness.spec import DeviceKind
 
     out = tmp_path_factory.mktemp("fp32") / "rows.jsonl"
-    specs = build_matrix("full", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+    specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=2),
                          Selection(workloads=("resnet20-cifar", "gpt-tiny"), world_sizes=(2,),
                                    overrides=PARITY_OVERRIDES))   # every strategy, DataParallel skipped
     run_specs(specs, RunOptions(results=out, timeout_s=300))
@@ -48,7 +48,7 @@ def bf16_rows(tmp_path_factory):
     from harness.spec import DeviceKind
 
     out = tmp_path_factory.mktemp("bf16") / "rows.jsonl"
-    specs = build_matrix("full", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+    specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=2),
                          Selection(workloads=("gpt-tiny",), world_sizes=(1, 2),
                                    overrides=(*PARITY_OVERRIDES, ("precision", "bf16"))))
     run_specs(specs, RunOptions(results=out, timeout_s=300))

@@ -17,7 +17,7 @@ from harness.spec import DeviceKind, Status
 @pytest.fixture(scope="module")
 def smoke_rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "smoke.jsonl"
-    specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+    specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
                          Selection(workloads=("resnet20-cifar", "gpt-tiny")))
     run_specs(specs, RunOptions(results=out, timeout_s=300))
     return read_results([out])

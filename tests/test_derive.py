@@ -125,3 +125,52 @@ def test_a_cell_without_an_ok_launch_is_summarised_with_its_status(capsys):
     table = summary_table([_row("plain", 1, steps=(0.2, 0.2, 0.2), cell="p"), skipped])
     line = next(x for x in table.splitlines() if "/dataparallel/" in x)
     assert "skipped" in line and "CUDA devices only" in line
+
+
+def _loaded(row, ranks_on_host, threads, cores):
+    row["measurements"].update({"ranks_on_host_by_rank": ranks_on_host, "threads_by_rank": threads,
+                                "host_cpu_cores_by_rank": cores})
+    return row
+
+
+@pytest.mark.parametrize("ranks_on_host, threads, cores, oversubscribed, text", [
+    ([2, 2], [1, 1], [1, 1], True, "oversubscribed: 2 ranks x 1 thread on 1 core"),     # 2 threads, 1 core
+    ([2, 2], [1, 1], [2, 2], False, "2 ranks x 1 thread on 2 cores"),                    # one core each
+    ([2, 2], [2, 2], [2, 2], True, "oversubscribed: 2 ranks x 2 threads on 2 cores"),    # threads count too
+    # two hosts: ranks 0 and 1 alone on 8 cores, rank 2 with 2 threads on a 1-core host: the second host
+    ([2, 2, 1], [2, 2, 2], [8, 8, 1], True, "oversubscribed: 1 rank x 2 threads on 1 core"),
+])
+def test_a_launch_whose_ranks_outnumber_its_host_cores_is_marked(ranks_on_host, threads, cores, oversubscribed,
+                                                                 text):
+    from harness.derive.hosts import host_load
+
+    row = _loaded(_row(world_size=len(threads)), ranks_on_host, threads, cores)
+    assert host_load(row["measurements"]) == {"host_oversubscribed": oversubscribed, "host_load": text}
+
+
+def test_rows_that_did_not_record_their_host_load_are_not_called_unshared():
+    from harness.derive.hosts import host_load
+
+    assert host_load(_row()["measurements"]) == {"host_oversubscribed": None, "host_load": None}
+    cells = cell_table([_row()])
+    assert cells.loc[0, "host_oversubscribed"] is None and cells.loc[0, "host_load"] is None
+
+
+def test_the_summary_and_the_report_mark_an_oversubscribed_cell(tmp_path):
+    from harness.runner import summary_table
+
+    rows = [_loaded(_row("plain", 1, steps=(0.2, 0.2, 0.2), cell="p"), [1], [1], [1]),
+            _loaded(_row(cell="d"), [2, 2], [1, 1], [1, 1])]
+    table = summary_table(rows)
+    plain = next(line for line in table.splitlines() if line.startswith("gpt-tiny/plain"))
+    ddp = next(line for line in table.splitlines() if line.startswith("gpt-tiny/ddp"))
+    assert ddp.endswith("  oversubscribed: 2 ranks x 1 thread on 1 core") and "oversubscribed" not in plain
+    assert table.splitlines()[-1].startswith("(oversubscribed: a host ran more rank threads than it has cores")
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(path), "--out", str(tmp_path / "report")]) == 0
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    ddp_row = next(line for line in markdown.splitlines() if line.startswith("| gpt-tiny | ddp |"))
+    assert "| oversubscribed: 2 ranks x 1 thread on 1 core |" in ddp_row
+    assert "| 1 rank x 1 thread on 1 core |" in next(line for line in markdown.splitlines()
+                                                     if line.startswith("| gpt-tiny | plain |"))

@@ -91,7 +91,7 @@ def toy_rows(tmp_path_factory):
     register(STRATEGIES)
     try:
         out = tmp_path_factory.mktemp("extending") / "rows.jsonl"
-        specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+        specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
                              Selection(workloads=("gpt-tiny",), strategies=("plain", "hand-allreduce"),
                                        world_sizes=(2,), overrides=(("warmup_steps", 2), ("timed_steps", 2))))
         run_specs(specs, RunOptions(results=out, timeout_s=300))

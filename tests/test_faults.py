@@ -13,7 +13,7 @@ from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
 
-MACHINE = Machine(device=DeviceKind.CPU, gpus=0, cores=2)
+MACHINE = Machine(device=DeviceKind.CPU, devices_per_node=2)
 SHORT = (("warmup_steps", 1), ("timed_steps", 2))
 
 

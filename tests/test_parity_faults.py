@@ -36,7 +36,7 @@ def faulty_rows(tmp_path_factory):
     for fault in FAULTS:
         for precision in PRECISIONS:
             out = folder / f"{fault.split(':')[0]}-{precision}.jsonl"
-            specs = build_matrix("full", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+            specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=2),
                                  Selection(workloads=("gpt-tiny",), strategies=STRATEGIES, world_sizes=(2,),
                                            overrides=(*PARITY_OVERRIDES, ("precision", precision))))
             with pytest.MonkeyPatch.context() as patch:

@@ -27,7 +27,7 @@ def row(number: int, padding: int = 0) -> dict:
 
 
 def plain_spec():
-    [spec] = build_matrix("smoke", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+    [spec] = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
                           Selection(workloads=("gpt-tiny",), strategies=("plain",),
                                     overrides=(("warmup_steps", 1), ("timed_steps", 2))))
     return spec

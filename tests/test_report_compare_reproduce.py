@@ -19,7 +19,7 @@ from harness.spec import DeviceKind
 def two_runs(tmp_path_factory):
     """The plain gpt-tiny cell and DDP at 2 ranks, run twice into two files (a run and its repeat)."""
     folder = tmp_path_factory.mktemp("runs")
-    specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+    specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
                          Selection(workloads=("gpt-tiny",), overrides=(("timed_steps", 30),)))
     files = []
     for name in ("base", "new"):

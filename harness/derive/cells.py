@@ -26,6 +26,7 @@ import pandas as pd
 
 from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
+from harness.derive.hosts import cell_host_load, host_load
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
 from harness.derive.parity import judge
@@ -56,6 +57,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(_communication(m))
     record.update(_exposed(m))
     record.update(_mfu(row, record))
+    record.update(host_load(measurements(row)))
     return record
 
 
@@ -150,6 +152,7 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
                                       and f), "") if verdicts else ""
         throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
         line.update(_interval(throughputs))
+        line.update(cell_host_load(ok.to_dict("records")))
         if not ok.empty:
             line["host_stalled_steps"] = int(ok["host_stalled_steps"].sum())
             line["timed_steps_recorded"] = int(ok["timed_steps_recorded"].sum())

@@ -133,8 +133,10 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "host": socket.gethostname(), "node": _node_rank(), "comm": counter.per_step(),
                               "compute_only": compute_only_raw, "model_states": _model_state_figures(model_states),
                               "parameters_held": trainer.parameters_held(parameters),
-                              "parameters_kept_whole": trainer.parameters_kept_whole()})
+                              "parameters_kept_whole": trainer.parameters_kept_whole(),
+                              "host_load": _host_load(context)})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
+    measurements.update(_host_load_figures(by_rank))
     measurements.update(norms.figures())
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
@@ -299,6 +301,20 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
     if estimate is not None:
         figures["model_state_bytes_deepspeed_estimate"] = estimate
     return figures
+
+
+def _host_load(context: RankContext) -> dict[str, int]:
+    """What this rank's host carries: the cell's ranks on it (as its launcher told the strategy:
+    LOCAL_WORLD_SIZE, LOCAL_SIZE, Horovod's local size; 1 for a single process), this rank's CPU threads,
+    and the host's cores. harness.derive.hosts says from these whether the ranks oversubscribed the host."""
+    return {"ranks": context.local_world_size, "threads": torch.get_num_threads(), "cores": os.cpu_count() or 1}
+
+
+def _host_load_figures(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    loads = [r["host_load"] for r in by_rank]
+    return {"ranks_on_host_by_rank": [load["ranks"] for load in loads],
+            "threads_by_rank": [load["threads"] for load in loads],
+            "host_cpu_cores_by_rank": [load["cores"] for load in loads]}
 
 
 def _model_state_figures(reader: ModelStateReader) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from harness.matrix import Machine, Selection, build_matrix
 from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
 
-MACHINE = Machine(device=DeviceKind.CPU, gpus=0, cores=2)
+MACHINE = Machine(device=DeviceKind.CPU, devices_per_node=2)
 STRATEGIES = ["plain", "ddp"]
 
 

@@ -1,0 +1,169 @@
+"""Every matrix, planned for every machine shape users have (1 to 64 CPU cores; 1 to 8 GPUs per node x 1 to
+128 nodes), builds valid cells that fit the machine and hold the figures' references. The machines are
+described, never detected: nothing here depends on the host the tests run on."""
+
+from collections import defaultdict
+
+import pytest
+
+from harness.derive.parity import reference_key
+from harness.matrix import MATRICES, Machine, Selection, build_matrix
+from harness.spec import DeviceKind, RunSpec
+
+CPU_SHAPES = [Machine(device=DeviceKind.CPU, devices_per_node=cores) for cores in (1, 2, 3, 8, 64)]
+CPU_SHAPES.append(Machine(device=DeviceKind.CPU, devices_per_node=2, nodes=2))     # two namespace hosts
+GPU_SHAPES = [Machine(device=DeviceKind.CUDA, devices_per_node=gpus, nodes=nodes)
+              for gpus in (1, 2, 4, 8) for nodes in (1, 2, 16, 128)]
+SHAPES = CPU_SHAPES + GPU_SHAPES
+
+# Written out here, not read from harness.matrix: samples per data-parallel replica per step at the
+# matrix's largest data-parallel size (README, "Matrices").
+PER_DEVICE = {"gpt-tiny": 8, "resnet20-cifar": 8, "resnet50": 256, "gpt2-small": 16}
+MEMORY_PER_DEVICE = {"gpt-tiny": 4, "gpt2-small": 1, "gpt2-medium": 1, "gpt2-large": 1, "gpt2-xl": 1}
+ONE_NODE_ONLY = {"dataparallel"}    # one process driving one node's GPUs
+DATA_PARALLEL = {"ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3"}
+
+
+def shape_id(machine: Machine) -> str:
+    return f"{machine.device.value}-{machine.devices_per_node}x{machine.nodes}"
+
+
+def largest_power_of_two(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def doubling(limit: int) -> list[int]:
+    return [1 << k for k in range(largest_power_of_two(limit).bit_length())]
+
+
+def sizes_by_strategy(specs, workload):
+    sizes = defaultdict(set)
+    for spec in specs:
+        if spec.workload == workload:
+            sizes[spec.strategy].add(spec.world_size)
+    return {strategy: sorted(found) for strategy, found in sizes.items()}
+
+
+@pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("matrix", list(MATRICES))
+def test_every_matrix_builds_valid_cells_that_fit_the_machine(matrix, machine):
+    specs = build_matrix(matrix, machine)
+    assert specs
+    for spec in specs:
+        assert RunSpec.from_dict(spec.to_dict()) == spec     # validates itself again from its row form
+        assert spec.device is machine.device
+        limit = machine.devices_per_node if spec.strategy in ONE_NODE_ONLY else machine.devices_per_node * machine.nodes
+        if matrix in ("smoke", "zero-memory"):
+            # Their two ranks check communication and sharding, which one rank cannot: on a one-device
+            # machine they share it (README, "Matrices").
+            limit = max(limit, 2)
+        assert spec.world_size <= limit, spec.label
+    assert len({spec.cell_id for spec in specs}) == len(specs)
+
+
+@pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("matrix", list(MATRICES))
+def test_every_cell_has_its_plain_reference_at_the_same_global_batch(matrix, machine):
+    specs = build_matrix(matrix, machine)
+    references = {reference_key(spec.to_dict()) for spec in specs if spec.strategy == "plain"}
+    for spec in specs:
+        assert reference_key(spec.to_dict()) in references, spec.label
+
+
+@pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
+def test_scaling_reaches_the_largest_power_of_two_of_devices_x_nodes(machine):
+    specs = build_matrix("scaling", machine)
+    expected = doubling(machine.devices_per_node * machine.nodes)
+    for workload in {spec.workload for spec in specs}:
+        sizes = sizes_by_strategy(specs, workload)
+        assert set(sizes) == DATA_PARALLEL | {"plain"}
+        for strategy in DATA_PARALLEL:
+            assert sizes[strategy] == expected, (workload, strategy)
+
+
+@pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
+def test_scaling_holds_one_strong_global_batch_and_the_per_device_batch_for_weak(machine):
+    specs = build_matrix("scaling", machine)
+    largest = largest_power_of_two(machine.devices_per_node * machine.nodes)
+    for workload in {spec.workload for spec in specs}:
+        per_device = PER_DEVICE[workload]
+        strong = per_device * largest
+        for strategy in DATA_PARALLEL:
+            cells = {(s.world_size, s.global_batch) for s in specs if s.workload == workload and s.strategy == strategy}
+            # strong: every size at the largest size's global batch; weak: the per-device batch at every size
+            assert cells == {(size, strong) for size in doubling(largest)} | {(size, per_device * size)
+                                                                            for size in doubling(largest)}
+        plain = {s.global_batch for s in specs if s.workload == workload and s.strategy == "plain"}
+        assert plain == {per_device * size for size in doubling(largest)}
+
+
+@pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
+def test_full_runs_every_strategy_up_to_the_machine_on_one_global_batch_per_workload(machine):
+    specs = build_matrix("full", machine)
+    devices = machine.devices_per_node * machine.nodes
+    for workload in {spec.workload for spec in specs}:
+        assert {s.global_batch for s in specs if s.workload == workload} == {
+            PER_DEVICE[workload] * largest_power_of_two(devices)}
+        sizes = sizes_by_strategy(specs, workload)
+        for strategy, found in sizes.items():
+            if strategy == "plain":
+                assert found == [1]
+            elif strategy in ONE_NODE_ONLY:
+                assert found == doubling(machine.devices_per_node)
+            else:
+                assert found == doubling(devices), strategy
+
+
+@pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
+def test_zero_memory_runs_at_the_largest_size_and_smoke_at_two_ranks(machine):
+    devices = machine.devices_per_node * machine.nodes
+    memory = build_matrix("zero-memory", machine)
+    size = max(2, largest_power_of_two(devices))
+    for spec in memory:
+        if spec.strategy != "plain":
+            assert spec.world_size == size
+            assert spec.global_batch == MEMORY_PER_DEVICE[spec.workload] * size
+    smoke = build_matrix("smoke", machine)
+    assert sorted((s.strategy, s.world_size) for s in smoke) == [("ddp", 2), ("plain", 1)]
+
+
+def test_pipeline_cells_keep_their_stage_rule():
+    specs = build_matrix("full", Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=2))
+    stages = {s.world_size: s.options_dict["stages"] for s in specs if s.strategy == "pipeline"}
+    assert stages == {1: 1, 2: 2, 4: 2, 8: 2, 16: 2}
+
+
+def test_two_cpu_cores_keep_the_batches_they_had():
+    # The plans before batches followed the machine: micro-batch 4, global 16 at sizes 1 and 2; the weak
+    # series at 8 per rank; the memory sweep at global 8 on 2 ranks.
+    machine = Machine(device=DeviceKind.CPU, devices_per_node=2)
+    labels = {s.label.rsplit("/", 2)[0] for s in build_matrix("full", machine)}
+    assert {"gpt-tiny/ddp/ws1/gb16/mb4", "gpt-tiny/ddp/ws2/gb16/mb4", "resnet20-cifar/zero2/ws2/gb16/mb4",
+            "resnet20-cifar/plain/ws1/gb16/mb4"} <= labels
+    assert {s.global_batch for s in build_matrix("full", machine)} == {16}
+    scaling = {s.label.rsplit("/", 2)[0] for s in build_matrix("scaling", machine, Selection(workloads=("gpt-tiny",)))}
+    assert {"gpt-tiny/ddp/ws1/gb8/mb4", "gpt-tiny/ddp/ws1/gb16/mb4", "gpt-tiny/ddp/ws2/gb16/mb4",
+            "gpt-tiny/plain/ws1/gb8/mb4", "gpt-tiny/plain/ws1/gb16/mb4"} <= scaling
+    memory = [(s.strategy, s.world_size, s.global_batch, s.micro_batch) for s in build_matrix("zero-memory", machine)]
+    assert memory == [("plain", 1, 8, 4), ("ddp", 2, 8, 4), ("zero1", 2, 8, 4), ("zero2", 2, 8, 4),
+                      ("zero3", 2, 8, 4), ("fsdp2", 2, 8, 4)]
+
+
+def test_four_8_gpu_nodes_plan_their_batches_from_32_devices():
+    machine = Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=4)
+    strong = {(s.workload, s.global_batch, s.micro_batch) for s in build_matrix("full", machine)}
+    assert strong == {("resnet50", 256 * 32, 256), ("gpt2-small", 16 * 32, 16)}    # 8192 images, 512 sequences
+
+
+def test_user_world_sizes_share_one_global_batch():
+    # Sizes 3 and 4 both split 8 x lcm(3, 4) = 96 in micro-batches of 4 (32 and 24 per rank); the largest
+    # size alone, 8 x 4 = 32, would not split over 3 ranks.
+    machine = Machine(device=DeviceKind.CPU, devices_per_node=2)
+    specs = build_matrix("full", machine, Selection(workloads=("gpt-tiny",), strategies=("ddp",), world_sizes=(3, 4)))
+    assert {(s.world_size, s.global_batch) for s in specs} == {(3, 96), (4, 96)}
+
+
+def test_user_world_sizes_beyond_a_node_drop_only_the_one_node_strategies():
+    machine = Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=2)
+    specs = build_matrix("full", machine, Selection(strategies=("dataparallel", "ddp"), world_sizes=(8, 16)))
+    assert sorted({(s.strategy, s.world_size) for s in specs}) == [("dataparallel", 8), ("ddp", 8), ("ddp", 16)]
