@@ -1,6 +1,10 @@
 """Cluster descriptions: presets with a public source for every value, TOML files, key=value overrides,
 how ranks fill nodes, and one-line errors for bad input (harness.project.cluster)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from harness.project.cluster import (REQUIRED_KEYS, load_cluster, node_layout, parse_overrides, preset)
@@ -119,11 +123,22 @@ def test_bad_input_is_one_line_naming_the_field_and_what_is_allowed(call, words)
 def test_bad_toml_files_are_one_line_errors(tmp_path):
     broken = tmp_path / "broken.toml"
     broken.write_text("gpus_per_node = = 8\n")
-    with pytest.raises(SpecError, match="broken.toml: not TOML"):
+    with pytest.raises(SpecError, match="broken.toml: not TOML") as raised:
         load_cluster(broken)
+    assert "\n" not in str(raised.value)
     with pytest.raises(SpecError, match="absent.toml: cannot read"):
         load_cluster(tmp_path / "absent.toml")
     stray = tmp_path / "stray.toml"
     stray.write_text("\n".join(f"{k} = 1" for k in REQUIRED_KEYS) + '\n[sources]\nnics = "datasheet"\n')
     with pytest.raises(SpecError, match="sources names 'nics'"):
         load_cluster(stray)
+
+
+def test_the_project_package_imports_neither_torch_nor_the_registries():
+    root = Path(__file__).parent.parent
+    modules = [f"harness.project.{p.stem}" for p in (root / "harness" / "project").glob("*.py")]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "harness.project.fit.load_calibration(['results/reference/ci-cpu/comm-ws2.jsonl'])\n"
+            + "heavy = [m for m in ('torch', 'deepspeed', 'horovod', 'harness.strategies', 'workloads') "
+              "if m in sys.modules]\nassert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)

@@ -129,7 +129,7 @@ def test_a_real_cpu_gloo_run_fits_to_sensible_links():
         assert 1e-6 < fit.latency_s < 10e-3, name
         assert 1e7 < fit.link.bandwidth_bytes_per_s < 1e11, name
         # The fit follows the rows: half of them within a factor of 1.5 of it (this 2-core machine was
-        # shared while it ran: rows sit up to 3.4x off), each within a factor of 4, and the largest size
+        # shared while it ran: rows sit up to 2.5x off), each within a factor of 4, and the largest size
         # (where bandwidth dominates) within a factor of 2.
         ratios = [1 + r for r in fit.relative_residuals]
         assert statistics.median(abs(math.log(q)) for q in ratios) < math.log(1.5), name

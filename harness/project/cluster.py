@@ -3,14 +3,15 @@
     python -c "from harness.project.cluster import load_cluster; print(load_cluster('dgx-h100-ib',
         overrides=['inter_node_bandwidth_GBps=100']))"
 
-Units and directions, the same in presets, TOML files and overrides (docs/projection.md):
+Units and directions, the same in presets, TOML files and overrides (docs/projection.md). "One direction":
+what a GPU (a node) sends while it receives as much, links being full duplex.
 
 | key | unit | what it is |
 | --- | --- | --- |
 | `gpus_per_node` | count | ranks one node holds; ranks fill whole nodes |
-| `intra_node_bandwidth_GBps` | 1e9 bytes/s | what one GPU can send to the other GPUs of its node while it receives as much (one direction) |
+| `intra_node_bandwidth_GBps` | 1e9 bytes/s | one GPU to the others of its node, one direction |
 | `intra_node_latency_us` | microseconds | alpha of one step between two GPUs of a node |
-| `inter_node_bandwidth_GBps` | 1e9 bytes/s | what one node can send to other nodes, all its NICs together, while it receives as much (one direction) |
+| `inter_node_bandwidth_GBps` | 1e9 bytes/s | one node, all its NICs, to other nodes, one direction |
 | `inter_node_latency_us` | microseconds | alpha of one step between GPUs of different nodes |
 
 The inter-node bandwidth is per node, not per GPU, because the node's GPUs share its NICs: when all g GPUs
@@ -133,7 +134,8 @@ def cluster_from_mapping(name: str, values: Mapping[str, Any]) -> Cluster:
         raise SpecError(f"cluster {name!r}: sources must be a table of key = \"where the value comes from\"")
     strays = sorted(set(sources) - set(REQUIRED_KEYS))
     if strays:
-        raise SpecError(f"cluster {name!r}: sources names {strays[0]!r}, which is not one of: {', '.join(REQUIRED_KEYS)}")
+        raise SpecError(f"cluster {name!r}: sources names {strays[0]!r}, which is not one of: "
+                        f"{', '.join(REQUIRED_KEYS)}")
     description = values.get("description", "")
     if not isinstance(description, str):
         raise SpecError(f"cluster {name!r}: description must be a string, got {description!r}")

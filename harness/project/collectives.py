@@ -129,12 +129,14 @@ def _check(collective: str, size_bytes: float, ranks: int) -> None:
         raise SpecError(f"{collective} ranks must be a whole number >= 1, got {ranks!r}")
 
 
-def resolve_algorithm(collective: str, algorithm: str | None, known: Mapping[tuple[str, Algorithm], object]) -> Algorithm:
+def resolve_algorithm(collective: str, algorithm: str | None,
+                      known: Mapping[tuple[str, Algorithm], object]) -> Algorithm:
     """`algorithm` (the collective's default when None), checked to be one `known` models for it."""
     chosen = DEFAULT_ALGORITHMS[collective] if algorithm is None else algorithm
     allowed = [a.value for (c, a) in known if c == collective]
     if chosen not in allowed:
-        raise SpecError(f"algorithm {str(chosen)!r} is not modelled for {collective} here; allowed: {', '.join(allowed)}")
+        raise SpecError(f"algorithm {str(chosen)!r} is not modelled for {collective} here; "
+                        f"allowed: {', '.join(allowed)}")
     return Algorithm(chosen)
 
 

@@ -209,16 +209,15 @@ class Calibration:
     not_modelled: tuple[str, ...] = ()    # collectives the rows measured that the model has no form for
 
     def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
-        try:
-            fit = self.fits[collective]
-        except KeyError:
-            raise SpecError(f"no calibration rows for {collective}; calibrated: {', '.join(self.fits) or 'none'}") from None
-        return fit.seconds(size_bytes, ranks)
+        return self.fit(collective).seconds(size_bytes, ranks)
 
     def link(self, collective: str) -> Link:
+        return self.fit(collective).link
+
+    def fit(self, collective: str) -> LinkFit:
         if collective not in self.fits:
             raise SpecError(f"no calibration rows for {collective}; calibrated: {', '.join(self.fits) or 'none'}")
-        return self.fits[collective].link
+        return self.fits[collective]
 
     def describe(self) -> str:
         """One line per collective: alpha, bandwidth, fixed cost, rows and spread of the residuals."""

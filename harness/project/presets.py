@@ -36,7 +36,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "inter_node_latency_us": 14.0,
         "sources": {
             "gpus_per_node": f"DGX H100 User Guide, hardware overview: 8 x NVIDIA H100 GPUs; {_DGX_H100}",
-            "intra_node_bandwidth_GBps": f"H100 SXM datasheet: NVLink 900 GB/s (bidirectional) -> 450 GB/s each way; {_H100}",
+            "intra_node_bandwidth_GBps": ("H100 SXM datasheet: NVLink 900 GB/s (bidirectional) -> 450 GB/s each way; "
+                                          f"{_H100}"),
             "intra_node_latency_us": f"{_NCCL_HWLAT} (NVLINK: 3.4 us)",
             "inter_node_bandwidth_GBps": ("DGX H100 User Guide: 8 x single-port ConnectX-7, 400 Gb/s InfiniBand each "
                                           f"-> 8 x 50 GB/s = 400 GB/s per node each way; {_DGX_H100}"),
@@ -52,7 +53,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "inter_node_latency_us": 14.0,
         "sources": {
             "gpus_per_node": f"DGX A100 User Guide, hardware overview: 8 x NVIDIA A100 GPUs; {_DGX_A100}",
-            "intra_node_bandwidth_GBps": f"A100 SXM datasheet: NVLink 600 GB/s (bidirectional) -> 300 GB/s each way; {_A100}",
+            "intra_node_bandwidth_GBps": ("A100 SXM datasheet: NVLink 600 GB/s (bidirectional) -> 300 GB/s each way; "
+                                          f"{_A100}"),
             "intra_node_latency_us": f"{_NCCL_HWLAT} (NVLINK: 3.4 us)",
             "inter_node_bandwidth_GBps": ("DGX A100 User Guide: 8 x single-port ConnectX-6, 200 Gb/s HDR InfiniBand "
                                           f"each -> 8 x 25 GB/s = 200 GB/s per node each way; {_DGX_A100}"),
@@ -71,7 +73,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "intra_node_bandwidth_GBps": ("Amazon EC2 P4 instances: 600 GB/s NVSwitch GPU interconnect "
                                           f"(A100 NVLink, bidirectional) -> 300 GB/s each way; {_P4D}"),
             "intra_node_latency_us": f"{_NCCL_HWLAT} (NVLINK: 3.4 us)",
-            "inter_node_bandwidth_GBps": f"Amazon EC2 P4 instances: 400 Gbps EFA per instance -> 50 GB/s per node; {_P4D}",
+            "inter_node_bandwidth_GBps": ("Amazon EC2 P4 instances: 400 Gbps EFA per instance -> 50 GB/s per node; "
+                                          f"{_P4D}"),
             "inter_node_latency_us": f"{_NCCL_HWLAT} (NET: 14.0 us; EFA reaches NCCL as a NET plugin)",
         },
     },
@@ -87,7 +90,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "intra_node_bandwidth_GBps": ("Amazon EC2 P5 instances: 900 GB/s NVSwitch GPU interconnect "
                                           f"(bidirectional) -> 450 GB/s each way; {_P5}"),
             "intra_node_latency_us": f"{_NCCL_HWLAT} (NVLINK: 3.4 us)",
-            "inter_node_bandwidth_GBps": f"Amazon EC2 P5 instances: 3200 Gbps EFA per instance -> 400 GB/s per node; {_P5}",
+            "inter_node_bandwidth_GBps": ("Amazon EC2 P5 instances: 3200 Gbps EFA per instance -> 400 GB/s per node; "
+                                          f"{_P5}"),
             "inter_node_latency_us": f"{_NCCL_HWLAT} (NET: 14.0 us; EFA reaches NCCL as a NET plugin)",
         },
     },
