@@ -26,6 +26,7 @@ harness.project.presets do.
 from __future__ import annotations
 
 import math
+import numbers
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,8 +97,9 @@ class NodeLayout:
 def node_layout(ranks: int, gpus_per_node: int) -> NodeLayout:
     """Ranks packed onto nodes: fewer than a node's GPUs share one node; more must fill whole nodes (a
     partly filled node would make its NICs' share per GPU differ from the others')."""
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+    if isinstance(ranks, bool) or not isinstance(ranks, numbers.Integral) or ranks < 1:
         raise SpecError(f"ranks must be a whole number >= 1, got {ranks!r}")
+    ranks = int(ranks)
     if ranks <= gpus_per_node:
         return NodeLayout(1, ranks)
     if ranks % gpus_per_node:

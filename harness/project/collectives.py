@@ -5,7 +5,7 @@ nodes have a faster link inside than between them (harness.project.cluster).
         collective_time; print(collective_time('all_reduce', 1e9, 16, preset('dgx-h100-ib'), 'hierarchical'))"
 
 The model (Hockney's, in the notation of Thakur, Rabenseifner and Gropp 2005, "Optimization of Collective
-Communication Operations in MPICH", IJHPCA 19(1):49-66, sec. 3): a step in which a rank sends k bytes to a
+Communication Operations in MPICH", IJHPCA 19(1):49-66): a step in which a rank sends k bytes to a
 peer takes alpha + k beta; alpha is the latency per step (s), beta the time per byte (s/byte, 1 / the
 link's one-direction bandwidth). A rank sends and receives at once (full duplex); the messages of one step
 travel in parallel on separate links; the time to reduce (their gamma) is left out, since a GPU adds
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
@@ -43,9 +44,6 @@ THAKUR_2005 = "Thakur, Rabenseifner and Gropp 2005, IJHPCA 19(1)"
 NCCL_TUNING = ("NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel: steps nsteps/nInterSteps at "
                "01afd20a77b5804e0ecf1042509dd9d20ebf9e93, tree ratio .5 and log2i(nNodes) at "
                "b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2")
-HOROVOD_HIERARCHICAL = ("horovod/common/ops/nccl_operations.cc NCCLHierarchicalAllreduce::Execute "
-                        "(HOROVOD_HIERARCHICAL_ALLREDUCE): NCCL reduce-scatter in the node, MPI all-reduce "
-                        "across nodes, NCCL all-gather in the node")
 
 
 class Algorithm(enum.StrEnum):
@@ -70,7 +68,7 @@ DEFAULT_ALGORITHMS: dict[str, Algorithm] = {
 
 def _floor_log2(p: int) -> int:
     """Depth of a binary tree of p vertices (NCCL's log2i)."""
-    return p.bit_length() - 1
+    return int(p).bit_length() - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +120,10 @@ ONE_LINK_FORMS: dict[tuple[str, Algorithm], Form] = {
 def _check(collective: str, size_bytes: float, ranks: int) -> None:
     if collective not in DEFAULT_ALGORITHMS:
         raise SpecError(f"collective {collective!r} is not modelled; modelled: {', '.join(DEFAULT_ALGORITHMS)}")
-    if isinstance(size_bytes, bool) or not isinstance(size_bytes, (int, float)) or not (
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, numbers.Real) or not (
             math.isfinite(size_bytes) and size_bytes >= 0):
         raise SpecError(f"{collective} size must be a finite number of bytes >= 0, got {size_bytes!r}")
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+    if isinstance(ranks, bool) or not isinstance(ranks, numbers.Integral) or ranks < 1:
         raise SpecError(f"{collective} ranks must be a whole number >= 1, got {ranks!r}")
 
 
@@ -192,7 +190,9 @@ def _tree_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> float:
 
 
 def _hierarchical_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> float:
-    # Horovod's hierarchical all-reduce (HOROVOD_HIERARCHICAL): three phases, one after the other.
+    # Horovod's hierarchical all-reduce (HOROVOD_HIERARCHICAL_ALLREDUCE; horovod/common/ops/
+    # nccl_operations.cc NCCLHierarchicalAllreduce::Execute: NCCL reduce-scatter in the node, MPI
+    # all-reduce across nodes, NCCL all-gather in the node): three phases, one after the other.
     # 1. ring reduce-scatter of n inside each node:  (g-1) alpha_i + (g-1)/g n / B_i
     # 2. g ring all-reduces at once, one per local rank, each of its n/g shard across the m nodes; the g
     #    of them share the node's NICs, each at B_e / g:
