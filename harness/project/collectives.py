@@ -1,0 +1,290 @@
+"""The time of one collective under the alpha-beta model, per algorithm: on one link, and on a cluster whose
+nodes have a faster link inside than between them (harness.project.cluster).
+
+    python -c "from harness.project.cluster import preset; from harness.project.collectives import \\
+        collective_time; print(collective_time('all_reduce', 1e9, 16, preset('dgx-h100-ib'), 'hierarchical'))"
+
+The model (Hockney's, in the notation of Thakur, Rabenseifner and Gropp 2005, "Optimization of Collective
+Communication Operations in MPICH", IJHPCA 19(1):49-66): a step in which a rank sends k bytes to a
+peer takes alpha + k beta; alpha is the latency per step (s), beta the time per byte (s/byte, 1 / the
+link's one-direction bandwidth). A rank sends and receives at once (full duplex); the messages of one step
+travel in parallel on separate links; the time to reduce (their gamma) is left out, since a GPU adds
+numbers far faster than a link delivers them.
+
+Sizes n are nccl-tests' sizes, as everywhere in parbench (harness.derive.comm): the all-reduced tensor,
+the whole gathered output of an all-gather, the whole scattered input of a reduce-scatter, the send buffer
+of an all-to-all, the tensor of a broadcast or reduce. Sizes in bytes, times in seconds. One rank moves
+nothing: every time at p = 1 is 0.
+
+**One link** (every pair of ranks joined alike; what a `harness comm` run on one host measures):
+time = steps(p) alpha + bytes_factor(p) n beta. `ONE_LINK_FORMS` holds the two terms of each algorithm;
+harness.project.fit uses the same terms to turn measured times into alpha and beta.
+
+**A cluster** of m nodes of g GPUs (p = m g; ranks fill whole nodes): alpha_i and B_i are one GPU's link
+inside its node, alpha_e and B_e one node's link to the others (all its NICs together). Where all g GPUs
+of a node cross the node boundary at once, they share B_e (each gets B_e / g); a ring or chain that visits
+a node's GPUs in turn crosses its boundary once per channel, and NCCL gives each channel its own NIC, so
+the node's crossing traffic (the same bytes each GPU sends inside the node) goes at B_e. Each formula below
+says which case it is. docs/projection.md states the model's limits.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+from harness.derive.comm import BUSBW_FACTORS, Collective
+from harness.project.cluster import Cluster, Link, NodeLayout
+from harness.spec import SpecError
+
+THAKUR_2005 = "Thakur, Rabenseifner and Gropp 2005, IJHPCA 19(1)"
+NCCL_TUNING = ("NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel: steps nsteps/nInterSteps at "
+               "01afd20a77b5804e0ecf1042509dd9d20ebf9e93, tree ratio .5 and log2i(nNodes) at "
+               "b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2")
+
+
+class Algorithm(enum.StrEnum):
+    RING = "ring"                   # all-reduce, all-gather, reduce-scatter: NCCL's ring
+    TREE = "tree"                   # all-reduce: NCCL's double binary tree (chain inside a node)
+    HIERARCHICAL = "hierarchical"   # all-reduce: reduce-scatter in the node, all-reduce across, all-gather
+    CHAIN = "chain"                 # broadcast, reduce: a pipelined chain (NCCL's "ring" for these)
+    PAIRWISE = "pairwise"           # all-to-all: p - 1 rounds of pairwise exchange
+
+
+DEFAULT_ALGORITHMS: dict[str, Algorithm] = {
+    Collective.ALL_REDUCE: Algorithm.RING,
+    Collective.ALL_GATHER: Algorithm.RING,
+    Collective.REDUCE_SCATTER: Algorithm.RING,
+    Collective.BROADCAST: Algorithm.CHAIN,
+    Collective.REDUCE: Algorithm.CHAIN,
+    Collective.ALL_TO_ALL: Algorithm.PAIRWISE,
+}
+# send/recv are not modelled: `harness comm` does not measure them, and their cost depends on where the
+# pipeline's stages sit, which a cluster description does not say.
+
+
+def _floor_log2(p: int) -> int:
+    """Depth of a binary tree of p vertices (NCCL's log2i)."""
+    return int(p).bit_length() - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Form:
+    """time = steps(p) alpha + bytes_factor(p) n beta on one link, with the source of both terms."""
+
+    steps: Callable[[int], float]
+    bytes_factor: Callable[[int], float]
+    source: str
+
+
+ONE_LINK_FORMS: dict[tuple[str, Algorithm], Form] = {
+    # Ring all-reduce = ring reduce-scatter + ring all-gather: 2(p-1) steps of n/p bytes each, so
+    # 2(p-1) alpha + 2(p-1)/p n beta. Thakur et al. build their long-message all-reduce from these two
+    # halves (Rabenseifner's algorithm) and give the ring for all-gather; NCCL counts nsteps = 2(nRanks-1)
+    # and converts bus to algorithm bandwidth with nRanks/nsteps. The bytes factor is nccl-tests' bus
+    # factor 2(p-1)/p, which PERFORMANCE.md derives from exactly this ring.
+    (Collective.ALL_REDUCE, Algorithm.RING): Form(
+        lambda p: 2 * (p - 1), BUSBW_FACTORS[Collective.ALL_REDUCE], f"{THAKUR_2005}; {NCCL_TUNING}"),
+    # Ring all-gather (Thakur et al.'s ring algorithm): p-1 steps, each passing on one rank's n/p bytes:
+    # (p-1) alpha + (p-1)/p n beta, n the whole gathered output. Reduce-scatter is the same ring run the
+    # other way (n the whole scattered input).
+    (Collective.ALL_GATHER, Algorithm.RING): Form(
+        lambda p: p - 1, BUSBW_FACTORS[Collective.ALL_GATHER], f"{THAKUR_2005}; {NCCL_TUNING}"),
+    (Collective.REDUCE_SCATTER, Algorithm.RING): Form(
+        lambda p: p - 1, BUSBW_FACTORS[Collective.REDUCE_SCATTER], f"{THAKUR_2005}; {NCCL_TUNING}"),
+    # Double binary tree (Sanders, Speck and Traeff 2009, "Two-tree algorithms for full bandwidth
+    # broadcast, reduction and scan", Parallel Computing 35(12); NCCL >= 2.4): each half of the data goes
+    # up one tree and back down; a rank that is inner in one tree is a leaf in the other, so it sends 2n
+    # and receives 2n in all. Latency: up and down a tree of depth floor(log2 p). NCCL: latency
+    # 2 log2i(nNodes) interLat with one rank per node, algorithm bandwidth = bus bandwidth x .5.
+    # At p = 2 the tree is a chain that moves n each way, so 2n overstates it there.
+    (Collective.ALL_REDUCE, Algorithm.TREE): Form(
+        lambda p: 2 * _floor_log2(p), lambda p: 2.0, f"Sanders, Speck and Traeff 2009; {NCCL_TUNING}"),
+    # Pipelined chain (NCCL's ring broadcast/reduce: nccl-tests' bus factor 1, NCCL ratio nRanks/nsteps = 1
+    # with nsteps = nRanks): with many small chunks the last rank has the data after p-1 hops' latency
+    # plus n beta. NCCL charges nsteps = p latencies; p-1 is the hop count of a chain of p ranks.
+    (Collective.BROADCAST, Algorithm.CHAIN): Form(lambda p: p - 1, BUSBW_FACTORS[Collective.BROADCAST],
+                                                  f"{NCCL_TUNING}; nccl-tests BroadcastGetBw"),
+    (Collective.REDUCE, Algorithm.CHAIN): Form(lambda p: p - 1, BUSBW_FACTORS[Collective.REDUCE],
+                                               f"{NCCL_TUNING}; nccl-tests ReduceGetBw"),
+    # Pairwise exchange (the algorithm Thakur et al. use for long all-to-all messages): p-1 rounds, in
+    # each a rank exchanges the n/p bytes meant for one peer with that peer: (p-1) alpha + (p-1)/p n beta.
+    (Collective.ALL_TO_ALL, Algorithm.PAIRWISE): Form(
+        lambda p: p - 1, BUSBW_FACTORS[Collective.ALL_TO_ALL], THAKUR_2005),
+}
+
+
+def _check(collective: str, size_bytes: float, ranks: int) -> None:
+    if collective not in DEFAULT_ALGORITHMS:
+        raise SpecError(f"collective {collective!r} is not modelled; modelled: {', '.join(DEFAULT_ALGORITHMS)}")
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, numbers.Real) or not (
+            math.isfinite(size_bytes) and size_bytes >= 0):
+        raise SpecError(f"{collective} size must be a finite number of bytes >= 0, got {size_bytes!r}")
+    if isinstance(ranks, bool) or not isinstance(ranks, numbers.Integral) or ranks < 1:
+        raise SpecError(f"{collective} ranks must be a whole number >= 1, got {ranks!r}")
+
+
+def resolve_algorithm(collective: str, algorithm: str | None,
+                      known: Mapping[tuple[str, Algorithm], object]) -> Algorithm:
+    """`algorithm` (the collective's default when None), checked to be one `known` models for it."""
+    chosen = DEFAULT_ALGORITHMS[collective] if algorithm is None else algorithm
+    allowed = [a.value for (c, a) in known if c == collective]
+    if chosen not in allowed:
+        raise SpecError(f"algorithm {str(chosen)!r} is not modelled for {collective} here; "
+                        f"allowed: {', '.join(allowed)}")
+    return Algorithm(chosen)
+
+
+def one_link_time(collective: str, size_bytes: float, ranks: int, link: Link, algorithm: str | None = None) -> float:
+    """Seconds for one collective of `size_bytes` among `ranks` ranks all joined by `link` (one level)."""
+    _check(collective, size_bytes, ranks)
+    form = ONE_LINK_FORMS[(collective, resolve_algorithm(collective, algorithm, ONE_LINK_FORMS))]
+    if ranks == 1:
+        return 0.0
+    return form.steps(ranks) * link.latency_s + form.bytes_factor(ranks) * size_bytes * link.seconds_per_byte
+
+
+# ---- two levels: m nodes of g GPUs ------------------------------------------------------------------------
+
+
+def _crossing_seconds_per_byte(layout: NodeLayout, cluster: Cluster) -> float:
+    """Seconds per byte of a ring or chain that visits each node's GPUs in turn: every GPU's link inside
+    its node and the node's boundary carry the same bytes, pipelined, so the slower of the two sets the
+    pace (the module docstring says why the boundary runs at B_e)."""
+    inside = cluster.intra_node.seconds_per_byte if layout.ranks_per_node > 1 else 0.0
+    across = cluster.inter_node.seconds_per_byte if layout.nodes > 1 else 0.0
+    return max(inside, across)
+
+
+def _ring_latency(steps: int, inter_steps: int, cluster: Cluster) -> float:
+    """NCCL's ring latency: of a chunk's `steps` hops, `inter_steps` cross a node boundary (a pipeline's
+    fill time: each hop is paid once, at its own link's latency)."""
+    return (steps - inter_steps) * cluster.intra_node.latency_s + inter_steps * cluster.inter_node.latency_s
+
+
+def _ring_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # 2(p-1) steps, 2(m-1) of them across nodes (NCCL nInterSteps = 2(nNodes-1) at 01afd20; later releases
+    # count 2 nNodes, which goes negative on the intra-node side at one GPU per node), and
+    # 2(p-1)/p n bytes through each GPU's link and each node boundary.
+    p, m = layout.ranks, layout.nodes
+    return (_ring_latency(2 * (p - 1), 2 * (m - 1), cluster)
+            + 2 * (p - 1) / p * n * _crossing_seconds_per_byte(layout, cluster))
+
+
+def _ring_all_gather(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # p-1 steps, m-1 across nodes (NCCL nInterSteps = nNodes-1); (p-1)/p n bytes. Reduce-scatter alike.
+    p, m = layout.ranks, layout.nodes
+    return _ring_latency(p - 1, m - 1, cluster) + (p - 1) / p * n * _crossing_seconds_per_byte(layout, cluster)
+
+
+def _tree_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # NCCL's tree: a chain through the g GPUs of each node, a double binary tree over the m nodes, up and
+    # back down: latency 2((g-1) alpha_i + log2i(m) alpha_e) (tuning.cc, NCCL_ALGO_TREE); each GPU and
+    # each node boundary carries 2n (ratio .5), pipelined, so the slower link sets the pace.
+    g, m = layout.ranks_per_node, layout.nodes
+    latency = 2 * ((g - 1) * cluster.intra_node.latency_s + _floor_log2(m) * cluster.inter_node.latency_s)
+    return latency + 2 * n * _crossing_seconds_per_byte(layout, cluster)
+
+
+def _hierarchical_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # Horovod's hierarchical all-reduce (HOROVOD_HIERARCHICAL_ALLREDUCE; horovod/common/ops/
+    # nccl_operations.cc NCCLHierarchicalAllreduce::Execute: NCCL reduce-scatter in the node, MPI
+    # all-reduce across nodes, NCCL all-gather in the node): three phases, one after the other.
+    # 1. ring reduce-scatter of n inside each node:  (g-1) alpha_i + (g-1)/g n / B_i
+    # 2. g ring all-reduces at once, one per local rank, each of its n/g shard across the m nodes; the g
+    #    of them share the node's NICs, each at B_e / g:
+    #       2(m-1) alpha_e + 2(m-1)/m (n/g) / (B_e/g) = 2(m-1) alpha_e + 2(m-1)/m n / B_e
+    # 3. ring all-gather of n inside each node:      (g-1) alpha_i + (g-1)/g n / B_i
+    g, m = layout.ranks_per_node, layout.nodes
+    inside = cluster.intra_node
+    across = cluster.inter_node
+    in_node = 2 * ((g - 1) * inside.latency_s + (g - 1) / g * n * inside.seconds_per_byte)
+    shard = n / g
+    between = 2 * (m - 1) * across.latency_s + 2 * (m - 1) / m * shard * (g * across.seconds_per_byte)
+    return in_node + between
+
+
+def _chain(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # A pipelined chain through the nodes' GPUs in turn: p-1 hops, m-1 across nodes; n bytes through each
+    # GPU's link and each node boundary.
+    p, m = layout.ranks, layout.nodes
+    return _ring_latency(p - 1, m - 1, cluster) + n * _crossing_seconds_per_byte(layout, cluster)
+
+
+def _pairwise_all_to_all(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # Pairwise exchange ordered by node: round (b, s) pairs local rank j of node a with local rank
+    # (j+s) mod g of node (a+b) mod m. The g-1 rounds with b = 0 stay inside the node; in each of the
+    # p-g others all g GPUs of a node exchange with other nodes at once and share B_e:
+    #     (g-1)(alpha_i + (n/p) / B_i) + (p-g)(alpha_e + g (n/p) / B_e)
+    # (at m = 1 or g = 1 this is the one-link (p-1) alpha + (p-1)/p n beta).
+    p, g = layout.ranks, layout.ranks_per_node
+    piece = n / p
+    inside = (g - 1) * (cluster.intra_node.latency_s + piece * cluster.intra_node.seconds_per_byte)
+    across = (p - g) * (cluster.inter_node.latency_s + g * piece * cluster.inter_node.seconds_per_byte)
+    return inside + across
+
+
+TWO_LEVEL: dict[tuple[str, Algorithm], Callable[[float, NodeLayout, Cluster], float]] = {
+    (Collective.ALL_REDUCE, Algorithm.RING): _ring_all_reduce,
+    (Collective.ALL_REDUCE, Algorithm.TREE): _tree_all_reduce,
+    (Collective.ALL_REDUCE, Algorithm.HIERARCHICAL): _hierarchical_all_reduce,
+    (Collective.ALL_GATHER, Algorithm.RING): _ring_all_gather,
+    (Collective.REDUCE_SCATTER, Algorithm.RING): _ring_all_gather,
+    (Collective.BROADCAST, Algorithm.CHAIN): _chain,
+    (Collective.REDUCE, Algorithm.CHAIN): _chain,
+    (Collective.ALL_TO_ALL, Algorithm.PAIRWISE): _pairwise_all_to_all,
+}
+
+
+def collective_time(collective: str, size_bytes: float, ranks: int, cluster: Cluster,
+                    algorithm: str | None = None) -> float:
+    """Seconds for one collective of `size_bytes` among `ranks` ranks packed onto `cluster`'s nodes, by
+    `algorithm` (DEFAULT_ALGORITHMS[collective] when None)."""
+    _check(collective, size_bytes, ranks)
+    model = TWO_LEVEL[(collective, resolve_algorithm(collective, algorithm, TWO_LEVEL))]
+    layout = cluster.layout(ranks)
+    return 0.0 if ranks == 1 else model(float(size_bytes), layout, cluster)
+
+
+def fastest_algorithm(collective: str, size_bytes: float, ranks: int, cluster: Cluster) -> tuple[Algorithm, float]:
+    """The modelled algorithm with the least time and that time, as NCCL's tuner picks by its own model
+    (enqueue.cc: the algorithm and protocol of least predicted time); ties go to the default."""
+    _check(collective, size_bytes, ranks)
+    best = DEFAULT_ALGORITHMS[collective]
+    seconds = collective_time(collective, size_bytes, ranks, cluster, best)
+    for (c, algorithm) in TWO_LEVEL:
+        if c == collective and algorithm != best:
+            candidate = collective_time(collective, size_bytes, ranks, cluster, algorithm)
+            if candidate < seconds:
+                best, seconds = algorithm, candidate
+    return best, seconds
+
+
+class CommModel(Protocol):
+    """Anything that prices one collective: a described cluster (ClusterModel) or a calibration
+    (harness.project.fit.Calibration)."""
+
+    def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterModel:
+    """A described cluster with one algorithm per collective: DEFAULT_ALGORITHMS, with `algorithms`
+    replacing some of them (e.g. {"all_reduce": "hierarchical"})."""
+
+    cluster: Cluster
+    algorithms: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.algorithms) - set(DEFAULT_ALGORITHMS))
+        if unknown:
+            raise SpecError(f"collective {unknown[0]!r} is not modelled; modelled: {', '.join(DEFAULT_ALGORITHMS)}")
+        chosen = {c: resolve_algorithm(c, self.algorithms.get(c), TWO_LEVEL) for c in DEFAULT_ALGORITHMS}
+        object.__setattr__(self, "algorithms", chosen)
+
+    def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
+        _check(collective, size_bytes, ranks)
+        return collective_time(collective, size_bytes, ranks, self.cluster, self.algorithms[collective])
