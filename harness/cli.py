@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
 def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     """The validated cells a `run` invocation asks for and where they go; raises SpecError before anything
     launches."""
-    placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args)
+    placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args,
+                               dry_run=args.dry_run)
     if args.slurm and shutil.which("sbatch") is None:
         raise SpecError("--slurm needs Slurm's sbatch on PATH; it was not found")
     machine = Machine.detect(args.device, nodes=placement.nnodes)
@@ -213,9 +214,11 @@ def command_run(args: argparse.Namespace) -> int:
         raise SpecError(str(error)) from None
     if args.profile_steps:
         os.environ["PARBENCH_PROFILE_STEPS"] = str(args.profile_steps)   # ranks inherit it; rows record it
-    if args.dry_run:
-        for spec in specs:
-            print(spec.label, f"x{spec.repeats}")
+    if args.dry_run:   # the plan, with every node's command; launches nothing, writes nothing
+        from harness.launch.dry_run import describe_plan
+
+        planned_out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+        print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout))
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     launches = sum(spec.repeats for spec in specs)
@@ -255,7 +258,7 @@ def command_list(args: argparse.Namespace) -> int:
     print("strategies:")
     for name, strategy in STRATEGIES.items():
         options = ", ".join(f"{k}={v.default}" for k, v in strategy.options.items())
-        print(f"  {name:<14} {strategy.launcher.value:<11} {strategy.description}"
+        print(f"  {name:<14} {strategy.launcher:<11} {strategy.description}"
               + (f"  [options: {options}]" if options else ""))
     return 0
 
