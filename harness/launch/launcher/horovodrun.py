@@ -19,6 +19,9 @@ class Horovodrun(Launcher):
     name = "horovodrun"
     reaches_nodes = True
     uses_port = False
+    # horovodrun starts each rank through a shell, which reports a rank killed by SIGKILL as 128 + 9
+    # (horovod/runner/gloo_run.py: "Process N exit with status code 137.").
+    sigkill_marks = ("exit with status code 137.",)
 
     def argv(self, nodes: Nodes, node: Node) -> list[str]:
         spec = nodes.spec
