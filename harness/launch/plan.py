@@ -61,6 +61,12 @@ class LaunchPlan:
     cleanup_targets: tuple[str, ...] = ()
     files: tuple[tuple[Path, str], ...] = ()          # (path, text), written before the commands start
 
+    def __post_init__(self) -> None:
+        if len(self.targets) != len(self.commands) or len(self.cleanup_targets) != len(self.cleanup):
+            raise ValueError(f"a launch plan names where each command runs: {len(self.commands)} commands, "
+                             f"{len(self.targets)} targets, {len(self.cleanup)} clean-up commands, "
+                             f"{len(self.cleanup_targets)} clean-up targets")
+
 
 def worker_program(cell_dir: Path) -> tuple[str, ...]:
     """The rank's program after the interpreter: `-m harness.rank.worker` and its arguments."""
