@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from harness.spec import SpecError
 from harness.launch.launcher import LAUNCHERS
+from harness.spec import SpecError
 from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strategy, Trainer
 from harness.strategies.dataparallel import DataParallel
 from harness.strategies.ddp import DDP
