@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -192,17 +191,18 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     """The validated cells a `run` invocation asks for and where they go, planned for the machine it names
     (this one, or with --dry-run one it need not be); raises SpecError before anything launches, and warns
     in one line on stderr where CPU ranks would outnumber a node's cores."""
-    placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args)
-    if args.slurm and shutil.which("sbatch") is None:
-        raise SpecError("--slurm needs Slurm's sbatch on PATH; it was not found")
+    placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args,
+                               dry_run=args.dry_run)
+    # Under Slurm the nodes are not this host (a login node often has no GPU): their devices are described
+    # by the flags, as for a dry run, and the job asks Slurm for them.
     machine = Machine.requested(args.device, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
-                                nodes=placement.nnodes, dry_run=args.dry_run)
+                                nodes=placement.nnodes, dry_run=args.dry_run or args.slurm)
     overrides = tuple((name, getattr(args, name)) for name in
                       ("global_batch", "micro_batch", "precision", "warmup_steps", "timed_steps", "seed")
                       if getattr(args, name) is not None)
     select = Selection(workloads=args.workload, strategies=args.strategy, world_sizes=args.world_sizes,
                        repeats=args.repeats, overrides=overrides, options=tuple(args.option))
-    specs = [placement.place(spec) for spec in build_matrix(args.matrix, machine, select)]
+    specs = [placement.place(spec, machine.devices_per_node) for spec in build_matrix(args.matrix, machine, select)]
     warning = oversubscription_warning(specs, machine, threads_per_rank)
     if warning:
         print(f"parbench: warning: {warning}", file=sys.stderr)
@@ -225,9 +225,11 @@ def command_run(args: argparse.Namespace) -> int:
         raise SpecError(str(error)) from None
     if args.profile_steps:
         os.environ["PARBENCH_PROFILE_STEPS"] = str(args.profile_steps)   # ranks inherit it; rows record it
-    if args.dry_run:
-        for spec in specs:
-            print(spec.label, f"x{spec.repeats}")
+    if args.dry_run:   # the plan, with every node's command; launches nothing, writes nothing
+        from harness.launch.dry_run import describe_plan
+
+        planned_out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+        print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout))
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     launches = sum(spec.repeats for spec in specs)
@@ -267,7 +269,7 @@ def command_list(args: argparse.Namespace) -> int:
     print("strategies:")
     for name, strategy in STRATEGIES.items():
         options = ", ".join(f"{k}={v.default}" for k, v in strategy.options.items())
-        print(f"  {name:<14} {strategy.launcher.value:<11} {strategy.description}"
+        print(f"  {name:<14} {strategy.launcher:<11} {strategy.description}"
               + (f"  [options: {options}]" if options else ""))
     return 0
 

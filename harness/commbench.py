@@ -143,7 +143,10 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
         iters: int, out: Path, timeout_s: float) -> list[dict[str, Any]]:
     """Launch the benchmark with torchrun, like a cell, and append its row (with bandwidths) to `out`."""
     from harness.environment import capture_environment
-    from harness.launch.cell import CELL_TOKEN_ENV, Launch, free_port, run_launcher, shown_command, torchrun_command
+    from harness.launch.launcher.torchrun import torchrun_argv
+    from harness.launch.placement.base import free_port
+    from harness.launch.plan import CELL_TOKEN_ENV, LaunchPlan
+    from harness.launch.processes import run_processes, shown_command
     from harness.record import COMMBENCH_KIND, append_line
 
     run_dir = out.with_name(out.stem + "-cells") / f"commbench-ws{world_size}-{uuid.uuid4().hex[:8]}"
@@ -153,9 +156,9 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
                "--warmup", str(warmup), "--iters", str(iters)]
     threads = str(max(1, (os.cpu_count() or 1) // world_size))
     extra_env = {CELL_TOKEN_ENV: uuid.uuid4().hex, "PARBENCH_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
-    command = torchrun_command(1, world_size, f"127.0.0.1:{free_port()}", program)
-    returncode, timed_out, wall = run_launcher(Launch(commands=(tuple(command),)), extra_env, run_dir / "log.txt",
-                                               timeout_s)
+    command = torchrun_argv(1, world_size, f"127.0.0.1:{free_port()}", program)
+    returncode, timed_out, wall = run_processes(LaunchPlan(commands=(tuple(command),), targets=("this host",)),
+                                                extra_env, run_dir / "log.txt", timeout_s)
     results_path = run_dir / RESULTS_FILE
     if timed_out or returncode != 0 or not results_path.exists():
         why = f"no result within {timeout_s:g} s" if timed_out else f"launcher exited {returncode}"

@@ -57,7 +57,8 @@ class Machine:
     def requested(cls, device: str | None, *, gpus_per_node: int | None = None, cpus_per_node: int | None = None,
                   nodes: int = 1, dry_run: bool = False) -> "Machine":
         """The machine a `run` names: --device, --gpus-per-node or --cpus-per-node, --nnodes; what it leaves
-        out is this host's. Without `dry_run` it must be here: devices this host lacks are a SpecError."""
+        out is this host's. Without `dry_run` (a plan, or nodes elsewhere as under Slurm) it must be here:
+        devices this host lacks are a SpecError."""
         if gpus_per_node is not None and cpus_per_node is not None:
             raise SpecError("--gpus-per-node and --cpus-per-node exclude each other: the first goes with "
                             "--device cuda, the second with --device cpu")
@@ -77,8 +78,8 @@ class Machine:
         if dry_run and asked:
             return cls(device=kind, devices_per_node=asked, nodes=nodes)
         if dry_run and kind is DeviceKind.CUDA and not visible_gpus():
-            raise SpecError("--device cuda --dry-run on a host with no visible GPU needs --gpus-per-node N: "
-                            "the GPUs of each node to plan for")
+            raise SpecError("--device cuda on a host with no visible GPU needs --gpus-per-node N (the GPUs of each "
+                            "node to plan for) with --dry-run or --slurm; allowed here without them: cpu")
         here = cls.detect(device, nodes)
         if asked and asked > here.devices_per_node:
             flag, what = (("--gpus-per-node", "GPU(s) visible") if here.device is DeviceKind.CUDA

@@ -25,7 +25,8 @@ from typing import Callable, Iterable
 
 from harness.machine import Machine
 from harness.spec import DeviceKind, Precision, RunSpec, SpecError
-from harness.strategies import STRATEGIES, Launcher, get_strategy
+from harness.launch.launcher import get_launcher
+from harness.strategies import STRATEGIES, get_strategy
 from workloads import get_workload
 
 
@@ -98,7 +99,7 @@ def _plans(machine: Machine, select: Selection, plans: dict[DeviceKind, dict[str
 def spans_nodes(strategy: str) -> bool:
     """Whether a strategy's ranks can spread over nodes: a single-process launcher (DataParallel's one
     process driving a node's GPUs) cannot."""
-    return get_strategy(strategy).launcher is not Launcher.SINGLE_PROCESS
+    return get_launcher(get_strategy(strategy).launcher).spans_nodes
 
 
 def _powers_of_two_up_to(limit: int) -> tuple[int, ...]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shlex
 import uuid
 from datetime import datetime, timezone
@@ -23,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 from harness.derive.intervals import median_interval
 from harness.environment import capture_environment
-from harness.launch.cell import LOG_FILE, SPEC_FILE, run_cell
-from harness.launch.placement import Placement
+from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
+from harness.launch.placement import LocalPlacement, Placement
 from harness.record import AppendError, append_row, read_results, read_rows
 from harness.spec import RunResult, RunSpec, SpecError, Status
 from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE
@@ -37,15 +36,10 @@ RECOVERED = "recovered from its cell folder"
 class RunOptions:
     results: Path                 # the JSONL file rows are appended to
     timeout_s: float = 900.0      # per launch, after which every rank of the cell is killed
-    placement: Placement = Placement()
+    placement: Placement = LocalPlacement()
     peak_flops_per_s: float | None = None   # the user's peak for MFU, recorded as the user's (CPUs)
     resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`, and
                                   # record those with measurements in their cell folder but no row
-
-
-def cells_dir(results: Path) -> Path:
-    """Folder of per-cell artifacts (spec, logs) beside a results file."""
-    return results.with_name(results.stem + "-cells")
 
 
 def run_specs(specs: Sequence[RunSpec], options: RunOptions,
@@ -66,7 +60,7 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
                 if on_result is not None:
                     on_result(recorded[spec.cell_id, repeat])
                 continue
-            cell_dir = cells_dir(options.results) / f"{_slug(spec.label)}-{spec.cell_id}-r{repeat}"
+            cell_dir = launch_dir(options.results, spec, repeat)
             # A launch with a row of any status keeps its verdict: only a missing row is recovered.
             result = None
             if options.resume and (spec.cell_id, repeat) not in with_row:
@@ -152,10 +146,6 @@ def _with_user_peak(result: RunResult, user_peak: float | None) -> RunResult:
     if result.status is not Status.OK or user_peak is None:
         return result
     return dataclasses.replace(result, measurements={**result.measurements, "user_peak_flops_per_s": user_peak})
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
 def _oversubscribed(flag: Any) -> bool:

@@ -1,5 +1,6 @@
 """The command line refuses bad input with one line and exit status 2, before launching anything."""
 
+import re
 import subprocess
 import sys
 

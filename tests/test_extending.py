@@ -19,7 +19,7 @@ from harness.derive.comm import Collective
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision
 from harness.strategies import EXTRA_STRATEGIES_ENV, register
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, PrecisionRecipe, Strategy, Trainer,
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, PrecisionRecipe, Strategy, Trainer,
                                      accumulate, make_adamw, optimizer_description, replicated_gradients,
                                      replicated_parameters, torchrun_context)
 
@@ -54,7 +54,7 @@ class HandAllReduceTrainer(Trainer):
 
 class HandAllReduce(Strategy):
     name = "hand-allreduce"
-    launcher = Launcher.TORCHRUN
+    launcher = "torchrun"          # a key of harness.launch.launcher.LAUNCHERS
     description = "data parallel, one all-reduce per gradient, written by hand (a test's toy)"
 
     def start(self, spec):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.launch.cell import plan_launch
-from harness.launch.placement import Host, Placement, make_placement, read_hostfile
+from harness.launch.placement import Host, HostfilePlacement, LocalPlacement, make_placement, read_hostfile
+from harness.launch.plan import launch_environment, plan_launch
 from harness.record import read_results
 from harness.spec import RunSpec, SpecError, Status
 
@@ -44,21 +44,22 @@ def test_a_bad_hostfile_is_one_line_naming_the_line(tmp_path, text, message):
 
 
 def test_cells_spread_over_the_nodes_when_they_divide_the_ranks():
-    placement = Placement(hosts=(Host("a", 2), Host("b", 2)), nnodes=2)
+    placement = HostfilePlacement(hosts=(Host("a", 2), Host("b", 2)), nnodes=2)
     ddp = RunSpec(workload="gpt-tiny", strategy="ddp", world_size=4, global_batch=16, micro_batch=4)
     assert placement.place(ddp).nnodes == 2 and placement.place(ddp).ranks_per_node == 2
     assert placement.place(ddp.replace(world_size=1)).nnodes == 1                 # too small: first host
     assert placement.place(ddp.replace(strategy="plain", world_size=1)).nnodes == 1
     with pytest.raises(SpecError, match="needs 4 ranks on host a, which has slots=2"):
-        Placement(hosts=(Host("a", 2), Host("b", 2)), nnodes=1).place(ddp)
+        HostfilePlacement(hosts=(Host("a", 2), Host("b", 2)), nnodes=1).place(ddp)
 
 
 def test_each_node_gets_its_own_launcher_and_the_cleanup_reaches_every_host(tmp_path):
-    placement = Placement(hosts=(Host("10.0.0.1", 1), Host("10.0.0.2", 1)), nnodes=2,
-                          remote_shell="ip netns exec h{node} sh -c")
+    placement = HostfilePlacement(hosts=(Host("10.0.0.1", 1), Host("10.0.0.2", 1)), nnodes=2,
+                                  remote_shell="ip netns exec h{node} sh -c")
     ddp = placement.place(RunSpec(workload="gpt-tiny", strategy="ddp", world_size=2, global_batch=16,
                                   micro_batch=4))
-    launch = plan_launch(ddp, tmp_path, 29500, 60, placement, {"PARBENCH_CELL_TOKEN": "t"})
+    environment = launch_environment(ddp, "t")
+    launch = plan_launch(ddp, placement, cell_dir=tmp_path, port="29500", environment=environment, timeout_s=60)
     assert [command[:4] for command in launch.commands] == [("ip", "netns", "exec", "h0"),
                                                             ("ip", "netns", "exec", "h1")]
     node0, node1 = (command[-1] for command in launch.commands)
@@ -68,9 +69,10 @@ def test_each_node_gets_its_own_launcher_and_the_cleanup_reaches_every_host(tmp_
     assert len(launch.cleanup) == 2 and "pkill" in launch.cleanup[1][-1]
 
     zero = ddp.replace(strategy="zero2")
-    deepspeed = plan_launch(zero, tmp_path, 29500, 60, placement, {"PARBENCH_CELL_TOKEN": "t"})
+    deepspeed = plan_launch(zero, placement, cell_dir=tmp_path, port="29500", environment=environment, timeout_s=60)
     assert "--no_ssh" in deepspeed.commands[1][-1] and "--node_rank=1" in deepspeed.commands[1][-1]
-    assert (tmp_path / "hostfile").read_text() == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
+    assert deepspeed.files == ((tmp_path / "hostfile", "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"),)
+    assert not (tmp_path / "hostfile").exists()       # planning writes nothing; run_cell writes the plan's files
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -88,26 +90,6 @@ def test_bad_placement_is_refused_before_launch(tmp_path, capsys, argv, message)
     error = capsys.readouterr().err.strip()
     assert error.startswith("parbench: error:") and message in error and "\n" not in error
     assert not (tmp_path / "r.jsonl").exists()
-
-
-def test_slurm_job_script_expands_the_first_node_in_the_job(tmp_path):
-    from harness.launch import slurm
-    from harness.launch.cell import torchrun_command
-
-    spec = RunSpec(workload="gpt-tiny", strategy="ddp", world_size=2, global_batch=16, micro_batch=4)
-    command = torchrun_command(1, 2, "$head:29500", ["-m", "harness.rank.worker", "--spec", "a b/spec.json"])
-    script = slurm.job_script(spec, command, {"X": "1 2"}, per_node=True)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "scontrol").write_text("#!/bin/sh\necho node7\necho node8\n")
-    (fake / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    for tool in ("scontrol", "srun"):
-        (fake / tool).chmod(0o755)
-    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "x"})
-    arguments = ran.stdout.splitlines()
-    assert "--rdzv-endpoint=node7:29500" in arguments and "a b/spec.json" in arguments
-    assert arguments[:3] == ["--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
 
 
 # ---- real launches ---------------------------------------------------------------------------------------
@@ -185,20 +167,26 @@ def slurm_cluster(tmp_path_factory, monkeypatch):
         subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
 
 
-def test_a_two_rank_cell_runs_through_slurm(slurm_cluster, tmp_path):
+def test_two_rank_cells_run_through_slurm_by_torchrun_and_deepspeeds_launcher(slurm_cluster, tmp_path):
     out = tmp_path / "rows.jsonl"
-    assert main(["run", "--matrix", "smoke", "--strategy", "ddp", "--world-sizes", "2", "--out", str(out),
+    assert main(["run", "--matrix", "smoke", "--strategy", "ddp,zero2", "--world-sizes", "2", "--out", str(out),
                  "--slurm", *SHORT]) == 0
-    [row] = read_results([out])
-    assert row.status is Status.OK, row.message
-    assert row.launch_command[row.launch_command.index("sbatch") + 1] == "--wait"
-    cell = Path(row.artifacts_dir)
-    assert "srun --nodes=1" in (cell / "job.sh").read_text()
-    assert "steps done" in (cell / "log-slurm.txt").read_text()    # the ranks' output, written by Slurm
-    assert len(row.measurements["step_time_s"]) == 2 and row.measurements["data_parallel"] == 2
+    rows = {row.spec.strategy: row for row in read_results([out])}
+    for strategy, launcher in (("ddp", "torchrun"), ("zero2", "deepspeed")):
+        row = rows[strategy]
+        assert row.status is Status.OK, row.message
+        assert row.launch_command[row.launch_command.index("sbatch") + 1] == "--wait"
+        cell = Path(row.artifacts_dir)
+        script = (cell / "job.sh").read_text()
+        assert "exec srun --nodes=1 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c " in script
+        assert f"/{launcher} " in script.splitlines()[-1]
+        assert "steps done" in (cell / "log-slurm.txt").read_text()    # the ranks' output, written by Slurm
+        assert len(row.measurements["step_time_s"]) == 2 and row.measurements["data_parallel"] == 2
+    # DeepSpeed's hostfile, written inside the job from its node list.
+    assert (Path(rows["zero2"].artifacts_dir) / "hostfile").read_text().endswith(" slots=2\n")
     queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, check=True)
     assert queue.stdout.strip() == ""                     # the job is over, nothing left queued
 
 
 def test_make_placement_defaults_to_this_host():
-    assert make_placement(None, None, None, False, None) == Placement()
+    assert make_placement(None, None, None, False, None) == LocalPlacement()

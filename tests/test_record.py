@@ -15,9 +15,10 @@ import pytest
 from harness import record, runner
 from harness.cli import main
 from harness.environment import capture_environment
+from harness.launch.cell import cells_dir, launch_dir
 from harness.matrix import Machine, Selection, build_matrix
 from harness.record import AppendError, ResultsError, append_line, append_row, read_results, read_rows
-from harness.runner import RECOVERED, RunOptions, cells_dir, run_specs
+from harness.runner import RECOVERED, RunOptions, run_specs
 from harness.spec import DeviceKind, RunResult, Status
 
 
@@ -127,7 +128,7 @@ def write_cell_folder(cell_dir: Path, spec, measurements: dict) -> None:
 def test_resume_records_a_row_from_its_cell_folder_without_launching(tmp_path, monkeypatch):
     spec = plain_spec()
     out = tmp_path / "rows with space.jsonl"
-    cell_dir = cells_dir(out) / f"{runner._slug(spec.label)}-{spec.cell_id}-r0"
+    cell_dir = launch_dir(out, spec, 0)
     measured = {"loss_per_step": [4.5, 4.25], "samples_per_s": 100.0, "samples_per_s_per_device": 100.0,
                 "train_flops_per_sample": 1e6, "device_name": "cpu"}
     write_cell_folder(cell_dir, spec, measured)
@@ -155,7 +156,7 @@ def test_resume_relaunches_a_cell_whose_folder_does_not_hold_a_missing_ok_row(tm
                                                                                recorded, error_report):
     spec = plain_spec()
     out = tmp_path / "rows.jsonl"
-    cell_dir = cells_dir(out) / f"{runner._slug(spec.label)}-{spec.cell_id}-r0"
+    cell_dir = launch_dir(out, spec, 0)
     write_cell_folder(cell_dir, spec, {"loss_per_step": [4.5, 4.25]})
     if error_report:
         (cell_dir / "rank1.error.json").write_text('{"status": "failed", "message": "rank 1: boom"}')

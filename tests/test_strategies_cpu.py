@@ -14,6 +14,7 @@ speed, and launches dominate the test's time.
 """
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -82,8 +83,11 @@ def test_the_first_steps_norms_are_recorded_where_a_step_can_be_probed(rows):
 def test_each_strategy_was_started_by_its_own_launcher(rows):
     launchers = {name: " ".join(row.launch_command) for name, row in rows.items() if row.status is Status.OK}
     assert "horovodrun" in launchers["horovod"] and "--gloo" in launchers["horovod"]
-    for name in ("ddp", "zero1", "zero2", "zero3", "fsdp2", "pipeline"):
-        assert "torchrun" in launchers[name] and "--nproc-per-node=2" in launchers[name]
+    for name in ("ddp", "fsdp2"):
+        assert "/torchrun " in launchers[name] and "--nproc-per-node=2" in launchers[name]
+    for name in ("zero1", "zero2", "zero3", "pipeline"):     # DeepSpeed's own, from a hostfile of this host
+        assert "/deepspeed " in launchers[name] and "--no_ssh --node_rank=0" in launchers[name]
+        assert (Path(rows[name].artifacts_dir) / "hostfile").read_text() == "localhost slots=2\n"
 
 
 def test_dataparallel_without_two_gpus_is_skipped_with_the_reason(rows):

@@ -1,2 +1,6 @@
-"""What starts ranks: the launchers (python, torchrun, horovodrun, DeepSpeed's) and the placements
-(this host, a hostfile's hosts, Slurm) that turn a cell into processes and clean up after them."""
+"""What starts ranks. A strategy names its launcher (`launcher/`: python, torchrun, horovodrun, DeepSpeed's),
+which builds the argv that starts a cell's ranks on a node; a run chooses its placement (`placement/`: this
+host, a hostfile's hosts, Slurm), which turns those argvs into commands here, chooses the rendezvous port
+where it is served and cleans up where the ranks ran. `plan.py` puts the two together for one launch,
+`cell.py` runs it and reads its outcome, `processes.py` starts, waits for and kills its processes, and
+`dry_run.py` prints the plan instead of running it."""

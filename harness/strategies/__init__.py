@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from harness.launch.launcher import LAUNCHERS
 from harness.spec import SpecError
-from harness.strategies.base import Launcher, Option, PrecisionRecipe, RankContext, Strategy, Trainer
+from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strategy, Trainer
 from harness.strategies.dataparallel import DataParallel
 from harness.strategies.ddp import DDP
 from harness.strategies.fsdp2 import FSDP2
@@ -43,6 +44,13 @@ STRATEGIES: dict[str, Strategy] = {
 EXTRA_STRATEGIES_ENV = "PARBENCH_EXTRA_STRATEGIES"
 
 
+def check_launcher(name: str, strategy: Strategy) -> None:
+    """A strategy's launcher must be a key of the launcher registry (harness.launch.launcher.LAUNCHERS)."""
+    if getattr(strategy, "launcher", None) not in LAUNCHERS:
+        raise SpecError(f"strategy {name!r} names launcher {getattr(strategy, 'launcher', None)!r}; "
+                        f"known launchers: {', '.join(LAUNCHERS)}")
+
+
 def register(extra: Mapping[str, Strategy]) -> None:
     """Add strategies to the registry; a name already taken is an error, never a silent replacement."""
     for name, strategy in extra.items():
@@ -50,6 +58,7 @@ def register(extra: Mapping[str, Strategy]) -> None:
             raise SpecError(f"strategy {name!r} is already registered; choose another name")
         if not isinstance(strategy, Strategy):
             raise SpecError(f"{EXTRA_STRATEGIES_ENV}: {name!r} is not a harness Strategy")
+        check_launcher(name, strategy)
         STRATEGIES[name] = strategy
 
 
@@ -73,7 +82,9 @@ def get_strategy(name: str) -> Strategy:
         raise SpecError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
 
 
+for _name, _strategy in STRATEGIES.items():    # the built-ins are held to the check extras get
+    check_launcher(_name, _strategy)
 _register_from_environment()
 
-__all__ = ["EXTRA_STRATEGIES_ENV", "STRATEGIES", "Launcher", "Option", "PrecisionRecipe", "RankContext", "Strategy",
+__all__ = ["EXTRA_STRATEGIES_ENV", "STRATEGIES", "Option", "PrecisionRecipe", "RankContext", "Strategy",
            "Trainer", "get_strategy", "register"]

@@ -42,15 +42,6 @@ MicroBatch = tuple[torch.Tensor, torch.Tensor]
 GradientsReady = Callable[[], None]
 
 
-class Launcher(enum.StrEnum):
-    """How a cell's processes are started: each strategy's own ecosystem launcher."""
-
-    SINGLE_PROCESS = "python"
-    TORCHRUN = "torchrun"
-    HOROVODRUN = "horovodrun"
-    DEEPSPEED = "deepspeed"              # DeepSpeed's own launcher, given a hostfile (multi-node runs)
-
-
 class PrecisionRecipe(enum.StrEnum):
     """How low precision is applied; every row names the one it used."""
 
@@ -271,8 +262,9 @@ class Strategy(abc.ABC):
     """How one parallelisation scheme is launched, validated and wrapped around a workload."""
 
     name: ClassVar[str]
-    launcher: ClassVar[Launcher]
-    multi_node_launcher: ClassVar[Launcher | None] = None   # across a hostfile's hosts, if not `launcher`
+    # The key of the launcher that starts its ranks, on one host and across nodes alike
+    # (harness.launch.launcher.LAUNCHERS); checked when the strategy registers.
+    launcher: ClassVar[str]
     description: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()       # importable modules the strategy needs
     options: ClassVar[Mapping[str, Option]] = {}
@@ -403,7 +395,8 @@ def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextM
 
 
 def torchrun_context(device_kind: DeviceKind) -> RankContext:
-    """Start torch.distributed from torchrun's environment: NCCL with one GPU per rank, else gloo.
+    """Start torch.distributed from the environment torchrun (or DeepSpeed's launcher, which sets the same
+    variables) gives each rank: NCCL with one GPU per rank, else gloo.
 
     Ranks outnumbering the GPUs share them over gloo (NCCL refuses two ranks on one GPU); such runs are
     marked `shared_device` and only good for memory and correctness.

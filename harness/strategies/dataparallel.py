@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from harness.spec import DeviceKind, RunSpec
-from harness.strategies.base import ExpectedTraffic, Launcher, RankContext, Strategy, place_rank
+from harness.strategies.base import ExpectedTraffic, RankContext, Strategy, place_rank
 from harness.strategies.plain import plain_trainer
 
 
 class DataParallel(Strategy):
     name = "dataparallel"
-    launcher = Launcher.SINGLE_PROCESS
+    launcher = "python"
     description = "torch.nn.DataParallel over the visible GPUs (one process)"
     comm_interception = "none: DataParallel copies through torch.cuda.comm, which is not intercepted"
 

@@ -22,7 +22,7 @@ from harness.derive.comm import Collective
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe,
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
                                      Strategy, Trainer, accumulate, make_adamw, optimizer_description,
                                      replicated_gradients, replicated_parameters, torchrun_context)
 from workloads import Workload
@@ -59,7 +59,7 @@ class DDPTrainer(Trainer):
 
 class DDP(Strategy):
     name = "ddp"
-    launcher = Launcher.TORCHRUN
+    launcher = "torchrun"
     description = "torch DistributedDataParallel (torchrun)"
     comm_interception = "torch.distributed, through DDP's allreduce_hook (one call per bucket)"
     options = {

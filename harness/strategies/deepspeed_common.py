@@ -1,8 +1,10 @@
 """What the DeepSpeed strategies (ZeRO stages, pipeline) share: start-up, precision and the base config.
 
-DeepSpeed is started under torchrun (one of the two launchers DeepSpeed documents): torchrun's
-environment names the rank, `torch.distributed` is initialised as for every other torchrun strategy, and
-`deepspeed.init_distributed` adopts that process group. The optimizer is the common torch AdamW handed
+DeepSpeed is started by its own launcher (`deepspeed`, harness.launch.launcher.deepspeed) on this host, on
+a hostfile's hosts and under Slurm alike. Its environment names the rank as torchrun's does (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT; LOCAL_SIZE for the ranks on the node), `torch.distributed` is
+initialised from it as for every torchrun strategy, and `deepspeed.init_distributed` adopts that process
+group. The optimizer is the common torch AdamW handed
 over as a client optimizer, so no DeepSpeed op needs a JIT compile and the update rule is the same as
 everywhere else.
 """

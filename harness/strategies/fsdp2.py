@@ -27,7 +27,7 @@ from harness.derive.memory import zero_plan
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic,
-                                     Launcher, MicroBatch, Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes,
+                                     MicroBatch, Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes,
                                      Trainer, accumulate, is_block, make_adamw, optimizer_description,
                                      torchrun_context)
 from workloads import Workload
@@ -73,7 +73,7 @@ class FSDP2Trainer(Trainer):
 
 class FSDP2(Strategy):
     name = "fsdp2"
-    launcher = Launcher.TORCHRUN
+    launcher = "torchrun"
     description = "PyTorch FSDP2 fully_shard per block, then the root (torchrun)"
     options = {
         "reshard_after_forward": Option(True, "free gathered block parameters after forward (ZeRO-3 "

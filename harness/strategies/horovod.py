@@ -28,7 +28,7 @@ from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe,
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
                                      RankContext, Strategy, Trainer, accumulate, make_adamw, optimizer_description,
                                      place_rank, replicated_gradients, replicated_parameters)
 from workloads import Workload
@@ -84,7 +84,7 @@ class HorovodTrainer(Trainer):
 
 class Horovod(Strategy):
     name = "horovod"
-    launcher = Launcher.HOROVODRUN
+    launcher = "horovodrun"
     description = "Horovod DistributedOptimizer all-reduce (horovodrun)"
     comm_interception = "Horovod's all-reduce entry points (and torch.distributed, unused by Horovod)"
     requires = ("horovod.torch",)

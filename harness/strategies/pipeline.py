@@ -20,7 +20,7 @@ import torch
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors, optimizer_state_tensors
 from harness.spec import Layout, RunSpec, SpecError
-from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer,
+from harness.strategies.base import (ExpectedTraffic, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer,
                                      make_adamw, optimizer_description)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
                                                  throughput_timer_state)
@@ -61,9 +61,8 @@ class PipelineTrainer(Trainer):
 
 class Pipeline(Strategy):
     name = "pipeline"
-    launcher = Launcher.TORCHRUN
-    multi_node_launcher = Launcher.DEEPSPEED
-    description = "DeepSpeed pipeline parallelism, 1F1B schedule (torchrun)"
+    launcher = "deepspeed"
+    description = "DeepSpeed pipeline parallelism, 1F1B schedule (DeepSpeed's launcher)"
     comm_interception = "torch.distributed collectives and point-to-point sends (DeepSpeed's p2p)"
     requires = ("deepspeed",)
     options = {

@@ -13,7 +13,7 @@ from torch import nn
 
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec, SpecError
-from harness.strategies.base import (ExpectedTraffic, Launcher, MicroBatch, PrecisionRecipe, RankContext, Strategy,
+from harness.strategies.base import (ExpectedTraffic, MicroBatch, PrecisionRecipe, RankContext, Strategy,
                                      Trainer, accumulate, make_adamw, optimizer_description, place_rank,
                                      replicated_gradients, replicated_parameters)
 from workloads import Workload
@@ -56,7 +56,7 @@ def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model
 
 class Plain(Strategy):
     name = "plain"
-    launcher = Launcher.SINGLE_PROCESS
+    launcher = "python"
     description = "single device, no wrapper: the reference loop"
     comm_interception = "none: one process, no communication"
 

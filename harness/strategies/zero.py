@@ -46,7 +46,7 @@ from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
 from harness.derive.memory import ModelStatePlan, zero_plan
 from harness.rank.memory_model import ModelStateTensors, deepspeed_estimate, optimizer_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, Launcher, MicroBatch,
+from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
                                      Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
                                      optimizer_description)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
@@ -130,14 +130,13 @@ def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
              "not counted")
 
 class ZeRO(Strategy):
-    launcher = Launcher.TORCHRUN
+    launcher = "deepspeed"
     requires = ("deepspeed",)
-    multi_node_launcher = Launcher.DEEPSPEED
 
     def __init__(self, stage: int) -> None:
         self.stage = stage
         self.name = f"zero{stage}"
-        self.description = f"DeepSpeed ZeRO stage {stage} (torchrun)"
+        self.description = f"DeepSpeed ZeRO stage {stage} (DeepSpeed's launcher)"
         options = {
             "overlap_comm": Option(None, "overlap gradient reduction with backward; default: DeepSpeed's "
                                    "(on for stage 3 only)", choices=(None, True, False)),

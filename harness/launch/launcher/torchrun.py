@@ -1,0 +1,36 @@
+"""torchrun: one elastic agent per node, meeting at a c10d rendezvous on the first host.
+
+    torchrun --nnodes=N --nproc-per-node=K --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT -m harness.rank.worker ...
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from harness.launch.launcher.base import Launcher, Node, Nodes, executable
+
+
+class Torchrun(Launcher):
+    name = "torchrun"
+    sigkill_marks = ("Signal 9 (SIGKILL)",)   # torchrun's ChildFailedError names the signal
+
+    def argv(self, nodes: Nodes, node: Node) -> list[str]:
+        spec = nodes.spec
+        return torchrun_argv(spec.nnodes, spec.ranks_per_node, f"{nodes.first_host}:{nodes.port}", nodes.program,
+                             local_addr=node.address, serves_rendezvous=node.serves_rendezvous)
+
+
+def torchrun_argv(nnodes: int, ranks_per_node: int, endpoint: str, program: Sequence[str],
+                  local_addr: str | None = None, serves_rendezvous: bool | None = None) -> list[str]:
+    """torchrun with a c10d rendezvous at `endpoint` (host:port; the rendezvous id follows the port, which is
+    new for every launch, so two launches never meet). Where the placement knows them, a node is told the
+    address it is reached at and whether it hosts the rendezvous store: torchrun would otherwise guess both
+    from host names, which fails where hosts share a name (network namespaces) or a name resolves to another
+    interface."""
+    node = [f"--local-addr={local_addr}"] if local_addr else []
+    if serves_rendezvous is not None:
+        node.append(f"--rdzv-conf=is_host={str(serves_rendezvous).lower()}")
+    return [*executable("torchrun", "torch.distributed.run"),
+            f"--nnodes={nnodes}", f"--nproc-per-node={ranks_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id=parbench-{endpoint.rsplit(':', 1)[-1]}", "--max-restarts=0", *node, *program]

@@ -1,0 +1,71 @@
+"""Placements, one module each: this host, the hosts of a hostfile, Slurm. `make_placement` turns a run's
+flags into one, checked before anything launches.
+
+    python -m harness run --matrix full --hostfile hosts --nnodes 2
+    python -m harness run --matrix full --slurm --nnodes 2 --slurm-args "--partition gpu"
+    python -m harness run --matrix scaling --dry-run --nnodes 4       # 4 placeholder hosts, planned only
+
+A cell of world size W over N nodes puts W/N ranks on each when N divides W; a smaller cell (the
+single-process references, world size 1) runs on the first node alone.
+
+Adding a placement: a module here with a `Placement` subclass, its line in PLACEMENTS, and how
+`make_placement` chooses it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from pathlib import Path
+
+from harness.launch.placement.base import Host, Placement
+from harness.launch.placement.hostfile import (DEFAULT_REMOTE_SHELL, HostfilePlacement, check_remote_shell,
+                                               read_hostfile)
+from harness.launch.placement.local import LocalPlacement
+from harness.launch.placement.slurm import SlurmPlacement
+from harness.spec import SpecError
+
+PLACEMENTS: dict[str, type[Placement]] = {
+    LocalPlacement.name: LocalPlacement,
+    HostfilePlacement.name: HostfilePlacement,
+    SlurmPlacement.name: SlurmPlacement,
+}
+
+
+def make_placement(hostfile: Path | None, nnodes: int | None, remote_shell: str | None, slurm: bool,
+                   slurm_args: str | None, dry_run: bool = False) -> Placement:
+    """The placement a `run` asks for, checked before anything launches. A dry run may plan for nodes it
+    cannot reach: `--nnodes M` with neither a hostfile nor Slurm plans for M placeholder hosts, and
+    `--slurm` needs no sbatch here."""
+    if hostfile and slurm:
+        raise SpecError("--hostfile and --slurm exclude each other: Slurm chooses the hosts")
+    if (remote_shell or slurm_args) and not (hostfile or slurm):
+        raise SpecError("--remote-shell needs --hostfile, and --slurm-args needs --slurm")
+    if nnodes is not None and nnodes < 1:
+        raise SpecError(f"--nnodes must be >= 1, got {nnodes}")
+    if hostfile:
+        hosts = read_hostfile(hostfile)
+        wanted = nnodes or len(hosts)
+        if wanted > len(hosts):
+            raise SpecError(f"--nnodes {wanted} but hostfile {hostfile} lists {len(hosts)} host(s)")
+        shell = remote_shell or DEFAULT_REMOTE_SHELL
+        check_remote_shell(shell)
+        return PLACEMENTS["hostfile"](hosts=hosts[:wanted], remote_shell=shell, nnodes=wanted)
+    if slurm:
+        try:
+            extra = tuple(shlex.split(slurm_args or ""))
+        except ValueError as error:
+            raise SpecError(f"--slurm-args cannot be split into arguments: {error}") from None
+        if not dry_run and shutil.which("sbatch") is None:
+            raise SpecError("--slurm needs Slurm's sbatch on PATH; it was not found")
+        return PLACEMENTS["slurm"](slurm_args=extra, nnodes=nnodes or 1)
+    if nnodes and nnodes > 1:
+        if dry_run:
+            return PLACEMENTS["hostfile"](hosts=tuple(Host(f"host{node}", None) for node in range(nnodes)),
+                                          nnodes=nnodes, placeholder=True)
+        raise SpecError(f"--nnodes {nnodes} needs --hostfile FILE or --slurm to say where the nodes are")
+    return PLACEMENTS["local"]()
+
+
+__all__ = ["PLACEMENTS", "DEFAULT_REMOTE_SHELL", "Host", "HostfilePlacement", "LocalPlacement", "Placement",
+           "SlurmPlacement", "make_placement", "read_hostfile"]
