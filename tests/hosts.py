@@ -19,6 +19,7 @@ deleted whatever happens; the fixtures skip, saying why, where root, iproute2 or
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -39,17 +40,19 @@ SSHD_START_S = 20.0
 
 @dataclass(frozen=True)
 class NamespaceHosts:
-    """Two (or more) hosts: namespace names, each host's address, and the remote shell reaching them."""
+    """Hosts as namespaces `<prefix><node>`, each host's address, and the remote shell reaching them."""
 
-    namespaces: tuple[str, ...]
+    prefix: str
     addresses: tuple[str, ...]
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        return tuple(f"{self.prefix}{node}" for node in range(len(self.addresses)))
 
     @property
     def remote_shell(self) -> str:
         """The harness's --remote-shell: `{node}` picks the namespace, the node's script is the last argument."""
-        prefix = self.namespaces[0][:-1]
-        assert all(name == f"{prefix}{node}" for node, name in enumerate(self.namespaces))
-        return f"ip netns exec {prefix}{{node}} sh -c"
+        return f"ip netns exec {self.prefix}{{node}} sh -c"
 
     def hostfile(self, folder: Path, slots: int = 1) -> Path:
         path = folder / "hosts"
@@ -121,7 +124,7 @@ def namespace_hosts() -> Iterator[NamespaceHosts]:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("network namespaces need root and iproute2's `ip`; this machine forbids them")
     tag = uuid.uuid4().hex[:6]
-    hosts = NamespaceHosts(namespaces=tuple(f"pb{tag}h{node}" for node in range(2)),
+    hosts = NamespaceHosts(prefix=f"pb{tag}h",
                            addresses=tuple(f"10.77.{int(tag, 16) % 250}.{node + 1}" for node in range(2)))
     created: list[str] = []
     try:
@@ -223,7 +226,9 @@ def ssh_hosts(namespace_hosts: NamespaceHosts, tmp_path_factory) -> Iterator[Ssh
     bin_dir.mkdir()
     (folder / "ssh_config").write_text(SSH_CONFIG.format(folder=folder))
     wrapper = bin_dir / "ssh"
-    wrapper.write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {folder}/ssh_config \"$@\"\n")
+    real_ssh = shutil.which("ssh")            # found before any test puts the wrapper first on PATH
+    client_config = shlex.quote(str(folder / "ssh_config"))
+    wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(str(real_ssh))} -F {client_config} \"$@\"\n")
     wrapper.chmod(0o755)
 
     processes: list[subprocess.Popen] = []
