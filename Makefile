@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 setup:
 	PARBENCH_VENV=$(VENV) scripts/setup-env.sh
 
-# Slurm, munge and iproute2 for the multi-node tests (apt, where root; they skip with the reason elsewhere).
+# Slurm, munge, iproute2 and openssh-server for the multi-node tests (apt, where root; they skip with the reason elsewhere).
 test-tools:
 	scripts/install-test-tools.sh
 
