@@ -25,7 +25,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from harness.launch.cell import threads_per_rank
+from harness.launch.plan import threads_per_rank
 from harness.machine import Machine, oversubscription_warning
 from harness.matrix import MATRICES, Selection, build_matrix
 from harness.record import AppendError, ResultsError

@@ -153,10 +153,66 @@ def test_dry_run_with_nnodes_alone_plans_for_placeholder_hosts():
 
 def test_the_dry_run_prints_the_plan_launches_nothing_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
-    assert main(["run", "--matrix", "smoke", "--dry-run", "--nnodes", "2", "--out", str(out)]) == 0
+    # One core per node: the smoke matrix's 2-rank DDP cell needs both nodes.
+    assert main(["run", "--matrix", "smoke", "--dry-run", "--device", "cpu", "--cpus-per-node", "1", "--nnodes", "2",
+                 "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "2 placeholder hosts" in printed and "ssh -o BatchMode=yes host1" in printed
     assert list(tmp_path.iterdir()) == []
+
+
+DATA_PARALLEL = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3")
+
+
+@pytest.mark.parametrize("matrix", ["scaling", "full", "smoke", "zero-memory"])
+def test_a_cluster_of_four_8_gpu_nodes_is_planned_from_a_cpu_host(tmp_path, capsys, matrix):
+    """The plan a user checks from a laptop before booking four 8-GPU nodes: every cell with each node's
+    command, a cell packed on the fewest nodes that hold it (8 GPUs each), the scaling matrices reaching 32."""
+    assert main(["run", "--matrix", matrix, "--dry-run", "--device", "cuda", "--gpus-per-node", "8", "--nnodes", "4",
+                 "--out", str(tmp_path / "rows.jsonl")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    sizes: dict[str, set[int]] = {}
+    for number, line in enumerate(lines):
+        heading = re.match(r"[\w.-]+/(\w+)(\[[^]]*\])?/ws(\d+)(x(\d+)nodes)?/.*: (\w+), (\d+) node\(s\) x (\d+) rank", line)
+        if not heading:
+            continue
+        strategy, world_size = heading.group(1), int(heading.group(3))
+        nodes = int(heading.group(7))
+        sizes.setdefault(strategy, set()).add(world_size)
+        assert nodes == max(1, world_size // 8) and int(heading.group(8)) * nodes == world_size, line
+        assert nodes == int(heading.group(5) or 1), line
+        block = lines[number + 1:]
+        block = block[:block.index("")] if "" in block else block      # a cell's lines end at a blank line
+        node_lines = [l for l in block if l.startswith("  node ")]
+        launcher = heading.group(6)
+        # horovodrun reaches the other hosts itself: one command on the first host; the others, one per node
+        assert len(node_lines) == (1 if launcher == "horovodrun" else nodes), line
+        assert all(f"host{n}" in node_lines[n] for n in range(len(node_lines)))
+    assert not list(tmp_path.iterdir())
+    expected = {"scaling": {1, 2, 4, 8, 16, 32}, "full": {1, 2, 4, 8, 16, 32}, "smoke": {2}, "zero-memory": {32}}
+    planned_strategies = {"smoke": ("ddp",), "zero-memory": ("ddp", "zero1", "zero2", "zero3", "fsdp2")}
+    for strategy in planned_strategies.get(matrix, DATA_PARALLEL):
+        assert sizes[strategy] == expected[matrix], strategy
+    if matrix == "full":
+        assert sizes["dataparallel"] == {1, 2, 4, 8}      # one process drives one node's GPUs
+
+
+def test_a_cell_goes_on_the_fewest_nodes_that_hold_it():
+    four = HostfilePlacement(hosts=tuple(Host(name, 8) for name in HOSTS), remote_shell=REMOTE_SHELL, nnodes=4)
+    # 8 ranks fit one 8-slot node; 16 need two; 24 three (8 each); 32 all four
+    specs = [cuda_spec("ddp", 1).replace(world_size=size, global_batch=96) for size in (1, 4, 8, 16, 24, 32)[:3]]
+    specs += [cuda_spec("ddp", 16), cuda_spec("ddp", 1).replace(world_size=24, global_batch=96), cuda_spec("ddp", 32)]
+    assert [four.place(spec).nnodes for spec in specs] == [1, 1, 1, 2, 3, 4]
+    # a hostfile's slots decide, whatever the machine's devices; without slots (placeholders) the devices do
+    assert four.place(cuda_spec("ddp", 16), devices_per_node=16).nnodes == 2
+    unknown = HostfilePlacement(hosts=tuple(Host(name, None) for name in HOSTS), remote_shell=REMOTE_SHELL, nnodes=4)
+    assert unknown.place(cuda_spec("ddp", 16), devices_per_node=16).nnodes == 1
+    assert unknown.place(cuda_spec("ddp", 16), devices_per_node=4).nnodes == 4
+    assert unknown.place(cuda_spec("ddp", 16).replace(world_size=12, global_batch=48), devices_per_node=8).nnodes == 2
+    eleven = cuda_spec("ddp", 16).replace(world_size=11, global_batch=44)   # 2, 3 and 4 nodes all split it unevenly
+    with pytest.raises(SpecError, match="no count of nodes from 2 to 4 holds evenly at <= 8 per node"):
+        unknown.place(eleven, devices_per_node=8)
+    assert four.place(cuda_spec("plain", 1)).nnodes == 1
 
 
 # ---- this host -------------------------------------------------------------------------------------------
