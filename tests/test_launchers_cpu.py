@@ -4,12 +4,14 @@ and no process of the launch is left."""
 
 from __future__ import annotations
 
+import json
+
 import psutil
 import pytest
 
 from harness.matrix import Machine, Selection, build_matrix
 from harness.runner import RunOptions, run_specs
-from harness.spec import DeviceKind, Status
+from harness.spec import DeviceKind, RunSpec, Status
 
 
 def processes_naming(folder: str) -> list[psutil.Process]:
@@ -26,12 +28,33 @@ def test_a_rank_killed_under_the_launcher_is_named_sigkill_and_nothing_is_left(s
                                                                                 monkeypatch):
     pytest.importorskip({"zero2": "deepspeed", "horovod": "horovod.torch"}[strategy])
     monkeypatch.setenv("PARBENCH_FAULT", "kill:rank=1:step=1")
-    [spec] = build_matrix("smoke", Machine(device=DeviceKind.CPU, gpus=0, cores=2),
+    [spec] = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
                           Selection(workloads=("gpt-tiny",), strategies=(strategy,), world_sizes=(2,),
                                     overrides=(("warmup_steps", 1), ("timed_steps", 2))))
     [row] = run_specs([spec], RunOptions(results=tmp_path / "rows.jsonl", timeout_s=300))
     assert any(part.endswith(f"/{launcher}") for part in row.launch_command), row.launch_command
     # Without the launcher's own words for it, the row would carry the surviving rank's echo instead
     # (DeepSpeed's launcher exits 247 and Horovod's peers report "Horovod has been shut down").
-    assert row.status is Status.FAILED and "killed by SIGKILL" in row.message, row.message
+    # DeepSpeed's launcher logs only the first non-zero exit it polls, the victim's or the echo's; either way
+    # the row names the killed rank, not the echo.
+    assert row.status is Status.FAILED, row.message
+    assert "killed by SIGKILL" in row.message or "rank 1 died without a report" in row.message, row.message
     assert not processes_naming(row.artifacts_dir)
+
+
+@pytest.mark.parametrize("rank0_says, expected", [
+    ("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:32653",
+     "rank 1 died without a report of its own"),
+    ("RuntimeError: planted crash at step 1", "RuntimeError: planted crash at step 1"),
+])
+def test_a_rank_silent_beside_echoes_is_named_and_a_real_fault_is_kept(tmp_path, rank0_says, expected):
+    """Without the launcher's words (DeepSpeed's names whichever exit it polls first), a rank that left no
+    report while every other rank reports only a vanished peer is the root cause; a rank's own fault is not
+    an echo and stays the message (the launcher then killed the silent rank)."""
+    from harness.launch.cell import _outcome
+    from harness.launch.launcher import LAUNCHERS
+
+    (tmp_path / "rank0.error.json").write_text(json.dumps({"status": "failed", "message": rank0_says}))
+    spec = RunSpec(workload="gpt-tiny", strategy="zero2", world_size=2, global_batch=16, micro_batch=4)
+    row = _outcome(tmp_path, 1, False, LAUNCHERS["deepspeed"], {"spec": spec, "run_id": "r"})
+    assert row.status is Status.FAILED and row.message.startswith(expected), row.message

@@ -112,10 +112,34 @@ def _outcome(cell_dir: Path, returncode: int, oom_killed: bool, launcher: Launch
     if returncode == -signal.SIGKILL or any(mark in log for mark in launcher.sigkill_marks):
         return RunResult(status=Status.FAILED, message="a rank was killed by SIGKILL (not by the kernel's "
                          "out-of-memory killer, whose count did not move); see log.txt", **common)
+    silent = _silent_ranks(common["spec"].world_size, errors)
+    if silent and reports and all(_echoes_a_lost_peer(report["message"]) for report in reports):
+        # A launcher names the kill only when it notices that rank first (DeepSpeed's logs the first
+        # non-zero exit it polls, often the echo); a rank that left no report while every other rank only
+        # saw a peer vanish is the root cause, whatever the launcher noticed.
+        names = ", ".join(str(rank) for rank in silent)
+        return RunResult(status=Status.FAILED, message=f"rank {names} died without a report of its own, as a rank "
+                         "killed by a signal (SIGKILL) does; the others only saw it go: "
+                         f"{reports[0]['message'][:160]}", **common)
     if reports:
         return RunResult(status=Status.FAILED, message=reports[0]["message"], **common)
     return RunResult(status=Status.FAILED, message=f"launcher exited {returncode}: {_last_lines(log)[-300:]}",
                      **common)
+
+
+# What a rank reports when a peer vanished under it (gloo, NCCL, Horovod), as opposed to a fault of its own.
+LOST_PEER_ECHOES = ("Connection closed by peer", "Connection reset by peer", "Horovod has been shut down",
+                    "remote process exited", "Broken pipe", "Connection refused")
+
+
+def _echoes_a_lost_peer(message: str) -> bool:
+    return any(echo.lower() in message.lower() for echo in LOST_PEER_ECHOES)
+
+
+def _silent_ranks(world_size: int, error_files: list[Path]) -> list[int]:
+    """Ranks that wrote no error report (a report is rank{N}.error.json)."""
+    reported = {int(re.search(r"rank(\d+)", path.name).group(1)) for path in error_files}
+    return [rank for rank in range(world_size) if rank not in reported]
 
 
 def _read(path: Path) -> str:
