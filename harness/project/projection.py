@@ -53,7 +53,7 @@ from __future__ import annotations
 import enum
 import math
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from statistics import median
 from typing import Any, Iterable, Mapping, Protocol, Sequence
@@ -407,7 +407,6 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
     schedule = counted_schedule(m)
     gradient_bytes, gathered_bytes = _traffic_bytes(m, parameters)
     exposed = [e for e in (exposed_communication(measurements(r)).exposed_comm_s for r in rows) if e is not None]
-    notes: list[str] = []
     if world_size < 2 or not exposed:
         fraction, source = 1.0, NO_OVERLAP + (f" (measured at world size {world_size})" if world_size < 2 else "")
     elif host is None:
@@ -425,7 +424,7 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
                  global_batch=int(s["global_batch"]), micro_batch=int(s["micro_batch"]), compute_s=median(computes),
                  world_size=world_size, micro_batches=int(m.get("micro_batches_per_step") or 1), schedule=schedule,
                  gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
-                 overlap_source=source, run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=tuple(notes))
+                 overlap_source=source, run_ids=tuple(str(r.get("run_id", "")) for r in rows))
 
 
 # ---- a basis from a description ------------------------------------------------------------------------
