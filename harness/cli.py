@@ -5,6 +5,8 @@
     python -m harness list
     python -m harness memory --params 1.5B --dp 8
     python -m harness comm --world-size 2
+    python -m harness project results/reference/ci-cpu/smoke.jsonl --cluster dgx-h100-ib
+    python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib --strategies ddp,zero3
     python -m harness report results/full-*.jsonl --out report/
     python -m harness compare results/base.jsonl results/new.jsonl
     python -m harness reproduce 3f2a9c
@@ -163,6 +165,33 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--iters", type=int, default=20)
     comm.add_argument("--out", type=Path, help="results JSONL (default: results/comm-<time>.jsonl)")
     comm.add_argument("--timeout", type=float, default=600.0)
+
+    project = commands.add_parser("project", help="predict step time, throughput, scaling efficiency and "
+                                  "memory per rank at world sizes not measured (harness.project.projection)")
+    project.add_argument("rows", type=Path, nargs="*", help="results JSONL files with measured cell rows")
+    project.add_argument("--comm", type=Path, nargs="+", default=[], help="`harness comm` rows of the host the rows "
+                         "ran on: the measured overlap is judged against them; with no --cluster they are the target")
+    project.add_argument("--cluster", help="target: a preset (dgx-h100-ib, dgx-a100-ib, aws-p4d, aws-p5, "
+                         "commodity-100gbe) or a FILE.toml")
+    project.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster key, "
+                         "e.g. inter_node_bandwidth_GBps=100 (repeatable)")
+    project.add_argument("--algorithm", action="append", default=[], metavar="COLLECTIVE=ALGORITHM",
+                         help="e.g. all_reduce=hierarchical (default: ring; repeatable)")
+    project.add_argument("--world-sizes", type=_int_csv, help="default: 8,16,...,1024")
+    project.add_argument("--scaling", type=_csv, default=("weak", "strong"), help="weak, strong or both (default)")
+    project.add_argument("--out", type=Path, help="append the projected rows (kind projection) to this JSONL")
+    project.add_argument("--params", type=_count, help="a description instead of rows: parameters, e.g. 1.5B")
+    project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device")
+    project.add_argument("--grad-bytes", type=float, default=4.0, help="with --params: bytes per gradient element "
+                         "as reduced (and per parameter as gathered; default 4)")
+    project.add_argument("--strategies", type=_csv, default=("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2"),
+                         help="with --params: strategies to project (default: every data-parallel one)")
+    project.add_argument("--batch-per-device", type=int, default=1, help="with --params: samples per device per step")
+    project.add_argument("--global-batch", type=int, help="with --params: strong scaling's global batch (default: "
+                         "batch per device x the largest world size)")
+    project.add_argument("--recipe", default="autocast", help="with --params: precision recipe for memory")
+    project.add_argument("--exposed-fraction", type=float, default=1.0, help="with --params: share of communication "
+                         "left exposed (default 1: no overlap)")
 
     report = commands.add_parser("report", help="Markdown + self-contained HTML report, CSV and Parquet")
     report.add_argument("results", type=Path, nargs="+", help="results JSONL files (cell and comm rows)")
@@ -345,6 +374,13 @@ def command_comm(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_project(args: argparse.Namespace) -> int:
+    from harness.project.run import projection_from_arguments
+
+    print(projection_from_arguments(args))
+    return 0
+
+
 def command_report(args: argparse.Namespace) -> int:
     from harness.report import write_report
 
@@ -392,7 +428,8 @@ def command_reproduce(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm,
-            "report": command_report, "compare": command_compare, "reproduce": command_reproduce}
+            "project": command_project, "report": command_report, "compare": command_compare,
+            "reproduce": command_reproduce}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

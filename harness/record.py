@@ -131,11 +131,16 @@ def _warn(message: str) -> None:
 
 
 COMMBENCH_KIND = "commbench"   # rows written by `python -m harness comm` carry "kind": "commbench"
+# Rows written by `python -m harness project` carry "kind": "projection" (and status "projected"): predictions,
+# never measurements. Like collective-benchmark rows they are read only when asked for by kind, so no reader
+# of measured cell rows (summary, report, compare, resume, reproduce) ever counts one.
+PROJECTION_KIND = "projection"
+OTHER_KINDS = (COMMBENCH_KIND, PROJECTION_KIND)
 
 
 def read_rows(paths: Iterable[Path], kind: str | None = None) -> list[dict[str, Any]]:
     """Raw row dicts of every file, in order: cell rows, or with `kind="commbench"` the collective
-    benchmark's rows. A malformed line raises ResultsError naming file:line, except a cut-short last line
+    benchmark's rows, with `kind="projection"` projected rows. A malformed line raises ResultsError naming file:line, except a cut-short last line
     (no newline and not JSON: an append that never finished), which is set aside with a one-line warning
     on stderr; the next append cuts it away (append_line)."""
     rows: list[dict[str, Any]] = []
@@ -157,7 +162,7 @@ def read_rows(paths: Iterable[Path], kind: str | None = None) -> list[dict[str, 
                           "an append that never finished); set aside, the lines before it are read")
                     continue
                 raise ResultsError(f"{path}:{number}: not a JSON row ({error.msg} at column {error.colno})") from None
-            if not isinstance(row, dict) or not (row.get("kind") == COMMBENCH_KIND or
+            if not isinstance(row, dict) or not (row.get("kind") in OTHER_KINDS or
                                                  ("spec" in row and "status" in row)):
                 raise ResultsError(f"{path}:{number}: not a parbench row (no spec/status)")
             if row.get("kind") != kind:

@@ -1,0 +1,59 @@
+"""What a strategy itself says about a step at any world size: the collectives it issues and the model
+states a rank keeps, read from the strategy registry for harness.project.projection.
+
+    python -c "from harness.project.facts import REGISTRY_FACTS as f; \\
+        print(f.expected_per_step('zero3', {}, 16, 1, 10**9, 2 * 10**9, 2 * 10**9))"
+
+A strategy owns these facts (`Strategy.expected_collectives`, `Strategy.model_state_plan`); the projection
+asks for them at the target world size instead of keeping a table of its own. The registry imports torch,
+so it is imported here only when a fact is asked for: importing this module stays torch-free, and
+harness.project.projection takes any object with these two methods (a test may pass its own).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from harness.derive.memory import ModelStatePlan
+from harness.spec import SpecError
+
+
+class RegistryFacts:
+    """StrategyFacts (harness.project.projection) from harness.strategies.STRATEGIES."""
+
+    def _strategy(self, name: str, options: Mapping[str, Any]):
+        from harness.strategies import STRATEGIES
+
+        try:
+            strategy = STRATEGIES[name]
+        except KeyError:
+            raise SpecError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
+        strategy.check_options(dict(options))
+        return strategy, strategy.resolve_options(dict(options))
+
+    def expected_per_step(self, strategy: str, options: Mapping[str, Any], data_parallel: int, micro_batches: int,
+                          parameters: int, gradient_bytes: int, gathered_bytes: int) -> dict[str, Any]:
+        """The strategy's ExpectedTraffic as a dict ({"collectives": [{collective, size_bytes, calls, ranks}],
+        "not_modelled_because"}) for a step of `micro_batches` among `data_parallel` replicas, with all
+        gradients reduced in `gradient_bytes` and all parameters gathered in `gathered_bytes`."""
+        from harness.strategies.base import TrafficBytes
+
+        chosen, resolved = self._strategy(strategy, options)
+        traffic = TrafficBytes(parameters=int(parameters), gradients_reduced=int(gradient_bytes),
+                               parameters_gathered=int(gathered_bytes))
+        return chosen.expected_collectives(data_parallel=data_parallel, micro_batches=micro_batches,
+                                           options=resolved, traffic=traffic).to_dict()
+
+    def model_state_plan(self, strategy: str, options: Mapping[str, Any], data_parallel: int,
+                         recipe: str) -> ModelStatePlan:
+        """The strategy's bytes per parameter and sharding among `data_parallel` ranks under `recipe`."""
+        from harness.strategies import PrecisionRecipe
+
+        chosen, resolved = self._strategy(strategy, options)
+        recipes = [r.value for r in PrecisionRecipe]
+        if recipe not in recipes:
+            raise SpecError(f"precision recipe {recipe!r} is not one of: {', '.join(recipes)}")
+        return chosen.model_state_plan(data_parallel, PrecisionRecipe(recipe), resolved)
+
+
+REGISTRY_FACTS = RegistryFacts()

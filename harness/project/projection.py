@@ -1,0 +1,560 @@
+"""Step time, throughput, scaling efficiency, exposed communication and model-state memory per rank of each
+strategy at world sizes that were not measured: from measured rows, or from a description alone.
+
+    python -m harness project results/reference/ci-cpu/smoke.jsonl --cluster dgx-h100-ib
+    python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib
+
+The model, end to end (docs/projection.md says where each part comes from and where it stops holding):
+
+    step(N) = compute(N) + exposed(N)
+    comm(N) = sum over the step's collectives of  calls(N) x time(collective, size(N), group(N))
+    exposed(N) = max(f x comm(N),  comm(N) - BACKWARD_SHARE x compute(N))
+
+- **compute(N)**: the measured compute-only step time (the rank's own work with no communication,
+  harness.derive.exposed) at the measured per-device batch b. Weak scaling keeps b, so compute(N) is that
+  time; strong scaling keeps the global batch B, so compute(N) = compute x (B / N) / b (compute in
+  proportion to the samples a device runs: a fixed cost per step, the optimizer's, does not shrink, so
+  strong scaling is optimistic at small per-device batches).
+- **the schedule**: the collectives the rows counted per step per rank (type, size per call, calls, the
+  group they ran among). A collective among the data-parallel group runs among N ranks at the target; how
+  its calls and sizes change with N is the strategy's own: `Strategy.expected_collectives` at the target
+  over the same at the measured size (harness.project.facts), per collective type. Sizes are nccl-tests'
+  (the whole gathered or scattered buffer), so a ZeRO-3 all-gather keeps its size at any N and its wire
+  bytes per rank grow as (N-1)/N; under strong scaling the micro-batches per step, and with them ZeRO-2/3's
+  and FSDP2's calls, follow B / N. A counted type the strategy does not expect (DeepSpeed on gloo reduces
+  with all-reduces, not reduce-scatters) keeps its counted calls and sizes, with a note.
+- **time(collective)**: harness.project.collectives on a described cluster, or a Calibration fitted to
+  `harness comm` rows (harness.project.fit), which then is the target: a one-level network like the host
+  it was measured on.
+- **overlap**: f is the share of communication the measured row left exposed, exposed_m / comm_m, with
+  exposed_m the measured exposed communication at >= 2 ranks and comm_m the same schedule priced on the
+  measuring host's calibration (`--comm`), clipped to [0, 1]. Carried over to N, it says that the part
+  of communication a strategy cannot overlap (the last bucket, ZeRO-1's all-gather after the optimizer
+  step) stays the same share. The second term bounds it: communication can hide only behind backward,
+  BACKWARD_SHARE of a step's compute, so whatever does not fit is exposed. Without a calibration of the
+  measuring host, or a measured exposed figure, f = 1 (no overlap: an upper bound on step time).
+- **memory**: the strategy's `model_state_plan` at N (the ZeRO paper's sharding, harness.derive.memory)
+  times the parameters a rank holds.
+- **interval** (only where a Calibration prices the target): each collective's time scaled by the 10th
+  and 90th percentiles of measured / fitted over that collective's calibration rows, every collective at
+  the same percentile at once (errors taken to move together, which widens the band), and the same rule
+  for exposed time: an 80% band of the communication model's scatter, not of compute noise.
+
+Efficiency is against the 1-device prediction (compute only, no communication): weak
+E(N) = compute(b) / step(N); strong E(N) = compute(B on one device) / (N x step(N)).
+
+Torch-free: the strategies' facts come through a StrategyFacts object (harness.project.facts reads the
+registry). Projected rows are kind "projection", status "projected": readers of measured rows
+(harness.record.read_rows without kind) never see them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import uuid
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from statistics import median
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from harness.derive.comm import wire_bytes
+from harness.derive.exposed import exposed_communication, slowest_rank_per_step, stalled_steps
+from harness.derive.memory import ModelStatePlan, plan_bytes
+from harness.derive.rows import is_ok, measurements, options_text, shared_device, spec
+from harness.project.cluster import Cluster
+from harness.project.collectives import DEFAULT_ALGORITHMS, ClusterModel, CommModel
+from harness.project.fit import Calibration
+from harness.record import PROJECTION_KIND
+from harness.spec import SpecError
+
+DEFAULT_WORLD_SIZES = tuple(2 ** k for k in range(3, 11))     # 8, 16, ..., 1024
+PROJECTED = "projected"
+
+# Communication can overlap only with backward: about 2/3 of a training step's FLOPs (the backward pass
+# costs twice the forward: Kaplan et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1, C = 6N
+# per token of which 2N forward). The optimizer step's time is in the compute too, so this is generous.
+BACKWARD_SHARE = 2.0 / 3.0
+# The prediction interval: these percentiles of measured / fitted over each collective's calibration rows.
+INTERVAL_PERCENTILES = (10.0, 90.0)
+NO_OVERLAP = "none measured: all communication exposed (an upper bound)"
+
+
+class Scaling(enum.StrEnum):
+    WEAK = "weak"       # per-device batch fixed, global batch grows with N
+    STRONG = "strong"   # global batch fixed, each device's share shrinks as 1/N
+
+
+class StrategyFacts(Protocol):
+    """A strategy's own facts at any world size (harness.project.facts.RegistryFacts reads the registry)."""
+
+    def expected_per_step(self, strategy: str, options: Mapping[str, Any], data_parallel: int, micro_batches: int,
+                          parameters: int, gradient_bytes: int, gathered_bytes: int) -> dict[str, Any]: ...
+
+    def model_state_plan(self, strategy: str, options: Mapping[str, Any], data_parallel: int,
+                         recipe: str) -> ModelStatePlan: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scheduled:
+    """Collectives of one type and size issued per step per rank."""
+
+    collective: str
+    size_bytes: float           # nccl-tests size of one call
+    calls: float                # per optimizer step
+    group: int | None = None    # ranks it runs among; None: the data-parallel group, N at the target
+    origin: str = "counted"     # "counted" in the rows, or "expected" (the strategy's, not counted)
+
+    def ranks(self, world_size: int) -> int:
+        return world_size if self.group is None else self.group
+
+
+@dataclass(frozen=True, kw_only=True)
+class Basis:
+    """What a strategy's projection starts from: one measured cell (or a description)."""
+
+    workload: str
+    strategy: str
+    options: Mapping[str, Any]
+    precision: str
+    recipe: str
+    parameters: int                    # a rank's parameters before sharding (the whole model)
+    kept_whole: int                    # parameters a sharding strategy keeps whole beside their shard
+    tokens_per_sample: float | None
+    per_device_batch: float            # samples per device per step where compute_s was measured
+    global_batch: int                  # the strong-scaling reference
+    micro_batch: int
+    compute_s: float                   # compute-only step time at per_device_batch
+    world_size: int | None             # where the schedule was counted; None: a description
+    micro_batches: int                 # per step at world_size
+    schedule: tuple[Scheduled, ...]    # at world_size (rows); empty for a description
+    gradient_bytes: int                # all gradients as reduced (the strategy's traffic bytes)
+    gathered_bytes: int                # all parameters as gathered
+    exposed_fraction: float            # f of the module docstring
+    overlap_source: str                # how f was obtained
+    run_ids: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.workload}/{self.strategy}" + (f"[{options}]" if options else "") + f"/{self.precision}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Projected:
+    """One strategy at one world size under one scaling assumption."""
+
+    basis: Basis
+    scaling: Scaling
+    world_size: int
+    global_batch: float
+    per_device_batch: float
+    micro_batches: int
+    compute_s: float
+    comm_s: float
+    exposed_s: float
+    step_s: float
+    step_low_s: float | None
+    step_high_s: float | None
+    samples_per_s: float
+    tokens_per_s: float | None
+    efficiency: float
+    exposed_share: float
+    model_state_bytes_per_rank: float
+    wire_bytes_per_rank: float
+    schedule: tuple[Scheduled, ...]
+    notes: tuple[str, ...] = ()
+
+
+# ---- pricing -------------------------------------------------------------------------------------------
+
+
+def comm_seconds(schedule: Iterable[Scheduled], world_size: int, model: CommModel,
+                 factors: Mapping[str, float] | None = None) -> float:
+    """Seconds of communication per step: every call priced alone (its latency terms are per call), each
+    collective's time scaled by `factors` (the interval's percentiles) where given."""
+    total = 0.0
+    for item in schedule:
+        seconds = model.collective_seconds(item.collective, item.size_bytes, item.ranks(world_size))
+        total += item.calls * seconds * (factors or {}).get(item.collective, 1.0)
+    return total
+
+
+def exposed_seconds(comm_s: float, compute_s: float, fraction: float) -> float:
+    """The module docstring's overlap rule."""
+    return max(fraction * comm_s, comm_s - BACKWARD_SHARE * compute_s, 0.0)
+
+
+def interval_factors(calibration: Calibration) -> tuple[dict[str, float], dict[str, float]]:
+    """({collective: low factor}, {collective: high factor}): INTERVAL_PERCENTILES of measured / fitted."""
+    low, high = {}, {}
+    for name, fit in calibration.fits.items():
+        ratios = [1.0 + r for r in fit.relative_residuals if math.isfinite(r)]
+        if ratios:
+            low[name], high[name] = (float(np.percentile(ratios, q)) for q in INTERVAL_PERCENTILES)
+    return low, high
+
+
+# ---- the schedule at a target world size -------------------------------------------------------------------
+
+
+def _by_type(expected: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """{collective: (calls per step, bytes per step)} of an expected-traffic dict."""
+    totals: dict[str, tuple[float, float]] = {}
+    for entry in expected.get("collectives", ()):
+        calls, size = totals.get(entry["collective"], (0.0, 0.0))
+        totals[entry["collective"]] = (calls + entry["calls"], size + entry["calls"] * entry["size_bytes"])
+    return totals
+
+
+def schedule_at(basis: Basis, world_size: int, micro_batches: int, facts: StrategyFacts
+                ) -> tuple[tuple[Scheduled, ...], tuple[str, ...]]:
+    """The step's collectives at `world_size` with `micro_batches` per step, and notes on what was kept or
+    added (module docstring, "the schedule")."""
+    target = facts.expected_per_step(basis.strategy, basis.options, world_size, micro_batches, basis.parameters,
+                                     basis.gradient_bytes, basis.gathered_bytes)
+    if target.get("not_modelled_because"):
+        raise SpecError(f"{basis.strategy}: its traffic is not modelled ({target['not_modelled_because']})")
+    if basis.world_size is None:             # a description: the strategy's own schedule, nothing counted
+        return tuple(Scheduled(collective=e["collective"], size_bytes=float(e["size_bytes"]), calls=float(e["calls"]),
+                               origin="expected") for e in target["collectives"] if e["calls"]), ()
+    measured = facts.expected_per_step(basis.strategy, basis.options, basis.world_size, basis.micro_batches,
+                                       basis.parameters, basis.gradient_bytes, basis.gathered_bytes)
+    now, then = _by_type(target), _by_type(measured)
+    scheduled, notes = [], []
+    for item in basis.schedule:
+        if item.group is not None or not then.get(item.collective, (0.0, 0.0))[0] or item.collective not in now:
+            if item.group is None and item.collective not in now:
+                notes.append(f"counted {item.collective} is not in {basis.strategy}'s expected traffic: kept as "
+                             "counted per step")
+            scheduled.append(item)       # a fixed group, or nothing of the strategy's to scale it by
+            continue
+        (calls_n, bytes_n), (calls_m, bytes_m) = now[item.collective], then[item.collective]
+        size_factor = (bytes_n / calls_n) / (bytes_m / calls_m) if calls_n and bytes_m else 1.0
+        scheduled.append(replace(item, calls=item.calls * calls_n / calls_m, size_bytes=item.size_bytes * size_factor))
+    counted = {item.collective for item in basis.schedule}
+    for collective, (calls_n, bytes_n) in now.items():
+        if collective not in counted and calls_n and bytes_n:
+            # Expected but never counted: the row's world size issued none (a library skips a collective
+            # among one rank) or the counter missed it. Priced from the strategy's own sizes.
+            scheduled.append(Scheduled(collective=collective, size_bytes=bytes_n / calls_n, calls=calls_n,
+                                       origin="expected"))
+            notes.append(f"{collective} expected by {basis.strategy} but not counted at world size "
+                         f"{basis.world_size}: taken from its expected traffic")
+    return tuple(scheduled), tuple(notes)
+
+
+# ---- projecting -----------------------------------------------------------------------------------------
+
+
+def project(basis: Basis, world_sizes: Sequence[int], model: CommModel, facts: StrategyFacts,
+            scalings: Sequence[Scaling] = (Scaling.WEAK, Scaling.STRONG)) -> tuple[list[Projected], list[str]]:
+    """Every (scaling, world size) of one basis; world sizes where strong scaling cannot split the global
+    batch are left out with a note."""
+    check_world_sizes(world_sizes, model)
+    interval = interval_factors(model) if isinstance(model, Calibration) else None
+    points, skipped = [], []
+    for scaling in scalings:
+        for n in world_sizes:
+            if scaling is Scaling.STRONG and basis.global_batch % n:
+                skipped.append(f"{basis.label} strong at {n}: the global batch {basis.global_batch} does not "
+                               f"split over {n} ranks")
+                continue
+            points.append(_point(basis, scaling, n, model, facts, interval))
+    return points, skipped
+
+
+def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: StrategyFacts,
+           interval: tuple[dict[str, float], dict[str, float]] | None) -> Projected:
+    if scaling is Scaling.WEAK:
+        per_device, micro_batches, compute = basis.per_device_batch, basis.micro_batches, basis.compute_s
+    else:
+        per_device = basis.global_batch / n
+        micro_batches = max(1, int(per_device) // basis.micro_batch)
+        compute = basis.compute_s * per_device / basis.per_device_batch
+    schedule, notes = schedule_at(basis, n, micro_batches, facts)
+    comm = comm_seconds(schedule, n, model)
+    exposed = exposed_seconds(comm, compute, basis.exposed_fraction)
+    step = compute + exposed
+    low = high = None
+    if interval is not None:
+        low = compute + exposed_seconds(comm_seconds(schedule, n, model, interval[0]), compute, basis.exposed_fraction)
+        high = compute + exposed_seconds(comm_seconds(schedule, n, model, interval[1]), compute, basis.exposed_fraction)
+    global_batch = per_device * n
+    samples = global_batch / step
+    one_device = basis.compute_s * (basis.per_device_batch if scaling is Scaling.WEAK else basis.global_batch) \
+        / basis.per_device_batch
+    efficiency = one_device / step if scaling is Scaling.WEAK else one_device / (n * step)
+    plan = facts.model_state_plan(basis.strategy, basis.options, n, basis.recipe)
+    memory = plan_bytes(plan, basis.parameters, basis.kept_whole)["total"]
+    wire = sum(item.calls * wire_bytes(item.collective, item.size_bytes, item.ranks(n)) for item in schedule)
+    return Projected(basis=basis, scaling=scaling, world_size=n, global_batch=global_batch, per_device_batch=per_device,
+                     micro_batches=micro_batches, compute_s=compute, comm_s=comm, exposed_s=exposed, step_s=step,
+                     step_low_s=low, step_high_s=high, samples_per_s=samples,
+                     tokens_per_s=samples * basis.tokens_per_sample if basis.tokens_per_sample else None,
+                     efficiency=efficiency, exposed_share=exposed / step, model_state_bytes_per_rank=memory,
+                     wire_bytes_per_rank=wire, schedule=schedule, notes=notes)
+
+
+def check_world_sizes(world_sizes: Sequence[int], model: CommModel) -> None:
+    """Whole numbers >= 1 that the target's nodes hold (a partly filled node is not modelled)."""
+    if not world_sizes:
+        raise SpecError("no world sizes to project to")
+    for n in world_sizes:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise SpecError(f"world size {n!r} must be a whole number >= 1")
+        if isinstance(model, ClusterModel):
+            model.cluster.layout(n)
+
+
+# ---- bases from measured rows ---------------------------------------------------------------------------
+
+
+def counted_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
+    """Collectives per step of the busiest rank, per type and group size (calls shared out by bytes where a
+    type ran in groups of several sizes). Rows without group sizes (schema 1) ran every collective among
+    the data-parallel group."""
+    data_parallel = int(m.get("data_parallel") or 1)
+    busiest: dict[str, Mapping[str, Any]] = {}
+    for counted in m.get("comm_per_step_by_rank") or ():
+        for collective, figures in counted.items():
+            if figures["bytes"] >= busiest.get(collective, {"bytes": -1.0})["bytes"]:
+                busiest[collective] = figures
+    schedule = []
+    for collective, figures in sorted(busiest.items()):
+        if not figures["calls"] or not figures["bytes"]:
+            continue
+        groups = figures.get("bytes_by_group_size") or {str(data_parallel): figures["bytes"]}
+        for group, size in sorted(groups.items(), key=lambda kv: int(kv[0])):
+            calls = figures["calls"] * size / figures["bytes"]
+            schedule.append(Scheduled(collective=collective, size_bytes=size / calls, calls=calls,
+                                      group=None if int(group) == data_parallel else int(group)))
+    return tuple(schedule)
+
+
+def compute_only_seconds(m: Mapping[str, Any]) -> float | None:
+    """Median compute-only step (slowest rank), leaving out steps the host stalled (harness.derive.exposed);
+    schema-1 rows kept only the slowest rank's times, without which steps stalled."""
+    by_rank = m.get("compute_only_step_time_s_by_rank")
+    if by_rank:
+        times = slowest_rank_per_step(by_rank)
+        stalled = stalled_steps(m.get("compute_only_host_stalled_by_rank") or [[False] * len(times)])
+        kept = [t for i, t in enumerate(times) if i not in stalled] or times
+        return median(kept)
+    legacy = m.get("compute_only_step_time_s")
+    return median(legacy) if legacy else None
+
+
+def _traffic_bytes(m: Mapping[str, Any], parameters: int) -> tuple[int, int]:
+    """(gradients as reduced, parameters as gathered) in bytes, from the row's recorded expected traffic:
+    the size of its gradient-reducing and its gathering collective; 4 bytes per parameter where the row
+    did not record them. Only used where a collective was expected but not counted."""
+    entries = (m.get("comm_expected_per_step") or {}).get("collectives") or ()
+    reduced = [e["size_bytes"] for e in entries if e["collective"] in ("all_reduce", "reduce_scatter")]
+    gathered = [e["size_bytes"] for e in entries if e["collective"] == "all_gather"]
+    default = 4 * parameters
+    return int(max(reduced, default=default)), int(max(gathered, default=reduced[0] if reduced else default))
+
+
+def _group_key(row: Mapping[str, Any]) -> tuple:
+    s = spec(row)
+    return (s["workload"], s["strategy"], options_text(row), s["precision"], s["micro_batch"], s["device"])
+
+
+def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
+                    measuring_host: Calibration | None = None) -> tuple[list[Basis], list[str]]:
+    """One basis per strategy cell (workload, strategy, options, precision, micro-batch, device): its ok,
+    unshared rows at the largest world size measured, where the counted schedule and the overlap are
+    nearest the targets. `measuring_host` (a calibration of the host the rows ran on) prices the measured
+    schedule for the exposed fraction f. Returns the bases and one note per cell left out."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    skipped = []
+    for row in rows:
+        if is_ok(row) and not shared_device(row):
+            groups.setdefault(_group_key(row), []).append(row)
+    bases = []
+    for key, members in groups.items():
+        top = max(spec(r)["world_size"] for r in members)
+        chosen = [r for r in members if spec(r)["world_size"] == top]
+        label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "")
+        try:
+            bases.append(_basis(chosen, facts, measuring_host))
+        except SpecError as error:
+            skipped.append(f"{label}: {error}")
+    return bases, skipped
+
+
+def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibration | None) -> Basis:
+    first = rows[0]
+    s, m = spec(first), measurements(first)
+    if s["strategy"] == "plain":
+        raise SpecError("runs on one device: nothing to project")
+    computes = [c for c in (compute_only_seconds(measurements(r)) for r in rows) if c is not None]
+    if not computes:
+        raise SpecError("no compute-only step time in its rows (compute_only_unavailable_because: "
+                        f"{m.get('compute_only_unavailable_because', 'not recorded')!r})")
+    world_size = int(s["world_size"])
+    data_parallel = int(m.get("data_parallel") or world_size)
+    if data_parallel != world_size:
+        raise SpecError(f"{data_parallel} data-parallel replicas over {world_size} ranks: only pure data "
+                        "parallelism is projected")
+    parameters = int(max(m.get("parameters_held_by_rank") or [m.get("parameters") or 0]))
+    if parameters < 1:
+        raise SpecError("the row records no parameter count")
+    schedule = counted_schedule(m)
+    gradient_bytes, gathered_bytes = _traffic_bytes(m, parameters)
+    exposed = [e for e in (exposed_communication(measurements(r)).exposed_comm_s for r in rows) if e is not None]
+    if world_size < 2 or not exposed:
+        fraction, source = 1.0, NO_OVERLAP + (f" (measured at world size {world_size})" if world_size < 2 else "")
+    elif host is None:
+        fraction, source = 1.0, NO_OVERLAP + " (no --comm calibration of the measuring host to price its comm)"
+    else:
+        comm_m = comm_seconds(schedule, world_size, host)
+        exposed_m = median(exposed)
+        fraction = min(1.0, max(0.0, exposed_m / comm_m)) if comm_m > 0 else 1.0
+        source = (f"measured exposed {exposed_m * 1e3:.3g} ms / priced comm {comm_m * 1e3:.3g} ms at world size "
+                  f"{world_size} on the --comm calibration")
+    return Basis(workload=s["workload"], strategy=s["strategy"], options=dict(s.get("options") or {}),
+                 precision=s["precision"], recipe=str(m.get("precision_recipe") or "fp32"), parameters=parameters,
+                 kept_whole=int(max(m.get("weights_kept_whole_parameters_by_rank") or [0])),
+                 tokens_per_sample=m.get("tokens_per_sample"), per_device_batch=s["global_batch"] / world_size,
+                 global_batch=int(s["global_batch"]), micro_batch=int(s["micro_batch"]), compute_s=median(computes),
+                 world_size=world_size, micro_batches=int(m.get("micro_batches_per_step") or 1), schedule=schedule,
+                 gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
+                 overlap_source=source, run_ids=tuple(str(r.get("run_id", "")) for r in rows))
+
+
+# ---- a basis from a description ------------------------------------------------------------------------
+
+
+def description_basis(*, strategy: str, parameters: int, compute_s: float, gradient_element_bytes: float = 4,
+                      gathered_element_bytes: float | None = None, per_device_batch: int = 1,
+                      global_batch: int | None = None, recipe: str = "autocast", exposed_fraction: float = 1.0,
+                      options: Mapping[str, Any] | None = None, workload: str = "described") -> Basis:
+    """A model of `parameters` whose step takes `compute_s` per device at `per_device_batch` samples, one
+    micro-batch per step; the collectives are the strategy's own expected traffic (one call per collective
+    type: bucketing's extra latency is not in it); `exposed_fraction` of communication exposed (1: none
+    overlapped). Strong scaling keeps `global_batch` (default: per_device_batch x 1024, the batch of the largest
+    default world size, so that every default world size can split it)."""
+    if parameters < 1 or not (compute_s > 0 and math.isfinite(compute_s)):
+        raise SpecError(f"a description needs parameters >= 1 and compute seconds > 0, got {parameters} and {compute_s}")
+    if gradient_element_bytes <= 0 or (gathered_element_bytes is not None and gathered_element_bytes <= 0):
+        raise SpecError("bytes per gradient (and gathered) element must be > 0")
+    if per_device_batch < 1:
+        raise SpecError(f"per-device batch must be >= 1, got {per_device_batch}")
+    if not 0.0 <= exposed_fraction <= 1.0:
+        raise SpecError(f"exposed fraction must be within [0, 1], got {exposed_fraction}")
+    gathered = gradient_element_bytes if gathered_element_bytes is None else gathered_element_bytes
+    source = NO_OVERLAP if exposed_fraction == 1.0 else f"given: {exposed_fraction:g} of communication exposed"
+    return Basis(workload=workload, strategy=strategy, options=dict(options or {}), precision=recipe, recipe=recipe,
+                 parameters=int(parameters), kept_whole=0, tokens_per_sample=None,
+                 per_device_batch=float(per_device_batch), global_batch=int(global_batch or per_device_batch * max(DEFAULT_WORLD_SIZES)),
+                 micro_batch=per_device_batch, compute_s=float(compute_s), world_size=None, micro_batches=1,
+                 schedule=(), gradient_bytes=int(round(parameters * gradient_element_bytes)),
+                 gathered_bytes=int(round(parameters * gathered)), exposed_fraction=exposed_fraction,
+                 overlap_source=source)
+
+
+# ---- describing the target, recording, printing ---------------------------------------------------------
+
+
+def describe_model(model: CommModel) -> dict[str, Any]:
+    """Everything the target's pricing depends on, to reproduce it."""
+    if isinstance(model, ClusterModel):
+        cluster: Cluster = model.cluster
+        return {"kind": "cluster", "name": cluster.name, "description": cluster.description,
+                "gpus_per_node": cluster.gpus_per_node,
+                "intra_node_bandwidth_GBps": cluster.intra_node.bandwidth_bytes_per_s / 1e9,
+                "intra_node_latency_us": cluster.intra_node.latency_s * 1e6,
+                "inter_node_bandwidth_GBps": cluster.inter_node.bandwidth_bytes_per_s / 1e9,
+                "inter_node_latency_us": cluster.inter_node.latency_s * 1e6, "sources": dict(cluster.sources),
+                "algorithms": {k: str(v) for k, v in model.algorithms.items()}}
+    if isinstance(model, Calibration):
+        return {"kind": "calibration", "backend": model.backend, "device": model.device,
+                "fits": {name: {"algorithm": str(f.algorithm), "latency_s": f.latency_s,
+                                "seconds_per_byte": f.seconds_per_byte, "fixed_s": f.fixed_s,
+                                "world_sizes": list(f.world_sizes), "rows": len(f.residuals)}
+                         for name, f in model.fits.items()}}
+    return {"kind": type(model).__name__}
+
+
+ASSUMPTIONS = {
+    "compute": "compute-only step time at the measured per-device batch; strong scaling scales it by the "
+               "per-device share of the global batch",
+    "schedule": "collectives as counted per step; calls and sizes follow the strategy's expected traffic "
+                "from the measured to the target world size; data-parallel groups span all ranks",
+    "overlap": f"exposed = max(f x comm, comm - {BACKWARD_SHARE:.3g} x compute), f measured at >= 2 ranks",
+    "memory": "the strategy's model_state_plan at the target (ZeRO paper, sec. 5.1)",
+    "interval": f"percentiles {INTERVAL_PERCENTILES} of measured/fitted over each collective's calibration rows",
+}
+
+
+def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[str] = (),
+                     created: str | None = None) -> dict[str, Any]:
+    """A projected row: kind "projection", status "projected", with every input it came from."""
+    b = point.basis
+    return {
+        "kind": PROJECTION_KIND, "status": PROJECTED, "projection_id": uuid.uuid4().hex,
+        "created_utc": created or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "workload": b.workload, "strategy": b.strategy, "options": dict(b.options), "precision": b.precision,
+        "scaling": point.scaling.value, "world_size": point.world_size, "global_batch": point.global_batch,
+        "per_device_batch": point.per_device_batch, "micro_batches_per_step": point.micro_batches,
+        "compute_s": point.compute_s, "comm_s": point.comm_s, "exposed_comm_s": point.exposed_s,
+        "step_time_s": point.step_s, "step_time_low_s": point.step_low_s, "step_time_high_s": point.step_high_s,
+        "samples_per_s": point.samples_per_s, "tokens_per_s": point.tokens_per_s,
+        f"{point.scaling.value}_efficiency_vs_1_device": point.efficiency,
+        "exposed_comm_share": point.exposed_share, "model_state_bytes_per_rank": point.model_state_bytes_per_rank,
+        "wire_bytes_per_step_per_rank": point.wire_bytes_per_rank,
+        "schedule": [asdict(item) | {"ranks": item.ranks(point.world_size)} for item in point.schedule],
+        "notes": list(b.notes + point.notes),
+        "inputs": {"rows": list(b.run_ids), "comm_rows": list(comm_sources), "target": describe_model(model),
+                   "basis": {"world_size": b.world_size, "per_device_batch": b.per_device_batch,
+                             "global_batch": b.global_batch, "micro_batch": b.micro_batch,
+                             "micro_batches_per_step": b.micro_batches, "compute_s": b.compute_s,
+                             "parameters": b.parameters, "kept_whole": b.kept_whole, "recipe": b.recipe,
+                             "gradient_bytes": b.gradient_bytes, "gathered_bytes": b.gathered_bytes,
+                             "schedule": [asdict(item) for item in b.schedule],
+                             "exposed_fraction": b.exposed_fraction, "overlap_source": b.overlap_source},
+                   "assumptions": ASSUMPTIONS},
+    }
+
+
+def format_table(points: Sequence[Projected]) -> str:
+    """One block per basis: a line per scaling and world size."""
+    lines: list[str] = []
+    header = (f"{'scaling':<7} {'N':>5} {'global batch':>12} {'compute ms':>11} {'comm ms':>10} {'exposed ms':>11} "
+              f"{'step ms':>10} {'step ms band':>19} {'samples/s':>11} {'efficiency':>10} {'exposed':>8} "
+              f"{'states GiB/rank':>15}")
+    by_basis: dict[int, list[Projected]] = {}
+    for point in points:
+        by_basis.setdefault(id(point.basis), []).append(point)
+    for group in by_basis.values():
+        b = group[0].basis
+        where = f"measured at world size {b.world_size}" if b.world_size else "described"
+        lines += ["", f"{b.label} ({where}; compute {b.compute_s * 1e3:.4g} ms at {b.per_device_batch:g} samples/device; "
+                      f"overlap: {b.overlap_source})", header, "-" * len(header)]
+        for p in group:
+            band = (f"{p.step_low_s * 1e3:.4g}-{p.step_high_s * 1e3:.4g}" if p.step_low_s is not None else "-")
+            lines.append(f"{p.scaling.value:<7} {p.world_size:>5} {p.global_batch:>12g} {p.compute_s * 1e3:>11.4g} "
+                         f"{p.comm_s * 1e3:>10.4g} {p.exposed_s * 1e3:>11.4g} {p.step_s * 1e3:>10.4g} {band:>19} "
+                         f"{p.samples_per_s:>11.4g} {p.efficiency:>10.1%} {p.exposed_share:>8.1%} "
+                         f"{p.model_state_bytes_per_rank / 2 ** 30:>15.4g}")
+        for note in dict.fromkeys(n for p in group for n in b.notes + p.notes):
+            lines.append(f"  note: {note}")
+    return "\n".join(lines).lstrip("\n")
+
+
+def default_model(cluster: Cluster | None, calibration: Calibration | None,
+                  algorithms: Mapping[str, str] | None = None) -> CommModel:
+    """The target's pricing: the described cluster where given, else the calibration (one level)."""
+    if cluster is not None:
+        return ClusterModel(cluster, dict(algorithms or {}))
+    if calibration is not None:
+        if algorithms:
+            raise SpecError("--algorithm chooses among a cluster's algorithms; a calibration was fitted with its own")
+        return calibration
+    raise SpecError("a projection needs a target: --cluster PRESET|FILE.toml, or --comm COMM_ROWS to project "
+                    f"onto the calibrated host's network (modelled collectives: {', '.join(DEFAULT_ALGORITHMS)})")

@@ -1,0 +1,243 @@
+"""harness.project.projection: hand-written rows projected onto a hand-written cluster, every expected figure
+worked out in the test from the alpha-beta formulas (docs/projection.md), not copied from the code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.derive.rows import load_rows
+from harness.project.cluster import load_cluster
+from harness.project.collectives import Algorithm, ClusterModel
+from harness.project.fit import Calibration, LinkFit, Residual
+from harness.project.projection import (BACKWARD_SHARE, Scaling, bases_from_rows, description_basis, project,
+                                        projected_record)
+from harness.project.facts import REGISTRY_FACTS
+from harness.project.run import project_rows
+from harness.record import PROJECTION_KIND, append_line, read_rows
+from harness.runner import summary_table
+from harness.spec import SpecError
+
+REFERENCE = Path(__file__).parent.parent / "results" / "reference" / "ci-cpu"
+
+# 8 GPUs a node; 2 us and 100 GB/s inside a node, 10 us and 25 GB/s per node between nodes.
+CLUSTER = {"gpus_per_node": 8, "intra_node_bandwidth_GBps": 100.0, "intra_node_latency_us": 2.0,
+           "inter_node_bandwidth_GBps": 25.0, "inter_node_latency_us": 10.0}
+MODEL = ClusterModel(load_cluster(None, CLUSTER))
+
+
+def _row(strategy, world_size, counted, *, compute=0.2, exposed=0.03, global_batch=16, micro_batch=8,
+         micro_batches=1, parameters=10**6, recipe="fp32"):
+    steps = 3
+    return {"schema_version": 2, "run_id": f"run-{strategy}-{world_size}", "cell_id": "c", "repeat": 0,
+            "status": "ok", "message": "",
+            "spec": {"workload": "gpt-tiny", "strategy": strategy, "world_size": world_size,
+                     "global_batch": global_batch, "micro_batch": micro_batch, "precision": "fp32",
+                     "warmup_steps": 1, "timed_steps": steps, "seed": 0, "device": "cpu", "nnodes": 1, "options": {}},
+            "measurements": {"step_time_s": [compute + exposed] * steps, "host_stalled_step_indices": [],
+                             "compute_only_kind": "same work",
+                             "compute_only_step_time_s_by_rank": [[compute] * steps] * world_size,
+                             "compute_only_host_stalled_by_rank": [[False] * steps] * world_size,
+                             "comm_per_step_by_rank": [counted] * world_size, "data_parallel": world_size,
+                             "micro_batches_per_step": micro_batches, "parameters": parameters,
+                             "parameters_held_by_rank": [parameters] * world_size, "precision_recipe": recipe,
+                             "tokens_per_sample": 1}}
+
+
+def _counted(collective, size, calls, group):
+    return {collective: {"bytes": size * calls, "calls": calls, "bytes_by_group_size": {str(group): size * calls}}}
+
+
+def _only(points, scaling, world_size):
+    [point] = [p for p in points if p.scaling is scaling and p.world_size == world_size]
+    return point
+
+
+def _host(latency_s=100e-6, seconds_per_byte=1e-9, ratios=()):
+    """A calibration whose all-reduce link is alpha = 100 us, 1 GB/s, its rows at `ratios` of the fit."""
+    residuals = tuple(Residual(2, 1e6, ratio, 1.0) for ratio in ratios)
+    return Calibration(fits={"all_reduce": LinkFit(collective="all_reduce", algorithm=Algorithm.RING,
+                                                   latency_s=latency_s, seconds_per_byte=seconds_per_byte, fixed_s=0.0,
+                                                   world_sizes=(2,), residuals=residuals)},
+                       backend="gloo", device="cpu")
+
+
+def test_a_ddp_all_reduce_at_16_gpus_by_hand():
+    # Measured at 2 ranks: one all-reduce of S = 100 MB per step, compute-only 200 ms, 8 samples a device.
+    rows = [_row("ddp", 2, _counted("all_reduce", 100e6, 1, 2))]
+    points, _ = project_rows(rows, MODEL, [16], [Scaling.WEAK])
+    point = _only(points, Scaling.WEAK, 16)
+    # 16 ranks = 2 nodes of 8, ring: 2(p-m) = 28 intra steps, 2(m-1) = 2 inter steps, and
+    # 2(p-1)/p S through the slower link (25 GB/s): 56 us + 20 us + 2 x 15/16 x 100 MB / 25 GB/s = 7.576 ms.
+    comm = 28 * 2e-6 + 2 * 10e-6 + 2 * 15 / 16 * 100e6 / 25e9
+    assert comm == pytest.approx(7.576e-3)
+    assert point.comm_s == pytest.approx(comm)
+    # No calibration of the measuring host: its overlap cannot be judged, so all of it is exposed.
+    assert point.exposed_s == pytest.approx(comm)
+    assert point.step_s == pytest.approx(0.2 + comm)
+    assert point.samples_per_s == pytest.approx(8 * 16 / (0.2 + comm))
+    assert point.efficiency == pytest.approx(0.2 / (0.2 + comm))
+    assert point.exposed_share == pytest.approx(comm / (0.2 + comm))
+    assert point.model_state_bytes_per_rank == pytest.approx(16 * 10**6)     # fp32 AdamW, whole: 4 + 4 + 8
+
+
+def test_the_measured_overlap_is_carried_as_a_fraction_and_bounded_by_backward():
+    rows = [_row("ddp", 2, _counted("all_reduce", 100e6, 1, 2), exposed=0.05)]
+    # The measuring host prices the counted all-reduce at 2 ranks: 2 x 100 us + 1 x 100 MB x 1 ns = 100.2 ms,
+    # of which 50 ms was exposed.
+    fraction = 0.05 / (2 * 100e-6 + 100e6 * 1e-9)
+    points, _ = project_rows(rows, MODEL, [16], [Scaling.WEAK], measuring_host=_host())
+    comm = 28 * 2e-6 + 2 * 10e-6 + 2 * 15 / 16 * 100e6 / 25e9
+    assert _only(points, Scaling.WEAK, 16).exposed_s == pytest.approx(fraction * comm)
+    # On a slow network the communication outgrows backward (2/3 of 200 ms): what does not fit is exposed.
+    slow = ClusterModel(load_cluster(None, {**CLUSTER, "inter_node_bandwidth_GBps": 0.25}))
+    points, _ = project_rows(rows, slow, [16], [Scaling.WEAK], measuring_host=_host())
+    slow_comm = 28 * 2e-6 + 2 * 10e-6 + 2 * 15 / 16 * 100e6 / 0.25e9
+    assert slow_comm - 2 / 3 * 0.2 > fraction * slow_comm
+    assert BACKWARD_SHARE == pytest.approx(2 / 3)
+    assert _only(points, Scaling.WEAK, 16).exposed_s == pytest.approx(slow_comm - 2 / 3 * 0.2)
+
+
+def test_a_calibrated_target_gives_a_band_from_its_residuals():
+    # Rows sat at 0.8, 0.9, 1.0, 1.1 and 1.5 x the fit: the 10th percentile (linear) is 0.8 + 0.4 x 0.1 =
+    # 0.84, the 90th 1.1 + 0.6 x 0.4 = 1.34.
+    calibration = _host(ratios=(0.8, 0.9, 1.0, 1.1, 1.5))
+    rows = [_row("ddp", 2, _counted("all_reduce", 100e6, 1, 2))]
+    points, _ = project_rows(rows, calibration, [4], [Scaling.WEAK])
+    point = _only(points, Scaling.WEAK, 4)
+    comm = 2 * 3 * 100e-6 + 2 * 3 / 4 * 100e6 * 1e-9            # ring on one link at 4 ranks: 150.6 ms
+    assert point.step_s == pytest.approx(0.2 + comm)
+    assert point.step_low_s == pytest.approx(0.2 + 0.84 * comm)
+    assert point.step_high_s == pytest.approx(0.2 + 1.34 * comm)
+    # A described cluster has no residuals: no band.
+    cluster_points, _ = project_rows(rows, MODEL, [16], [Scaling.WEAK])
+    assert cluster_points[0].step_low_s is None
+
+
+def test_zero3_all_gathers_keep_their_whole_size_and_follow_the_micro_batches():
+    # ZeRO-3 at 2 ranks, global batch 32 in micro-batches of 4: 16 samples a replica, K = 4 micro-batches;
+    # it all-gathers the W = 4 MB of weights 2K = 8 times and reduce-scatters G = 4 MB K = 4 times.
+    w = g = 4e6
+    counted = {**_counted("all_gather", w, 8, 2), **_counted("reduce_scatter", g, 4, 2)}
+    rows = [_row("zero3", 2, counted, global_batch=32, micro_batch=4, micro_batches=4)]
+    points, _ = project_rows(rows, MODEL, [4, 8, 16], [Scaling.WEAK, Scaling.STRONG])
+    weak = _only(points, Scaling.WEAK, 16)
+    calls = {s.collective: (s.calls, s.size_bytes, s.ranks(16)) for s in weak.schedule}
+    # nccl-tests sizes are the whole gathered output: W at any N (not a shard, not N shards), among 16.
+    assert calls == {"all_gather": (8, w, 16), "reduce_scatter": (4, g, 16)}
+    # A rank's wire bytes grow from (2-1)/2 W to (16-1)/16 W per call.
+    assert weak.wire_bytes_per_rank == pytest.approx(8 * 15 / 16 * w + 4 * 15 / 16 * g)
+    one_call = 14 * 2e-6 + 1 * 10e-6 + 15 / 16 * 4e6 / 25e9      # ring on 2 nodes of 8: 188 us
+    assert weak.comm_s == pytest.approx(12 * one_call)
+    # Strong scaling keeps the global batch 32: 8 samples a replica at 4 ranks (K = 2), 4 at 8 (K = 1).
+    at4, at8 = _only(points, Scaling.STRONG, 4), _only(points, Scaling.STRONG, 8)
+    assert {s.collective: s.calls for s in at4.schedule} == {"all_gather": 4, "reduce_scatter": 2}
+    assert {s.collective: s.calls for s in at8.schedule} == {"all_gather": 2, "reduce_scatter": 1}
+    assert at8.compute_s == pytest.approx(0.2 * 4 / 16)
+    assert at8.efficiency == pytest.approx(0.2 * 32 / 16 / (8 * at8.step_s))
+
+
+def test_a_counted_collective_the_strategy_does_not_expect_is_kept_as_counted():
+    # DeepSpeed ZeRO-1 on gloo reduces its buckets with all-reduces, not the reduce-scatter it stands for.
+    counted = {**_counted("all_reduce", 4e6, 2, 2), **_counted("all_gather", 4e6, 1, 2)}
+    rows = [_row("zero1", 2, counted)]
+    points, _ = project_rows(rows, MODEL, [16], [Scaling.WEAK])
+    point = points[0]
+    kept = {s.collective: (s.calls, s.size_bytes, s.origin) for s in point.schedule}
+    assert kept["all_reduce"] == (2, 4e6, "counted")
+    assert any("all_reduce is not in zero1's expected traffic" in note for note in point.notes)
+    # Its expected reduce-scatter, never counted, is added from the strategy's own traffic, with a note.
+    assert kept["reduce_scatter"][2] == "expected"
+
+
+def test_memory_per_rank_follows_the_zero_formulas():
+    # Rajbhandari et al. 2020 sec. 5.1 with N_d = 64 and Psi = 1e9 parameters.
+    psi, n = 10**9, 64
+    expected = {("zero1", "autocast"): 4 * psi + 4 * psi + 12 * psi / n,          # P_os, fp32 weights/grads
+                ("zero2", "deepspeed-bf16"): 2 * psi + (2 + 12) * psi / n,          # P_os+g
+                ("zero3", "deepspeed-bf16"): (2 + 2 + 12) * psi / n,                # P_os+g+p: 250 MB
+                ("ddp", "autocast"): (4 + 4 + 8) * psi}
+    for (strategy, recipe), total in expected.items():
+        basis = description_basis(strategy=strategy, parameters=psi, compute_s=0.1, recipe=recipe)
+        points, _ = project(basis, [n], MODEL, REGISTRY_FACTS, [Scaling.WEAK])
+        assert points[0].model_state_bytes_per_rank == pytest.approx(total), strategy
+
+
+def test_a_description_alone_prices_the_strategy_s_own_schedule():
+    # 1e9 parameters, 2-byte gradients, 120 ms a step: DDP all-reduces 2 GB once per step.
+    basis = description_basis(strategy="ddp", parameters=10**9, compute_s=0.12, gradient_element_bytes=2)
+    points, _ = project(basis, [16], MODEL, REGISTRY_FACTS, [Scaling.WEAK])
+    comm = 28 * 2e-6 + 2 * 10e-6 + 2 * 15 / 16 * 2e9 / 25e9
+    assert points[0].step_s == pytest.approx(0.12 + comm)
+    # ZeRO-3: all-gathers of 2 GB for forward and backward, a reduce-scatter of 2 GB.
+    basis = description_basis(strategy="zero3", parameters=10**9, compute_s=0.12, gradient_element_bytes=2)
+    points, _ = project(basis, [16], MODEL, REGISTRY_FACTS, [Scaling.WEAK])
+    ring = 14 * 2e-6 + 1 * 10e-6 + 15 / 16 * 2e9 / 25e9
+    assert points[0].comm_s == pytest.approx(3 * ring)
+
+
+def test_projected_rows_are_never_read_as_measurements(tmp_path, capsys):
+    results = tmp_path / "mixed.jsonl"
+    results.write_text((REFERENCE / "smoke.jsonl").read_text())
+    measured = load_rows([results])
+    points, _ = project_rows(measured, MODEL, [8, 16], [Scaling.WEAK])
+    for point in points:
+        append_line(results, projected_record(point, MODEL))
+    assert len(load_rows([results])) == len(measured) == 2          # the cell readers skip them
+    summary = summary_table(load_rows([results]))
+    assert summary.count("gpt-tiny/") == 2
+    projected = read_rows([results], kind=PROJECTION_KIND)
+    assert len(projected) == 2
+    assert {row["status"] for row in projected} == {"projected"}
+    ddp = next(row for row in measured if row["spec"]["strategy"] == "ddp")
+    assert projected[0]["inputs"]["rows"] == [ddp["run_id"]]
+    assert projected[0]["inputs"]["target"]["gpus_per_node"] == 8
+
+
+def test_the_committed_rows_project_to_1024_gpus_on_a_preset(tmp_path, capsys):
+    out = tmp_path / "projected.jsonl"
+    assert main(["project", str(REFERENCE / "smoke.jsonl"), "--comm", str(REFERENCE / "comm-ws2.jsonl"),
+                 "--cluster", "dgx-h100-ib", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "gpt-tiny/ddp/fp32" in printed and "\nweak     1024 " in printed
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert max(row["world_size"] for row in rows) == 1024
+    assert rows[0]["inputs"]["comm_rows"] == [str(REFERENCE / "comm-ws2.jsonl")]
+
+
+def test_a_description_alone_projects_every_data_parallel_strategy(capsys):
+    assert main(["project", "--params", "1.5B", "--compute-ms", "120", "--cluster", "dgx-h100-ib",
+                 "--scaling", "weak"]) == 0
+    printed = capsys.readouterr().out
+    for strategy in ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2"):
+        assert f"described/{strategy}/" in printed
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--params", "1B", "--compute-ms", "10"], "needs a target"),
+    (["--params", "1B", "--cluster", "dgx-h100-ib"], "needs both --params and --compute-ms"),
+    (["--params", "1B", "--compute-ms", "10", "--cluster", "dgx-h100-ib", "--world-sizes", "12"],
+     "do not fill whole nodes of 8"),
+    (["--params", "1B", "--compute-ms", "10", "--cluster", "dgx-h100-ib", "--strategies", "pipeline"],
+     "not modelled"),
+    (["--params", "1B", "--compute-ms", "10", "--set", "gpus_per_node=4", "--comm",
+      str(REFERENCE / "comm-ws2.jsonl")], "--set changes a cluster"),
+    (["--cluster", "dgx-h100-ib"], "give measured ROWS"),
+])
+def test_bad_input_is_one_line(arguments, message, capsys):
+    assert main(["project", *arguments]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error, error
+
+
+def test_a_row_with_no_compute_only_time_is_left_out_with_its_reason():
+    row = _row("ddp", 2, _counted("all_reduce", 1e6, 1, 2))
+    row["measurements"]["compute_only_step_time_s_by_rank"] = None
+    row["measurements"]["compute_only_unavailable_because"] = "did not fit"
+    bases, skipped = bases_from_rows([row], REGISTRY_FACTS)
+    assert not bases and "did not fit" in skipped[0]
+    with pytest.raises(SpecError, match="no measured row to project from"):
+        project_rows([row], MODEL, [8])
