@@ -166,8 +166,8 @@ def _ring_latency(steps: int, inter_steps: int, cluster: Cluster) -> float:
 
 
 def _ring_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> float:
-    # 2(p-1) steps, 2(m-1) of them across nodes (NCCL nInterSteps = 2(nNodes-1) at 01afd20; later releases
-    # count 2 nNodes, which goes negative on the intra-node side at one GPU per node), and
+    # 2(p-1) steps, 2(m-1) of them across nodes (NCCL nInterSteps = 2(nNodes-1) at 01afd20 and again from
+    # 2.23 on; 2.12 to 2.22 counted 2 nNodes, which goes negative on the intra-node side at one GPU per node), and
     # 2(p-1)/p n bytes through each GPU's link and each node boundary.
     p, m = layout.ranks, layout.nodes
     return (_ring_latency(2 * (p - 1), 2 * (m - 1), cluster)
