@@ -208,6 +208,17 @@ def test_the_committed_rows_project_to_1024_gpus_on_a_preset(tmp_path, capsys):
     assert rows[0]["inputs"]["comm_rows"] == [str(REFERENCE / "comm-ws2.jsonl")]
 
 
+def test_every_data_parallel_strategy_of_the_committed_full_rows_projects_to_1024_gpus(tmp_path, capsys):
+    # results/reference/ci-cpu/full.jsonl: `run --matrix full --workload gpt-tiny` on the 2-core machine,
+    # every data-parallel strategy at world sizes 1 and 2 with its compute-only pass.
+    out = tmp_path / "projected.jsonl"
+    assert main(["project", str(REFERENCE / "full.jsonl"), "--comm", str(REFERENCE / "comm-ws2.jsonl"),
+                 "--cluster", "dgx-h100-ib", "--world-sizes", "8,1024", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    at_1024 = {row["strategy"] for row in rows if row["world_size"] == 1024 and row["scaling"] == "weak"}
+    assert at_1024 == {"ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2"}
+
+
 def test_a_description_alone_projects_every_data_parallel_strategy(capsys):
     assert main(["project", "--params", "1.5B", "--compute-ms", "120", "--cluster", "dgx-h100-ib",
                  "--scaling", "weak"]) == 0
