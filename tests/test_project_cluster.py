@@ -10,6 +10,7 @@ import pytest
 from harness.project.cluster import (REQUIRED_KEYS, load_cluster, node_layout, parse_overrides, preset)
 from harness.project.presets import PRESETS
 from harness.spec import SpecError
+from one_line import assert_one_line_error   # tests/one_line.py
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -112,12 +113,7 @@ def _full(**changes):
     (lambda: node_layout(12, 8), ["12", "8", "multiple of 8"]),
 ])
 def test_bad_input_is_one_line_naming_the_field_and_what_is_allowed(call, words):
-    with pytest.raises(SpecError) as raised:
-        call()
-    message = str(raised.value)
-    assert "\n" not in message
-    for word in words:
-        assert word in message
+    assert_one_line_error(call, words)
 
 
 def test_bad_toml_files_are_one_line_errors(tmp_path):
