@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from harness.derive.intervals import median_interval
 from harness.environment import capture_environment
 from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
 from harness.launch.placement import LocalPlacement, Placement
