@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Sequence
@@ -32,7 +33,9 @@ from harness.machine import Machine, oversubscription_warning
 from harness.matrix import MATRICES, Selection, build_matrix
 from harness.record import AppendError, ResultsError
 from harness.rank.faults import fault_from_environment
-from harness.launch.placement import Placement, make_placement
+from harness.emulate.network import EmulatedNetwork
+from harness.emulate.session import check_emulation
+from harness.launch.placement import EmulatedPlacement, Placement, make_placement
 from harness.spec import RunResult, RunSpec, SpecError
 
 
@@ -138,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default 'ssh -o BatchMode=yes {host}'; {host} and {node} are filled in)")
     run.add_argument("--slurm", action="store_true", help="submit each launch as a Slurm job (sbatch --wait)")
     run.add_argument("--slurm-args", help="extra sbatch arguments, e.g. '--partition gpu --account proj'")
+    run.add_argument("--emulate-link", metavar="RATE", help="run on an emulated cluster on this machine (root): "
+                     "nodes as network namespaces whose links tc shapes to RATE, e.g. 100mbit or 1gbit")
+    run.add_argument("--emulate-nodes", type=int, default=2, help="with --emulate-link: nodes (default 2)")
     run.add_argument("--profile-steps", type=int, default=0, help="GPU only: after the timed steps, profile "
                      "this many steps for NCCL kernel time and its overlap with compute")
     run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU, used instead of "
@@ -165,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--iters", type=int, default=20)
     comm.add_argument("--out", type=Path, help="results JSONL (default: results/comm-<time>.jsonl)")
     comm.add_argument("--timeout", type=float, default=600.0)
+    comm.add_argument("--emulate-link", metavar="RATE", help="across the nodes of an emulated cluster (root), "
+                      "links shaped to RATE (e.g. 100mbit), the ranks spread evenly over the nodes")
+    comm.add_argument("--emulate-nodes", type=int, default=2, help="with --emulate-link: nodes (default 2)")
 
     project = commands.add_parser("project", help="predict step time, throughput, scaling efficiency and "
                                   "memory per rank at world sizes not measured (harness.project.projection)")
@@ -220,8 +229,9 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     """The validated cells a `run` invocation asks for and where they go, planned for the machine it names
     (this one, or with --dry-run one it need not be); raises SpecError before anything launches, and warns
     in one line on stderr where CPU ranks would outnumber a node's cores."""
+    emulated = EmulatedNetwork.planned(args.emulate_link, args.emulate_nodes) if args.emulate_link else None
     placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args,
-                               dry_run=args.dry_run)
+                               dry_run=args.dry_run, emulated=emulated)
     # Under Slurm the nodes are not this host (a login node often has no GPU): their devices are described
     # by the flags, as for a dry run, and the job asks Slurm for them.
     machine = Machine.requested(args.device, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
@@ -232,6 +242,8 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     select = Selection(workloads=args.workload, strategies=args.strategy, world_sizes=args.world_sizes,
                        repeats=args.repeats, overrides=overrides, options=tuple(args.option))
     specs = [placement.place(spec, machine.devices_per_node) for spec in build_matrix(args.matrix, machine, select)]
+    if emulated is not None and not args.dry_run:
+        check_emulation(emulated, specs)
     warning = oversubscription_warning(specs, machine, threads_per_rank)
     if warning:
         print(f"parbench: warning: {warning}", file=sys.stderr)
@@ -278,7 +290,15 @@ def command_run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
             bar.update(1)
 
-        results = run_specs(specs, options, on_result=finished, on_start=started)
+        if isinstance(placement, EmulatedPlacement):
+            from harness.emulate.session import emulating
+
+            print(f"parbench: on {placement.describe()}", file=sys.stderr)
+            with emulating(placement.network, specs) as network:
+                results = run_specs(specs, replace(options, emulated_network=network), on_result=finished,
+                                    on_start=started)
+        else:
+            results = run_specs(specs, options, on_result=finished, on_start=started)
     print(summary_table([result.to_dict() for result in results], results_file=out))
     print(f"\nrows appended to {out}")
     return 0
@@ -360,12 +380,23 @@ def command_comm(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise SpecError(str(error)) from None
     device = Machine.detect(args.device).device
+    emulated = EmulatedNetwork.planned(args.emulate_link, args.emulate_nodes) if args.emulate_link else None
+    if emulated is not None:
+        check_emulation(emulated, ())
     out = args.out or Path("results") / f"comm-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     print(f"parbench: collective benchmark at world size {args.world_size} on {device.value} -> {out}",
           file=sys.stderr)
     try:
-        rows = commbench.run(args.world_size, device.value, collectives, args.min_bytes, args.max_bytes,
-                             args.warmup, args.iters, out, args.timeout)
+        if emulated is None:
+            rows = commbench.run(args.world_size, device.value, collectives, args.min_bytes, args.max_bytes,
+                                 args.warmup, args.iters, out, args.timeout)
+        else:
+            from harness.emulate.network import emulated_network
+
+            print(f"parbench: on {emulated.describe()}", file=sys.stderr)
+            with emulated_network(emulated):
+                rows = commbench.run(args.world_size, device.value, collectives, args.min_bytes, args.max_bytes,
+                                     args.warmup, args.iters, out, args.timeout, emulated=emulated)
     except commbench.BenchmarkFailed as error:
         print(f"parbench: error: {error}", file=sys.stderr)
         return 1

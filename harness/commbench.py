@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import subprocess
 import sys
 import time
 import uuid
@@ -140,11 +142,10 @@ class BenchmarkFailed(RuntimeError):
 
 
 def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int, max_bytes: int, warmup: int,
-        iters: int, out: Path, timeout_s: float) -> list[dict[str, Any]]:
-    """Launch the benchmark with torchrun, like a cell, and append its row (with bandwidths) to `out`."""
+        iters: int, out: Path, timeout_s: float, emulated=None) -> list[dict[str, Any]]:
+    """Launch the benchmark with torchrun, like a cell, and append its row (with bandwidths) to `out`. With
+    `emulated` (a harness.emulate network), one torchrun per node, the ranks spread over every node."""
     from harness.environment import capture_environment
-    from harness.launch.launcher.torchrun import torchrun_argv
-    from harness.launch.placement.base import free_port
     from harness.launch.plan import CELL_TOKEN_ENV, LaunchPlan
     from harness.launch.processes import run_processes, shown_command
     from harness.record import COMMBENCH_KIND, append_line
@@ -154,23 +155,49 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
     program = ["-m", "harness.commbench", "--out", str(run_dir), "--device", device,
                "--collectives", ",".join(collectives), "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
                "--warmup", str(warmup), "--iters", str(iters)]
-    threads = str(max(1, (os.cpu_count() or 1) // world_size))
+    # One thread per rank, as cells run (harness.launch.plan.threads_per_rank), unless the user set it.
+    threads = os.environ.get("OMP_NUM_THREADS") or "1"
     extra_env = {CELL_TOKEN_ENV: uuid.uuid4().hex, "PARBENCH_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
-    command = torchrun_argv(1, world_size, f"127.0.0.1:{free_port()}", program)
-    returncode, timed_out, wall = run_processes(LaunchPlan(commands=(tuple(command),), targets=("this host",)),
-                                                extra_env, run_dir / "log.txt", timeout_s)
+    plan = _launch_plan(world_size, program, extra_env, emulated)
+    returncode, timed_out, wall = run_processes(plan, extra_env, run_dir / "log.txt", timeout_s)
     results_path = run_dir / RESULTS_FILE
     if timed_out or returncode != 0 or not results_path.exists():
         why = f"no result within {timeout_s:g} s" if timed_out else f"launcher exited {returncode}"
         raise BenchmarkFailed(f"collective benchmark failed ({why}); see {run_dir / 'log.txt'}")
     measured = json.loads(results_path.read_text())
     rows = with_bandwidth(measured["rows"], measured["world_size"])
+    environment = capture_environment(freeze_dir=out.parent)
+    if emulated is not None:
+        environment["emulated_network"] = emulated.record()
     append_line(out, {"kind": COMMBENCH_KIND, "world_size": measured["world_size"], "backend": measured["backend"],
                       "device": device, "warmup": warmup, "iters": iters,
                       "rank_time_reduction": rank_time_reduction(rows), "rows": rows,
-                      "wall_time_s": round(wall, 3), "launch_command": shown_command(command, extra_env),
-                      "environment": capture_environment(freeze_dir=out.parent)})
+                      "wall_time_s": round(wall, 3), "launch_command": shown_command(list(plan.commands[0]), extra_env),
+                      "environment": environment})
     return rows
+
+
+def _launch_plan(world_size: int, program: list[str], extra_env: dict[str, str], emulated) -> "LaunchPlan":
+    """torchrun here, or one torchrun per node of an emulated cluster (ranks spread evenly over its nodes)."""
+    from harness.launch.launcher.torchrun import torchrun_argv
+    from harness.launch.placement.base import PORT_PROBE, free_port
+    from harness.launch.placement.hostfile import node_script
+    from harness.launch.plan import LaunchPlan, forwarded_environment
+
+    if emulated is None:
+        command = torchrun_argv(1, world_size, f"127.0.0.1:{free_port()}", program)
+        return LaunchPlan(commands=(tuple(command),), targets=("this host",))
+    nodes = next(n for n in range(emulated.nodes, 0, -1) if world_size % n == 0)
+    first = emulated.addresses[0]
+    # The port is probed in the first node's namespace, where the rendezvous is served.
+    probe = subprocess.run(emulated.shell(0, f"{sys.executable} -c {shlex.quote(PORT_PROBE)}"), capture_output=True,
+                           text=True, check=True)
+    port = probe.stdout.split()[-1]
+    environment = forwarded_environment(extra_env)
+    commands = tuple(tuple(emulated.shell(node, node_script(torchrun_argv(
+        nodes, world_size // nodes, f"{first}:{port}", program, local_addr=emulated.addresses[node],
+        serves_rendezvous=node == 0), environment))) for node in range(nodes))
+    return LaunchPlan(commands=commands, targets=tuple(f"node {n} ({emulated.namespaces[n]})" for n in range(nodes)))
 
 
 def with_bandwidth(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ class RunOptions:
     peak_flops_per_s: float | None = None   # the user's peak for MFU, recorded as the user's (CPUs)
     resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`, and
                                   # record those with measurements in their cell folder but no row
+    emulated_network: dict[str, Any] | None = None   # harness.emulate's record, kept in every row's environment
 
 
 def run_specs(specs: Sequence[RunSpec], options: RunOptions,
@@ -48,6 +49,8 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
     run found already recorded (or recovered from cell folders) in their place. Raises AppendError, naming
     where the launch's own record is kept, when its row cannot be appended."""
     environment = capture_environment(freeze_dir=options.results.parent)
+    if options.emulated_network is not None:
+        environment = {**environment, "emulated_network": options.emulated_network}
     existing = read_results([options.results]) if options.results.exists() else []
     with_row = {(r.spec.cell_id, r.repeat) for r in existing}
     recorded = {(r.spec.cell_id, r.repeat): r for r in existing if options.resume and r.status is Status.OK}

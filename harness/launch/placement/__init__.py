@@ -8,6 +8,8 @@ flags into one, checked before anything launches.
 A cell of world size W over N nodes puts W/N ranks on each when N divides W; a smaller cell (the
 single-process references, world size 1) runs on the first node alone.
 
+`--emulate-link RATE` places cells on an emulated cluster on this machine (harness.emulate).
+
 Adding a placement: a module here with a `Placement` subclass, its line in PLACEMENTS, and how
 `make_placement` chooses it.
 """
@@ -18,7 +20,9 @@ import shlex
 import shutil
 from pathlib import Path
 
+from harness.emulate.network import EmulatedNetwork
 from harness.launch.placement.base import Host, Placement
+from harness.launch.placement.emulated import EmulatedPlacement
 from harness.launch.placement.hostfile import (DEFAULT_REMOTE_SHELL, HostfilePlacement, check_remote_shell,
                                                read_hostfile)
 from harness.launch.placement.local import LocalPlacement
@@ -29,14 +33,21 @@ PLACEMENTS: dict[str, type[Placement]] = {
     LocalPlacement.name: LocalPlacement,
     HostfilePlacement.name: HostfilePlacement,
     SlurmPlacement.name: SlurmPlacement,
+    EmulatedPlacement.name: EmulatedPlacement,
 }
 
 
 def make_placement(hostfile: Path | None, nnodes: int | None, remote_shell: str | None, slurm: bool,
-                   slurm_args: str | None, dry_run: bool = False) -> Placement:
+                   slurm_args: str | None, dry_run: bool = False,
+                   emulated: EmulatedNetwork | None = None) -> Placement:
     """The placement a `run` asks for, checked before anything launches. A dry run may plan for nodes it
     cannot reach: `--nnodes M` with neither a hostfile nor Slurm plans for M placeholder hosts, and
-    `--slurm` needs no sbatch here."""
+    `--slurm` needs no sbatch here. `emulated`: the planned emulated cluster (built only when cells run)."""
+    if emulated is not None:
+        if hostfile or slurm or remote_shell or nnodes is not None:
+            raise SpecError("--emulate-link runs every node on this machine: it excludes --hostfile, --slurm, "
+                            "--remote-shell and --nnodes (say --emulate-nodes N)")
+        return PLACEMENTS["emulated"].of(emulated)
     if hostfile and slurm:
         raise SpecError("--hostfile and --slurm exclude each other: Slurm chooses the hosts")
     if (remote_shell or slurm_args) and not (hostfile or slurm):
@@ -67,5 +78,5 @@ def make_placement(hostfile: Path | None, nnodes: int | None, remote_shell: str 
     return PLACEMENTS["local"]()
 
 
-__all__ = ["PLACEMENTS", "DEFAULT_REMOTE_SHELL", "Host", "HostfilePlacement", "LocalPlacement", "Placement",
-           "SlurmPlacement", "make_placement", "read_hostfile"]
+__all__ = ["PLACEMENTS", "DEFAULT_REMOTE_SHELL", "EmulatedPlacement", "Host", "HostfilePlacement", "LocalPlacement",
+           "Placement", "SlurmPlacement", "make_placement", "read_hostfile"]
