@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--world-sizes", type=_int_csv, help="default: 8,16,...,1024")
     project.add_argument("--scaling", type=_csv, default=("weak", "strong"), help="weak, strong or both (default)")
     project.add_argument("--out", type=Path, help="append the projected rows (kind projection) to this JSONL")
+    project.add_argument("--validate", action="store_true", help="predict every measured multi-rank cell of ROWS "
+                         "from its setting's world-size-1 cells and --comm rows, without it, and print the errors")
     project.add_argument("--params", type=_count, help="a description instead of rows: parameters, e.g. 1.5B")
     project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device")
     project.add_argument("--grad-bytes", type=float, default=4.0, help="with --params: bytes per gradient element "

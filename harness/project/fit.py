@@ -246,6 +246,11 @@ def fit_calibration(records: Iterable[Mapping[str, Any]], algorithms: Mapping[st
     devices = sorted({str(record.get("device", "")) for record in records})
     if len(backends) > 1 or len(devices) > 1:
         raise SpecError(f"calibration rows mix backends {backends} or devices {devices}; calibrate one link at a time")
+    links = sorted({str(((record.get("environment") or {}).get("emulated_network") or {}).get("link_rate_bits_per_s"))
+                    for record in records})
+    if len(links) > 1:
+        raise SpecError(f"calibration rows mix emulated link rates (bits/s: {', '.join(links)}); calibrate one "
+                        "link at a time (`project --validate` groups them by rate itself)")
     return Calibration(fits={c: fit_link(points, c, chosen[c]) for c in collectives},
                        backend=backends[0], device=devices[0],
                        not_modelled=tuple(sorted(measured - set(DEFAULT_ALGORITHMS))))

@@ -80,8 +80,27 @@ def project_description(strategies: Sequence[str], model: CommModel, world_sizes
     return points, skipped
 
 
+def validation_from_arguments(args: argparse.Namespace) -> str:
+    """`--validate`: measured ROWS and their --comm rows, and nothing that chooses a target."""
+    if not args.rows or not args.comm:
+        raise SpecError("--validate needs measured ROWS and the --comm rows of the same settings")
+    extra = [flag for flag, given in (("--cluster", args.cluster), ("--params", args.params is not None),
+                                      ("--out", args.out), ("--world-sizes", args.world_sizes)) if given]
+    if extra:
+        raise SpecError(f"--validate predicts the measured cells on their own settings: {', '.join(extra)} "
+                        "has no meaning with it")
+    from harness.derive.rows import load_rows
+    from harness.project.validate import format_validation, validate
+    from harness.record import COMMBENCH_KIND, read_rows
+
+    comm = read_rows([Path(p) for p in args.comm], kind=COMMBENCH_KIND)
+    return format_validation(validate(load_rows(args.rows), comm))
+
+
 def projection_from_arguments(args: argparse.Namespace) -> str:
     """Check the command line, project, append the rows to --out; returns the text to print."""
+    if args.validate:
+        return validation_from_arguments(args)
     described = args.params is not None or args.compute_ms is not None
     if described and args.rows:
         raise SpecError("give measured ROWS or a description (--params, --compute-ms), not both")

@@ -1,0 +1,226 @@
+"""`python -m harness project --validate ROWS --comm COMM`: every measured multi-rank cell predicted from
+calibration data that excludes it, and the errors.
+
+    scripts/validate-projection.sh results/validation 50mbit 200mbit 1gbit      # measures, then validates
+
+Rows are grouped by network setting: the emulated link rate a row records (environment.emulated_network,
+harness.emulate), or "not emulated". Within a setting,
+
+- the **calibration** is the `harness comm` rows of that setting (collectives among 2 ranks, one per
+  node), fitted by harness.project.fit: the model is a one-level network of that link;
+- each strategy's **basis** is its world-size-1 cell of that setting (harness.project.projection), with
+  one change, `compute_s` = the strategy's own measured step at world size 1 (unstalled median). The
+  compute-only pass times the model's forward and backward alone, without the strategy's own work on
+  the rank (ZeRO-3's and FSDP2's parameter bookkeeping, DeepSpeed's flattening, Horovod's hooks), which
+  on these rows costs up to 3x the compute; at world size 1 the step has no network, so its step time is
+  the strategy's compute as it runs. Overlap is not measured at world size 1, so f = 1 (no overlap
+  beyond the BACKWARD_SHARE bound);
+- **shared cores**: the emulated nodes are namespaces of one machine, so N ranks of T threads share its C
+  cores: compute(N) is multiplied by max(1, N x T / C) (time-slicing), the row's recorded cores and
+  threads. A real cluster's nodes have their own cores; this term is the emulation's, not the model's.
+
+Each multi-rank cell's step time is then predicted by harness.project.projection at its world size (weak
+or strong scaling as its global batch says) and compared with its measured unstalled median step time.
+The ranking check is Kendall's tau (scipy.stats.kendalltau, tau-b) between predicted and measured step
+times of the strategies at each setting and world size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from statistics import median
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from harness.derive.rows import is_ok, measurements, spec
+from harness.project.facts import REGISTRY_FACTS
+from harness.project.fit import Calibration, fit_calibration
+from harness.project.projection import Basis, Scaling, StrategyFacts, bases_from_rows, project
+from harness.record import COMMBENCH_KIND
+from harness.spec import SpecError
+
+NOT_EMULATED = "not emulated"
+# Issue 20's bar for the emulated cluster: median and p90 absolute error of predicted step time, and the
+# smallest Kendall tau of the strategies' ranking at any setting and world size.
+MEDIAN_ERROR_BAR, P90_ERROR_BAR, TAU_BAR = 0.10, 0.20, 0.8
+
+
+def setting_of(row: Mapping[str, Any]) -> str:
+    """The network setting a row (cell or comm) was measured on: its emulated link rate, or NOT_EMULATED."""
+    network = (row.get("environment") or {}).get("emulated_network") or {}
+    rate = network.get("link_rate_bits_per_s")
+    return f"{rate / 1e6:g} Mbit/s" if rate else NOT_EMULATED
+
+
+def _rate(setting: str) -> float:
+    return float(setting.split()[0]) if setting != NOT_EMULATED else math.inf
+
+
+def unstalled_median_step_s(m: Mapping[str, Any]) -> float | None:
+    stalled = set(m.get("host_stalled_step_indices") or ())
+    steps = [t for i, t in enumerate(m.get("step_time_s") or ()) if i not in stalled]
+    return median(steps) if steps else None
+
+
+def shared_cores_factor(row: Mapping[str, Any], world_size: int) -> float:
+    """max(1, N x threads per rank / the machine's cores) for an emulated row; 1 for a real one."""
+    network = (row.get("environment") or {}).get("emulated_network") or {}
+    cores = network.get("shared_machine_cores")
+    if not cores:
+        return 1.0
+    threads = int(spec(row).get("threads_per_rank") or measurements(row).get("threads_per_rank") or 1)
+    return max(1.0, world_size * threads / cores)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One held-out cell: what was measured and what was predicted without it."""
+
+    setting: str
+    strategy: str
+    label: str
+    world_size: int
+    scaling: Scaling
+    measured_s: float
+    predicted_s: float
+    compute_s: float
+    exposed_s: float
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1."""
+        return self.predicted_s / self.measured_s - 1.0
+
+
+@dataclass(frozen=True)
+class Validation:
+    cells: tuple[Checked, ...]
+    taus: dict[tuple[str, int], float]        # (setting, world size): Kendall's tau of the strategies' ranking
+    left_out: tuple[str, ...]
+
+    @property
+    def median_abs_error(self) -> float:
+        return float(np.median([abs(c.error) for c in self.cells]))
+
+    @property
+    def p90_abs_error(self) -> float:
+        return float(np.percentile([abs(c.error) for c in self.cells], 90))
+
+    @property
+    def passes(self) -> bool:
+        return (self.median_abs_error <= MEDIAN_ERROR_BAR and self.p90_abs_error <= P90_ERROR_BAR
+                and all(tau >= TAU_BAR for tau in self.taus.values()))
+
+
+def calibrations_by_setting(comm_records: Iterable[Mapping[str, Any]]) -> dict[str, Calibration]:
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for record in comm_records:
+        if record.get("kind") == COMMBENCH_KIND:
+            grouped.setdefault(setting_of(record), []).append(record)
+    return {setting: fit_calibration(records) for setting, records in grouped.items()}
+
+
+def _strategy_key(row: Mapping[str, Any]) -> tuple:
+    s = spec(row)
+    return (s["workload"], s["strategy"], tuple(sorted((s.get("options") or {}).items())), s["precision"],
+            s["micro_batch"])
+
+
+def _basis_key(basis: Basis) -> tuple:
+    return (basis.workload, basis.strategy, tuple(sorted(basis.options.items())), basis.precision, basis.micro_batch)
+
+
+def _one_device_bases(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
+                      calibration: Calibration) -> tuple[dict[tuple, Basis], list[str]]:
+    """Each strategy's basis from its world-size-1 rows, compute = its own measured step there."""
+    ones = [r for r in rows if is_ok(r) and spec(r)["world_size"] == 1]
+    bases, skipped = bases_from_rows(ones, facts, calibration)
+    found = {}
+    for basis in bases:
+        own = [r for r in ones if _strategy_key(r) == _basis_key(basis)]
+        steps = [s for s in (unstalled_median_step_s(measurements(r)) for r in own) if s is not None]
+        if steps:
+            found[_basis_key(basis)] = replace(basis, compute_s=median(steps))
+    return found, skipped
+
+
+def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[str, Any]],
+             facts: StrategyFacts = REGISTRY_FACTS) -> Validation:
+    """Every ok multi-rank cell of `rows` predicted from its setting's world-size-1 cells and comm rows."""
+    calibrations = calibrations_by_setting(comm_records)
+    by_setting: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_setting.setdefault(setting_of(row), []).append(row)
+    checked: list[Checked] = []
+    left_out: list[str] = []
+    for setting, members in sorted(by_setting.items(), key=lambda kv: _rate(kv[0])):
+        calibration = calibrations.get(setting)
+        if calibration is None:
+            left_out.append(f"{setting}: no `harness comm` rows of this setting to calibrate on")
+            continue
+        bases, skipped = _one_device_bases(members, facts, calibration)
+        left_out += [f"{setting}: {note}" for note in skipped if "nothing to project" not in note]
+        for row in members:
+            s = spec(row)
+            if not is_ok(row) or s["world_size"] < 2:
+                continue
+            basis = bases.get(_strategy_key(row))
+            measured = unstalled_median_step_s(measurements(row))
+            if basis is None or measured is None:
+                left_out.append(f"{setting}: {s['strategy']} at world size {s['world_size']}: "
+                                + ("no ok world-size-1 cell to start from" if basis is None else "no unstalled step"))
+                continue
+            checked.append(_check(setting, row, basis, calibration, facts, measured))
+    if not checked:
+        raise SpecError("nothing to validate: no ok multi-rank cell with a world-size-1 cell and comm rows of "
+                        "its setting; " + ("; ".join(left_out) or "no cell rows in the files"))
+    return Validation(cells=tuple(checked), taus=_taus(checked), left_out=tuple(left_out))
+
+
+def _check(setting: str, row: Mapping[str, Any], basis: Basis, calibration: Calibration, facts: StrategyFacts,
+           measured: float) -> Checked:
+    s = spec(row)
+    n = int(s["world_size"])
+    scaling = Scaling.STRONG if s["global_batch"] == basis.global_batch else Scaling.WEAK
+    if scaling is Scaling.WEAK and s["global_batch"] / n != basis.per_device_batch:
+        raise SpecError(f"{s['strategy']} at world size {n}: global batch {s['global_batch']} is neither the "
+                        f"world-size-1 cell's ({basis.global_batch}) nor {n} x its per-device batch")
+    shared = replace(basis, compute_s=basis.compute_s * shared_cores_factor(row, n))
+    points, _ = project(shared, [n], calibration, facts, [scaling])
+    point = points[0]
+    return Checked(setting=setting, strategy=s["strategy"], label=basis.label, world_size=n, scaling=scaling,
+                   measured_s=measured, predicted_s=point.step_s, compute_s=point.compute_s,
+                   exposed_s=point.exposed_s)
+
+
+def _taus(checked: Sequence[Checked]) -> dict[tuple[str, int], float]:
+    from scipy.stats import kendalltau
+
+    groups: dict[tuple[str, int], list[Checked]] = {}
+    for cell in checked:
+        groups.setdefault((cell.setting, cell.world_size), []).append(cell)
+    taus = {}
+    for key, cells in groups.items():
+        if len(cells) >= 2:
+            taus[key] = float(kendalltau([c.measured_s for c in cells], [c.predicted_s for c in cells]).statistic)
+    return taus
+
+
+def format_validation(result: Validation) -> str:
+    header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'scaling':<7} {'measured ms':>11} {'predicted ms':>12} "
+              f"{'error':>7}   {'compute ms':>10} {'exposed ms':>10}")
+    lines = ["parbench: projection validation (each multi-rank cell predicted from world size 1 and comm rows "
+             "of its setting, without it)", header, "-" * len(header)]
+    for c in result.cells:
+        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.scaling.value:<7} {c.measured_s * 1e3:>11.1f} "
+                     f"{c.predicted_s * 1e3:>12.1f} {c.error:>+7.1%}   {c.compute_s * 1e3:>10.1f} {c.exposed_s * 1e3:>10.1f}")
+    lines.append("")
+    lines.append(f"{len(result.cells)} cells: median |error| {result.median_abs_error:.1%} (bar {MEDIAN_ERROR_BAR:.0%}), "
+                 f"p90 |error| {result.p90_abs_error:.1%} (bar {P90_ERROR_BAR:.0%})")
+    for (setting, n), tau in sorted(result.taus.items(), key=lambda kv: (_rate(kv[0][0]), kv[0][1])):
+        lines.append(f"ranking at {setting}, world size {n}: Kendall tau {tau:+.2f} (bar {TAU_BAR})")
+    lines.append(f"verdict: {'within' if result.passes else 'outside'} the bars")
+    lines += [f"left out: {note}" for note in result.left_out]
+    return "\n".join(lines)
