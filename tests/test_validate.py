@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
-from harness.project.validate import validate
+from harness.project.projection import Scaling
+from harness.project.validate import Checked, Validation, validate
 from harness.record import COMMBENCH_KIND, append_line
 from one_line import assert_one_line_error
 from test_projection import _counted, _row
@@ -43,61 +44,85 @@ def _by(result, strategy, world_size):
     return cell
 
 
-def test_each_cell_is_predicted_from_world_size_1_and_the_comm_rows_by_hand():
-    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.5), _cell("ddp", 4, 0.7)]
+def test_each_cell_is_predicted_from_world_size_1_its_other_cell_and_the_comm_rows_by_hand():
+    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7)]
     result = validate(rows, [_comm()])
-    # World size 2, strong scaling of the global batch 16: compute = the world-size-1 step (0.2 s, not its
-    # compute-only 0.05 s) x 8/16 = 0.1 s; two ranks on the machine's 2 cores share nothing. Ring all-reduce
-    # of 4 MB among 2: 2 alpha + 2 (1/2) 4 MB beta = 0.402 s, none overlapped beyond backward's bound
-    # (0.402 - 2/3 x 0.1 < 0.402): step 0.502 s.
-    ws2 = _by(result, "ddp", 2)
-    assert ws2.compute_s == pytest.approx(0.1)
-    assert ws2.predicted_s == pytest.approx(0.1 + 2 * ALPHA + GRADIENTS * BETA)
-    assert ws2.error == pytest.approx(0.502 / 0.5 - 1)
-    # World size 4: 0.2 x 4/16 = 0.05 s, time-sliced 4 ranks on 2 cores: x 2 = 0.1 s. Ring among 4:
-    # 6 alpha + 2 (3/4) 4 MB beta = 0.606 s.
+    # Strong scaling of the global batch 16. Compute = the world-size-1 step (0.2 s, not its compute-only
+    # 0.05 s) in proportion to the samples a rank runs, times max(1, N x 1 thread / 2 cores):
+    # 0.1 s at 2 ranks (8 samples), 0.2 x 4/16 x 2 = 0.1 s at 4. Ring all-reduce of 4 MB:
+    # among 2, 2 alpha + 2 (1/2) 4 MB beta = 0.402 s; among 4, 6 alpha + 2 (3/4) 4 MB beta = 0.606 s.
+    comm2, comm4 = 2 * ALPHA + GRADIENTS * BETA, 6 * ALPHA + 1.5 * GRADIENTS * BETA
+    assert (comm2, comm4) == (pytest.approx(0.402), pytest.approx(0.606))
+    # World size 4 from the cell at 2: f = (0.4 - 0.1) / 0.402 = 0.746; exposed at 4 = max(f x 0.606,
+    # 0.606 - 2/3 x 0.1) = 0.539 (backward's bound: more than f's share cannot hide behind 0.1 s).
     ws4 = _by(result, "ddp", 4)
-    assert ws4.compute_s == pytest.approx(0.1)
-    assert ws4.predicted_s == pytest.approx(0.1 + 6 * ALPHA + 1.5 * GRADIENTS * BETA)
-    assert ws4.predicted_s == pytest.approx(0.706)
+    assert ws4.source_world_size == 2 and ws4.compute_s == pytest.approx(0.1)
+    assert ws4.exposed_fraction == pytest.approx(0.3 / 0.402)
+    assert ws4.predicted_s == pytest.approx(0.1 + comm4 - 2 / 3 * 0.1)
+    # World size 2 from the cell at 4: f = (0.7 - 0.1) / 0.606 = 0.990, exposed at 2 = 0.990 x 0.402.
+    ws2 = _by(result, "ddp", 2)
+    assert ws2.predicted_s == pytest.approx(0.1 + 0.6 / 0.606 * comm2)
+    assert ws2.error == pytest.approx(ws2.predicted_s / 0.4 - 1)
 
 
-def test_the_bars_and_the_ranking_can_fail():
-    # Horovod is slower than DDP at world size 1 (0.3 s), so it is predicted slower at 2 ranks; measured
-    # faster, the ranking of the two is reversed: tau = -1.
-    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.502), _cell("horovod", 1, 0.3), _cell("horovod", 2, 0.45)]
-    reversed_ = validate(rows, [_comm()])
-    assert reversed_.taus == {("80 Mbit/s", 2): pytest.approx(-1.0)}
-    assert not reversed_.passes
-    rows[-1] = _cell("horovod", 2, 0.552)                 # measured as predicted: 0.15 + 0.402
+def test_a_reversed_ranking_is_tau_minus_one():
+    # World size 1: Horovod 0.3 s, DDP 0.2 s. Worked out as above, DDP is predicted at 0.498 s (2 ranks) and
+    # 0.639 s (4), Horovod at 0.581 s and 0.656 s from cells measured at 0.45 and 0.8 s: the same order.
+    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7),
+            _cell("horovod", 1, 0.3), _cell("horovod", 2, 0.45), _cell("horovod", 4, 0.8)]
     agreeing = validate(rows, [_comm()])
-    assert agreeing.taus[("80 Mbit/s", 2)] == pytest.approx(1.0)
-    assert agreeing.median_abs_error == pytest.approx(0.0, abs=1e-9) and agreeing.passes
-    rows[1] = _cell("ddp", 2, 0.502 / 1.25)               # 25% off: over the median bar
-    assert not validate(rows, [_comm()]).passes
+    assert _by(agreeing, "horovod", 2).predicted_s == pytest.approx(0.15 + 0.65 / 0.606 * 0.402)
+    assert agreeing.taus == {("80 Mbit/s", 2): pytest.approx(1.0), ("80 Mbit/s", 4): pytest.approx(1.0)}
+    # Horovod measured at 0.65 s at 4 ranks, faster than DDP's 0.7: predicted 0.656 s, slower than DDP's
+    # 0.639; and from it, 0.15 + 0.5/0.606 x 0.402 = 0.482 s at 2 ranks, faster than DDP's 0.498 where
+    # it was measured slower.
+    rows[-1] = _cell("horovod", 4, 0.65)
+    reversed_ = validate(rows, [_comm()])
+    assert reversed_.taus == {("80 Mbit/s", 2): pytest.approx(-1.0), ("80 Mbit/s", 4): pytest.approx(-1.0)}
+    assert not reversed_.passes
+
+
+def _checked(error, world_size=2, strategy="ddp"):
+    return Checked(setting="80 Mbit/s", strategy=strategy, label=strategy, world_size=world_size,
+                   source_world_size=6 - world_size, scaling=Scaling.STRONG, measured_s=1.0, predicted_s=1.0 + error,
+                   compute_s=0.5, exposed_s=0.5 + error, exposed_fraction=1.0)
+
+
+def test_the_bars_by_hand():
+    # |errors| 0.01 ... 0.10 and one 0.30, 11 in all: the median is the 6th smallest, 0.06; the p90 sits at
+    # position 0.9 x (11 - 1) = 9 of the sorted values (numpy's linear rule), the 10th smallest: 0.10.
+    errors = [0.01 * k * (-1) ** k for k in range(1, 11)] + [0.30]
+    result = Validation(cells=tuple(_checked(e) for e in errors), taus={("80 Mbit/s", 2): 0.8}, left_out=())
+    assert result.median_abs_error == pytest.approx(0.06)
+    assert result.p90_abs_error == pytest.approx(0.10)
+    assert result.passes
+    assert not Validation(cells=result.cells, taus={("80 Mbit/s", 2): 0.79}, left_out=()).passes
+    worse = Validation(cells=result.cells + (_checked(0.4), _checked(0.5)), taus=result.taus, left_out=())
+    assert worse.p90_abs_error > 0.2 and not worse.passes
 
 
 def test_settings_are_calibrated_apart_and_a_setting_without_comm_rows_is_named():
     fast = 8e9
-    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.5), _cell("ddp", 1, 0.2, rate=fast),
-            _cell("ddp", 2, 0.5, rate=fast)]
+    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7), _cell("ddp", 1, 0.2, rate=fast),
+            _cell("ddp", 2, 0.5, rate=fast), _cell("ddp", 4, 0.5, rate=fast)]
     result = validate(rows, [_comm()])
-    assert [c.setting for c in result.cells] == ["80 Mbit/s"]
+    assert [c.setting for c in result.cells] == ["80 Mbit/s", "80 Mbit/s"]
     assert result.left_out == ("8000 Mbit/s: no `harness comm` rows of this setting to calibrate on",)
 
 
 def test_validate_from_the_command_line_and_its_bad_input(tmp_path, capsys):
     cells, comm = tmp_path / "cells.jsonl", tmp_path / "comm.jsonl"
-    for row in (_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.5)):
+    for row in (_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7)):
         append_line(cells, row)
     append_line(comm, _comm())
     assert main(["project", "--validate", str(cells), "--comm", str(comm)]) == 0
     printed = capsys.readouterr().out
-    assert "80 Mbit/s      ddp        2 strong        500.0        502.0   +0.4%" in printed
+    assert "80 Mbit/s      ddp        4    2 strong        700.0        639.3   -8.7%" in printed, printed
     for argv, message in ((["project", "--validate", str(cells)], "--validate needs measured ROWS and the --comm"),
                           (["project", "--validate", str(cells), "--comm", str(comm), "--cluster", "aws-p5"],
                            "--cluster has no meaning")):
         assert main(argv) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and message in error, error
-    assert_one_line_error(lambda: validate([_cell("ddp", 2, 0.5)], [_comm()]), ["nothing to validate"])
+    assert_one_line_error(lambda: validate([_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.5)], [_comm()]),
+                          ["nothing to validate", "no other multi-rank cell"])

@@ -56,7 +56,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from statistics import median
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -134,6 +134,7 @@ class Basis:
     gathered_bytes: int                # all parameters as gathered
     exposed_fraction: float            # f of the module docstring
     overlap_source: str                # how f was obtained
+    compute_source: str = "given"      # where compute_s came from
     run_ids: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -224,18 +225,23 @@ def schedule_at(basis: Basis, world_size: int, micro_batches: int, facts: Strate
     measured = facts.expected_per_step(basis.strategy, basis.options, basis.world_size, basis.micro_batches,
                                        basis.parameters, basis.gradient_bytes, basis.gathered_bytes)
     now, then = _by_type(target), _by_type(measured)
+    stand_ins = _stand_ins(basis.schedule, then)
     scheduled, notes = [], []
     for item in basis.schedule:
-        if item.group is not None or not then.get(item.collective, (0.0, 0.0))[0] or item.collective not in now:
-            if item.group is None and item.collective not in now:
+        role = stand_ins.get(item.collective, item.collective)
+        if item.group is not None or not then.get(role, (0.0, 0.0))[0] or role not in now:
+            if item.group is None and role not in now:
                 notes.append(f"counted {item.collective} is not in {basis.strategy}'s expected traffic: kept as "
                              "counted per step")
             scheduled.append(item)       # a fixed group, or nothing of the strategy's to scale it by
             continue
-        (calls_n, bytes_n), (calls_m, bytes_m) = now[item.collective], then[item.collective]
+        if role != item.collective:
+            notes.append(f"counted {item.collective} stands in for {basis.strategy}'s expected {role} (none counted): "
+                         f"scaled as {role}")
+        (calls_n, bytes_n), (calls_m, bytes_m) = now[role], then[role]
         size_factor = (bytes_n / calls_n) / (bytes_m / calls_m) if calls_n and bytes_m else 1.0
         scheduled.append(replace(item, calls=item.calls * calls_n / calls_m, size_bytes=item.size_bytes * size_factor))
-    counted = {item.collective for item in basis.schedule}
+    counted = {stand_ins.get(item.collective, item.collective) for item in basis.schedule}
     for collective, (calls_n, bytes_n) in now.items():
         if collective not in counted and calls_n and bytes_n:
             # Expected but never counted: the row's world size issued none (a library skips a collective
@@ -245,6 +251,18 @@ def schedule_at(basis: Basis, world_size: int, micro_batches: int, facts: Strate
             notes.append(f"{collective} expected by {basis.strategy} but not counted at world size "
                          f"{basis.world_size}: taken from its expected traffic")
     return tuple(scheduled), tuple(notes)
+
+
+def _stand_ins(schedule: Sequence[Scheduled], expected: Mapping[str, tuple[float, float]]) -> dict[str, str]:
+    """{counted type: the expected type it does the work of}, where the row counted exactly one
+    data-parallel type the strategy does not expect and none of exactly one type it does: DeepSpeed's
+    ZeRO-1/2 on gloo reduce gradients with all-reduces where the strategy expects reduce-scatters, so the
+    all-reduces' calls and bytes follow the reduce-scatter's from world size to world size, and the
+    reduce-scatter is not added again from the expected traffic."""
+    counted = {item.collective for item in schedule if item.group is None}
+    unexpected = sorted(counted - set(expected))
+    missing = sorted(c for c, (calls, _) in expected.items() if calls and c not in counted)
+    return {unexpected[0]: missing[0]} if len(unexpected) == 1 and len(missing) == 1 else {}
 
 
 # ---- projecting -----------------------------------------------------------------------------------------
@@ -335,6 +353,12 @@ def counted_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
     return tuple(schedule)
 
 
+def _unstalled_median_step(m: Mapping[str, Any]) -> float | None:
+    stalled = set(m.get("host_stalled_step_indices") or ())
+    kept = [t for i, t in enumerate(m.get("step_time_s") or ()) if i not in stalled]
+    return median(kept) if kept else None
+
+
 def compute_only_seconds(m: Mapping[str, Any]) -> float | None:
     """Median compute-only step (slowest rank), leaving out steps the host stalled (harness.derive.exposed);
     schema-1 rows kept only the slowest rank's times, without which steps stalled."""
@@ -364,12 +388,33 @@ def _group_key(row: Mapping[str, Any]) -> tuple:
     return (s["workload"], s["strategy"], options_text(row), s["precision"], s["micro_batch"], s["device"])
 
 
+def one_device_step(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(median unstalled step time, per-device batch) of the world-size-1 rows among `rows`, or None."""
+    steps, batches = [], set()
+    for row in rows:
+        if spec(row)["world_size"] == 1:
+            m = measurements(row)
+            stalled = set(m.get("host_stalled_step_indices") or ())
+            kept = [t for i, t in enumerate(m.get("step_time_s") or ()) if i not in stalled]
+            if kept:
+                steps.append(median(kept))
+                batches.add(float(spec(row)["global_batch"]))
+    return (median(steps), batches.pop()) if steps and len(batches) == 1 else None
+
+
+# How much a rank's compute stretches at a world size on the machine that measured it: 1 on real nodes;
+# the emulated cluster's namespaces share one machine's cores (harness.project.validate.shared_cores_factor).
+ComputeFactor = Callable[[Mapping[str, Any], int], float]
+
+
 def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
-                    measuring_host: Calibration | None = None) -> tuple[list[Basis], list[str]]:
+                    measuring_host: Calibration | None = None,
+                    compute_factor: ComputeFactor | None = None) -> tuple[list[Basis], list[str]]:
     """One basis per strategy cell (workload, strategy, options, precision, micro-batch, device): its ok,
     unshared rows at the largest world size measured, where the counted schedule and the overlap are
-    nearest the targets. `measuring_host` (a calibration of the host the rows ran on) prices the measured
-    schedule for the exposed fraction f. Returns the bases and one note per cell left out."""
+    nearest the targets, and its world-size-1 rows where there are some (they give the compute). 
+    `measuring_host` (a calibration of the host the rows ran on) prices the measured schedule for f.
+    Returns the bases and one note per cell left out."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     skipped = []
     for row in rows:
@@ -381,22 +426,36 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
         chosen = [r for r in members if spec(r)["world_size"] == top]
         label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "")
         try:
-            bases.append(_basis(chosen, facts, measuring_host))
+            bases.append(_basis(chosen, facts, measuring_host, one_device_step(members), compute_factor))
         except SpecError as error:
             skipped.append(f"{label}: {error}")
     return bases, skipped
 
 
-def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibration | None) -> Basis:
+def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibration | None,
+           one_device: tuple[float, float] | None = None, compute_factor: ComputeFactor | None = None) -> Basis:
     first = rows[0]
     s, m = spec(first), measurements(first)
     if s["strategy"] == "plain":
         raise SpecError("runs on one device: nothing to project")
-    computes = [c for c in (compute_only_seconds(measurements(r)) for r in rows) if c is not None]
-    if not computes:
-        raise SpecError("no compute-only step time in its rows (compute_only_unavailable_because: "
-                        f"{m.get('compute_only_unavailable_because', 'not recorded')!r})")
     world_size = int(s["world_size"])
+    per_device = s["global_batch"] / world_size
+    factor = compute_factor(first, world_size) if compute_factor else 1.0
+    if one_device is not None:
+        # The strategy's own step on one device, in proportion to the samples: it holds the strategy's
+        # work on the rank (ZeRO-3's and FSDP2's parameter bookkeeping, DeepSpeed's flattening), which the
+        # compute-only pass (the model's forward and backward alone) leaves out, and no network.
+        compute = one_device[0] * per_device / one_device[1]
+        compute_source = f"the strategy's world-size-1 step, {one_device[0] * 1e3:.4g} ms at {one_device[1]:g} samples"
+        steps = [t for t in (_unstalled_median_step(measurements(r)) for r in rows) if t is not None]
+        exposed = [t - compute * factor for t in steps]
+    else:
+        computes = [c for c in (compute_only_seconds(measurements(r)) for r in rows) if c is not None]
+        if not computes:
+            raise SpecError("no compute-only step time in its rows (compute_only_unavailable_because: "
+                            f"{m.get('compute_only_unavailable_because', 'not recorded')!r})")
+        compute, compute_source = median(computes) / factor, f"compute-only pass at world size {world_size}"
+        exposed = [e for e in (exposed_communication(measurements(r)).exposed_comm_s for r in rows) if e is not None]
     data_parallel = int(m.get("data_parallel") or world_size)
     if data_parallel != world_size:
         raise SpecError(f"{data_parallel} data-parallel replicas over {world_size} ranks: only pure data "
@@ -406,7 +465,6 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
         raise SpecError("the row records no parameter count")
     schedule = counted_schedule(m)
     gradient_bytes, gathered_bytes = _traffic_bytes(m, parameters)
-    exposed = [e for e in (exposed_communication(measurements(r)).exposed_comm_s for r in rows) if e is not None]
     if world_size < 2 or not exposed:
         fraction, source = 1.0, NO_OVERLAP + (f" (measured at world size {world_size})" if world_size < 2 else "")
     elif host is None:
@@ -414,17 +472,18 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
     else:
         comm_m = comm_seconds(schedule, world_size, host)
         exposed_m = median(exposed)
-        fraction = min(1.0, max(0.0, exposed_m / comm_m)) if comm_m > 0 else 1.0
+        fraction = max(0.0, exposed_m / comm_m) if comm_m > 0 else 1.0
         source = (f"measured exposed {exposed_m * 1e3:.3g} ms / priced comm {comm_m * 1e3:.3g} ms at world size "
                   f"{world_size} on the --comm calibration")
     return Basis(workload=s["workload"], strategy=s["strategy"], options=dict(s.get("options") or {}),
                  precision=s["precision"], recipe=str(m.get("precision_recipe") or "fp32"), parameters=parameters,
                  kept_whole=int(max(m.get("weights_kept_whole_parameters_by_rank") or [0])),
                  tokens_per_sample=m.get("tokens_per_sample"), per_device_batch=s["global_batch"] / world_size,
-                 global_batch=int(s["global_batch"]), micro_batch=int(s["micro_batch"]), compute_s=median(computes),
+                 global_batch=int(s["global_batch"]), micro_batch=int(s["micro_batch"]), compute_s=compute,
                  world_size=world_size, micro_batches=int(m.get("micro_batches_per_step") or 1), schedule=schedule,
                  gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
-                 overlap_source=source, run_ids=tuple(str(r.get("run_id", "")) for r in rows))
+                 overlap_source=source, compute_source=compute_source,
+                 run_ids=tuple(str(r.get("run_id", "")) for r in rows))
 
 
 # ---- a basis from a description ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import numpy as np
 from harness.derive.rows import is_ok, measurements, spec
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, fit_calibration
-from harness.project.projection import Basis, Scaling, StrategyFacts, bases_from_rows, project
+from harness.project.projection import Scaling, StrategyFacts, bases_from_rows, project
 from harness.record import COMMBENCH_KIND
 from harness.spec import SpecError
 
@@ -82,11 +82,13 @@ class Checked:
     strategy: str
     label: str
     world_size: int
+    source_world_size: int            # the strategy's other cell, whose schedule and overlap were used
     scaling: Scaling
     measured_s: float
     predicted_s: float
     compute_s: float
     exposed_s: float
+    exposed_fraction: float
 
     @property
     def error(self) -> float:
@@ -132,23 +134,10 @@ def _basis_key(basis: Basis) -> tuple:
     return (basis.workload, basis.strategy, tuple(sorted(basis.options.items())), basis.precision, basis.micro_batch)
 
 
-def _one_device_bases(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
-                      calibration: Calibration) -> tuple[dict[tuple, Basis], list[str]]:
-    """Each strategy's basis from its world-size-1 rows, compute = its own measured step there."""
-    ones = [r for r in rows if is_ok(r) and spec(r)["world_size"] == 1]
-    bases, skipped = bases_from_rows(ones, facts, calibration)
-    found = {}
-    for basis in bases:
-        own = [r for r in ones if _strategy_key(r) == _basis_key(basis)]
-        steps = [s for s in (unstalled_median_step_s(measurements(r)) for r in own) if s is not None]
-        if steps:
-            found[_basis_key(basis)] = replace(basis, compute_s=median(steps))
-    return found, skipped
-
-
 def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[str, Any]],
              facts: StrategyFacts = REGISTRY_FACTS) -> Validation:
-    """Every ok multi-rank cell of `rows` predicted from its setting's world-size-1 cells and comm rows."""
+    """Every ok multi-rank cell of `rows` predicted without it: from its setting's comm rows, its strategy's
+    world-size-1 cell, and its strategy's other multi-rank cells of the setting."""
     calibrations = calibrations_by_setting(comm_records)
     by_setting: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
@@ -160,39 +149,52 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
         if calibration is None:
             left_out.append(f"{setting}: no `harness comm` rows of this setting to calibrate on")
             continue
-        bases, skipped = _one_device_bases(members, facts, calibration)
-        left_out += [f"{setting}: {note}" for note in skipped if "nothing to project" not in note]
-        for row in members:
+        multi = [r for r in members if is_ok(r) and spec(r)["world_size"] >= 2]
+        for row in multi:
             s = spec(row)
-            if not is_ok(row) or s["world_size"] < 2:
-                continue
-            basis = bases.get(_strategy_key(row))
+            what = f"{setting}: {s['strategy']} at world size {s['world_size']}"
+            others = [r for r in multi if _strategy_key(r) == _strategy_key(row)
+                      and spec(r)["world_size"] != s["world_size"]]
             measured = unstalled_median_step_s(measurements(row))
-            if basis is None or measured is None:
-                left_out.append(f"{setting}: {s['strategy']} at world size {s['world_size']}: "
-                                + ("no ok world-size-1 cell to start from" if basis is None else "no unstalled step"))
+            ones = [r for r in members if is_ok(r) and spec(r)["world_size"] == 1
+                    and _strategy_key(r) == _strategy_key(row)]
+            if not ones or not others or measured is None:
+                left_out.append(f"{what}: " + ("no ok world-size-1 cell" if not ones
+                                               else "no other multi-rank cell to take its schedule from"
+                                               if not others else "no unstalled step"))
                 continue
-            checked.append(_check(setting, row, basis, calibration, facts, measured))
+            try:
+                checked.append(_check(setting, row, others, ones, calibration, facts, measured))
+            except SpecError as error:
+                left_out.append(f"{what}: {error}")
     if not checked:
-        raise SpecError("nothing to validate: no ok multi-rank cell with a world-size-1 cell and comm rows of "
-                        "its setting; " + ("; ".join(left_out) or "no cell rows in the files"))
+        raise SpecError("nothing to validate: no ok multi-rank cell with a world-size-1 cell, another multi-rank "
+                        "cell and comm rows of its setting; " + ("; ".join(left_out) or "no cell rows in the files"))
     return Validation(cells=tuple(checked), taus=_taus(checked), left_out=tuple(left_out))
 
 
-def _check(setting: str, row: Mapping[str, Any], basis: Basis, calibration: Calibration, facts: StrategyFacts,
+def _check(setting: str, row: Mapping[str, Any], others: Sequence[Mapping[str, Any]],
+           ones: Sequence[Mapping[str, Any]], calibration: Calibration, facts: StrategyFacts,
            measured: float) -> Checked:
-    s = spec(row)
-    n = int(s["world_size"])
-    scaling = Scaling.STRONG if s["global_batch"] == basis.global_batch else Scaling.WEAK
-    if scaling is Scaling.WEAK and s["global_batch"] / n != basis.per_device_batch:
-        raise SpecError(f"{s['strategy']} at world size {n}: global batch {s['global_batch']} is neither the "
-                        f"world-size-1 cell's ({basis.global_batch}) nor {n} x its per-device batch")
-    shared = replace(basis, compute_s=basis.compute_s * shared_cores_factor(row, n))
-    points, _ = project(shared, [n], calibration, facts, [scaling])
-    point = points[0]
-    return Checked(setting=setting, strategy=s["strategy"], label=basis.label, world_size=n, scaling=scaling,
-                   measured_s=measured, predicted_s=point.step_s, compute_s=point.compute_s,
-                   exposed_s=point.exposed_s)
+    """The module docstring's prediction of `row` from `others` (its strategy at another world size M) and
+    `ones` (its strategy at world size 1), as harness.project.projection projects measured rows."""
+    nearest = min(spec(r)["world_size"] for r in others)
+    source = [r for r in others if spec(r)["world_size"] == nearest]
+    [basis], skipped = bases_from_rows([*ones, *source], facts, calibration, compute_factor=shared_cores_factor)
+    if skipped:
+        raise SpecError(skipped[0])
+    n = int(spec(row)["world_size"])
+    scaling = Scaling.STRONG if spec(row)["global_batch"] == basis.global_batch else Scaling.WEAK
+    if scaling is Scaling.WEAK and spec(row)["global_batch"] / n != basis.per_device_batch:
+        raise SpecError(f"global batch {spec(row)['global_batch']} is neither world size {basis.world_size}'s "
+                        f"({basis.global_batch}) nor {n} x its per-device batch")
+    # project() scales compute_s by the per-device share at N; the shared cores stretch it at N.
+    at_n = replace(basis, compute_s=basis.compute_s * shared_cores_factor(row, n))
+    [point], _ = project(at_n, [n], calibration, facts, [scaling])
+    return Checked(setting=setting, strategy=spec(row)["strategy"], label=basis.label, world_size=n,
+                   source_world_size=int(basis.world_size), scaling=scaling, measured_s=measured,
+                   predicted_s=point.step_s, compute_s=point.compute_s, exposed_s=point.exposed_s,
+                   exposed_fraction=basis.exposed_fraction)
 
 
 def _taus(checked: Sequence[Checked]) -> dict[tuple[str, int], float]:
@@ -209,13 +211,15 @@ def _taus(checked: Sequence[Checked]) -> dict[tuple[str, int], float]:
 
 
 def format_validation(result: Validation) -> str:
-    header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'scaling':<7} {'measured ms':>11} {'predicted ms':>12} "
-              f"{'error':>7}   {'compute ms':>10} {'exposed ms':>10}")
-    lines = ["parbench: projection validation (each multi-rank cell predicted from world size 1 and comm rows "
-             "of its setting, without it)", header, "-" * len(header)]
+    header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'from':>4} {'scaling':<7} {'measured ms':>11} "
+              f"{'predicted ms':>12} {'error':>7}   {'compute ms':>10} {'exposed ms':>10} {'f':>5}")
+    lines = ["parbench: projection validation: each multi-rank cell predicted without it, from its setting's comm "
+             "rows, its strategy's world-size-1 step and its strategy's cell at world size `from`", header,
+             "-" * len(header)]
     for c in result.cells:
-        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.scaling.value:<7} {c.measured_s * 1e3:>11.1f} "
-                     f"{c.predicted_s * 1e3:>12.1f} {c.error:>+7.1%}   {c.compute_s * 1e3:>10.1f} {c.exposed_s * 1e3:>10.1f}")
+        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.source_world_size:>4} {c.scaling.value:<7} "
+                     f"{c.measured_s * 1e3:>11.1f} {c.predicted_s * 1e3:>12.1f} {c.error:>+7.1%}   "
+                     f"{c.compute_s * 1e3:>10.1f} {c.exposed_s * 1e3:>10.1f} {c.exposed_fraction:>5.2f}")
     lines.append("")
     lines.append(f"{len(result.cells)} cells: median |error| {result.median_abs_error:.1%} (bar {MEDIAN_ERROR_BAR:.0%}), "
                  f"p90 |error| {result.p90_abs_error:.1%} (bar {P90_ERROR_BAR:.0%})")
