@@ -2,7 +2,7 @@
 # The projection's validation on an emulated cluster (docs/clusters.md, "Validating the projection"): for each
 # link rate, the collective benchmark across two emulated nodes and every data-parallel strategy on gpt-tiny
 # at world sizes 1, 2 and 4; then `project --validate` predicts each multi-rank cell from the rest. Needs root.
-#   scripts/validate-projection.sh results/validation 50mbit 200mbit 1gbit
+#   scripts/validate-projection.sh results/validation 50mbit 100mbit 200mbit 1gbit
 set -euo pipefail
 out=${1:?usage: $0 OUT_DIR RATE...}; shift
 python=${PYTHON:-.venv/bin/python}

@@ -1,28 +1,24 @@
 """`python -m harness project --validate ROWS --comm COMM`: every measured multi-rank cell predicted from
-calibration data that excludes it, and the errors.
+data that excludes it, and the errors.
 
-    scripts/validate-projection.sh results/validation 50mbit 200mbit 1gbit      # measures, then validates
+    scripts/validate-projection.sh results/validation 50mbit 100mbit 200mbit      # measures, then validates
 
 Rows are grouped by network setting: the emulated link rate a row records (environment.emulated_network,
-harness.emulate), or "not emulated". Within a setting,
+harness.emulate), or "not emulated". Within a setting, a cell of strategy S at world size N is predicted by
+harness.project.projection exactly as it projects measured rows, from:
 
-- the **calibration** is the `harness comm` rows of that setting (collectives among 2 ranks, one per
-  node), fitted by harness.project.fit: the model is a one-level network of that link;
-- each strategy's **basis** is its world-size-1 cell of that setting (harness.project.projection), with
-  one change, `compute_s` = the strategy's own measured step at world size 1 (unstalled median). The
-  compute-only pass times the model's forward and backward alone, without the strategy's own work on
-  the rank (ZeRO-3's and FSDP2's parameter bookkeeping, DeepSpeed's flattening, Horovod's hooks), which
-  on these rows costs up to 3x the compute; at world size 1 the step has no network, so its step time is
-  the strategy's compute as it runs. Overlap is not measured at world size 1, so f = 1 (no overlap
-  beyond the BACKWARD_SHARE bound);
+- the **calibration**: the `harness comm` rows of that setting (collectives among 2 ranks, one per node),
+  fitted by harness.project.fit, as a one-level network of that link;
+- S's **world-size-1 cell**, whose step gives the compute (the projection's rule where such a cell exists);
+- S's **other multi-rank cell** of the setting (world size M != N, the nearest): its counted schedule,
+  carried from M to N by S's own expected traffic, and its f = (step - compute) / priced comm at M;
 - **shared cores**: the emulated nodes are namespaces of one machine, so N ranks of T threads share its C
-  cores: compute(N) is multiplied by max(1, N x T / C) (time-slicing), the row's recorded cores and
-  threads. A real cluster's nodes have their own cores; this term is the emulation's, not the model's.
+  cores: compute at M and at N is multiplied by max(1, ranks x T / C) (time-slicing), from the row's
+  recorded cores and threads. A real cluster's nodes have their own cores; this term is the emulation's.
 
-Each multi-rank cell's step time is then predicted by harness.project.projection at its world size (weak
-or strong scaling as its global batch says) and compared with its measured unstalled median step time.
-The ranking check is Kendall's tau (scipy.stats.kendalltau, tau-b) between predicted and measured step
-times of the strategies at each setting and world size.
+The cell's own step time is used only to measure the error. The ranking check is Kendall's tau
+(scipy.stats.kendalltau, tau-b) between predicted and measured step times of the strategies at each
+setting and world size.
 """
 
 from __future__ import annotations
@@ -227,4 +223,24 @@ def format_validation(result: Validation) -> str:
         lines.append(f"ranking at {setting}, world size {n}: Kendall tau {tau:+.2f} (bar {TAU_BAR})")
     lines.append(f"verdict: {'within' if result.passes else 'outside'} the bars")
     lines += [f"left out: {note}" for note in result.left_out]
+    return "\n".join(lines)
+
+
+def markdown_table(result: Validation) -> str:
+    """Per setting: each strategy's error at 2 / 4 ranks, the median and p90 |error| and the ranking's
+    tau at 2 / 4 ranks (the table docs/clusters.md shows, kept true by a test)."""
+    strategies = list(dict.fromkeys(c.strategy for c in result.cells))
+    settings = sorted({c.setting for c in result.cells}, key=_rate)
+    sizes = sorted({c.world_size for c in result.cells})
+    per_size = " / ".join(str(n) for n in sizes)
+    lines = [f"| link | {' | '.join(strategies)} | median | p90 | tau ({per_size} ranks) |",
+             "|" + " --- |" * (len(strategies) + 4)]
+    for setting in settings:
+        cells = [c for c in result.cells if c.setting == setting]
+        errors = {(c.strategy, c.world_size): c.error for c in cells}
+        shown = [" / ".join(f"{errors[s, n]:+.0%}" if (s, n) in errors else "-" for n in sizes) for s in strategies]
+        magnitudes = [abs(c.error) for c in cells]
+        taus = " / ".join(f"{result.taus[setting, n]:+.2f}" if (setting, n) in result.taus else "-" for n in sizes)
+        lines.append(f"| {setting} | {' | '.join(shown)} | {np.median(magnitudes):.1%} | "
+                     f"{np.percentile(magnitudes, 90):.1%} | {taus} |")
     return "\n".join(lines)
