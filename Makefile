@@ -6,7 +6,8 @@ PYTHON := $(VENV)/bin/python
 setup:
 	PARBENCH_VENV=$(VENV) scripts/setup-env.sh
 
-# Slurm, munge, iproute2 and openssh-server for the multi-node tests (apt, where root; they skip with the reason elsewhere).
+# Slurm, munge, iproute2 and openssh-server for the multi-node tests, chromium for the report-rendering test
+# (apt, where root; they skip with the reason elsewhere).
 test-tools:
 	scripts/install-test-tools.sh
 

@@ -69,7 +69,7 @@ def test_bandwidth_comes_from_the_mean_time_and_the_slowest_ranks_busbw_sits_bes
 
 
 def test_rows_written_before_the_mean_still_read_and_are_labelled_slowest_rank_only():
-    from harness.report import plot_busbw
+    from harness.report.plots import plot_busbw
 
     old = {"collective": "broadcast", "size_bytes": 1024, "time_s": 1e-4}    # time_s was the slowest rank's
     [measured] = with_bandwidth([old], 2)

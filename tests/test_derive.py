@@ -63,17 +63,17 @@ def test_a_strategy_variant_is_never_merged_into_the_default_s_scaling_reference
 
 def test_a_cell_without_a_reference_draws_no_bar(monkeypatch):
     # Finding 11: NaN efficiencies were drawn as zero-height bars, which read as an efficiency of 0.
-    from harness import report
+    from harness.report import plots
 
     figures = []
-    monkeypatch.setattr(report, "_svg", lambda figure: figures.append(figure) or "<svg/>")
+    monkeypatch.setattr(plots, "svg", lambda figure: figures.append(figure) or "<svg/>")
     summary = pd.DataFrame([
         {"workload": "w", "strategy": "ddp", "options": "", "world_size": 2, "status": "ok", "shared_device": False,
          "samples_per_s": 10.0, "strong_efficiency_vs_ws1": 0.9, "strong_efficiency_vs_plain": float("nan")},
         {"workload": "w", "strategy": "zero2", "options": "", "world_size": 2, "status": "ok",
          "shared_device": False, "samples_per_s": 10.0, "strong_efficiency_vs_ws1": float("nan"),
          "strong_efficiency_vs_plain": 0.8}])
-    assert report.plot_efficiency(summary, "w") == "<svg/>"
+    assert plots.plot_efficiency(summary, "w") == "<svg/>"
     heights = sorted(round(bar.get_height(), 6) for bar in figures[0].axes[0].patches)
     assert heights == [0.8, 0.9]
     assert sum(text.get_text() == "n/a" for text in figures[0].axes[0].texts) == 2

@@ -1,0 +1,285 @@
+"""The report's plots of measured cells, rendered here to inline SVG (matplotlib; nothing fetched).
+
+    python -m harness report results/reference/ci-cpu/full.jsonl --out report/
+
+Every legend sits outside its axes (right of the figure's plots), so none covers data. Text stays text in
+the SVG (`svg.fonttype: none`): it scales, can be searched, and lets a browser or a test read the plots.
+Memory plots compare like with like: on GPU the allocator's model states at gradients_ready against the
+ZeRO paper's prediction; on CPU the process's peak RSS against the plain loop's (the runtime is most of
+it), with the census of model-state storages against the prediction beside it.
+Rows from a shared GPU never appear in speed, scaling or communication plots.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")   # no display, no browser: plots are rendered to SVG text here
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
+from harness.derive.rows import Row, is_ok, measurements, spec  # noqa: E402
+from harness.report.verdicts import EXPOSED_DOMINATES, cell_name  # noqa: E402
+from harness.spec import DeviceKind  # noqa: E402
+
+MIB = float(1 << 20)
+WIDE, TALL = 5.0, 3.2           # inches of one panel; a figure of two panels is twice as wide
+
+
+def figure(panels: int = 1):
+    """A figure whose layout keeps room outside the axes for the legend `legend_outside` places there."""
+    return plt.subplots(1, panels, figsize=(WIDE * panels, TALL), layout="constrained", squeeze=False)
+
+
+def legend_outside(fig, handles=None, labels=None, columns: int = 1) -> None:
+    """One legend for the whole figure, to the right of its axes: never over data."""
+    if handles is None:
+        handles, labels = [], []
+        for axis in fig.axes:
+            for handle, label in zip(*axis.get_legend_handles_labels()):
+                if label not in labels:
+                    handles.append(handle)
+                    labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize=7, ncols=columns)
+
+
+def svg(fig) -> str:
+    buffer = io.StringIO()
+    # Text as text, and ids that do not change from one run to the next (so two reports diff cleanly).
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "parbench"}):
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]           # inline: drop the XML prologue and doctype
+
+
+def _title(rows: pd.DataFrame, workload: str, what: str) -> str:
+    devices = rows["device"].dropna().unique() if "device" in rows else []
+    return f"{workload} ({devices[0]}): {what}" if len(devices) == 1 else f"{workload}: {what}"
+
+
+def _cell_label(line) -> str:
+    return f"{cell_name(line)} ws{line['world_size']}"
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:g}{unit}"
+    return str(size)
+
+
+def _speed_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    if summary.empty or "samples_per_s" not in summary:
+        return summary.iloc[0:0]
+    return summary[(summary["status"] == "ok") & ~summary["shared_device"].astype(bool)]
+
+
+def plot_throughput(summary: pd.DataFrame, workload: str) -> str | None:
+    rows = _speed_rows(summary)
+    rows = rows[rows["workload"] == workload]
+    if rows.empty:
+        return None
+    fig, [[axis]] = figure()
+    for (strategy, options), group in rows.groupby(["strategy", "options"]):
+        group = group.sort_values("world_size")
+        low, high = group["samples_per_s_low"], group["samples_per_s_high"]
+        errors = [(group["samples_per_s"] - low).fillna(0), (high - group["samples_per_s"]).fillna(0)]
+        axis.errorbar(group["world_size"], group["samples_per_s"], yerr=errors, marker="o", capsize=3,
+                      label=cell_name({"strategy": strategy, "options": options if strategy != "pipeline" else ""}))
+    axis.set_xlabel("world size")
+    axis.set_ylabel("samples/s (median; bars: launches' interval)")
+    axis.set_title(_title(rows, workload, "throughput"), fontsize=9)
+    axis.set_xticks(sorted(rows["world_size"].unique()))
+    axis.grid(alpha=0.3)
+    legend_outside(fig)
+    return svg(fig)
+
+
+def plot_efficiency(summary: pd.DataFrame, workload: str) -> str | None:
+    rows = _speed_rows(summary)
+    rows = rows[(rows["workload"] == workload) & (rows["world_size"] > 1)]
+    columns = [c for c in ("strong_efficiency_vs_ws1", "strong_efficiency_vs_plain", "weak_efficiency_vs_ws1",
+                           "weak_efficiency_vs_plain") if c in rows and rows[c].notna().any()]
+    if rows.empty or not columns:
+        return None
+    labels = [_cell_label(line) for line in rows.to_dict("records")]
+    fig, [[axis]] = figure()
+    width = 0.8 / len(columns)
+    for index, column in enumerate(columns):
+        # A cell without a reference has no efficiency: no bar, and "n/a" where it would stand (a
+        # zero-height bar would read as an efficiency of 0).
+        positions = [i + index * width for i in range(len(rows))]
+        values = rows[column].astype(float).tolist()
+        drawn = [(x, v) for x, v in zip(positions, values) if v == v]
+        axis.bar([x for x, _ in drawn], [v for _, v in drawn], width, label=column.replace("_", " "))
+        for x, v in zip(positions, values):
+            if v != v:
+                axis.text(x, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=6)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks([i + width * (len(columns) - 1) / 2 for i in range(len(rows))], labels, rotation=45,
+                    ha="right", fontsize=7)
+    axis.set_ylabel("efficiency (1 = perfect)")
+    axis.set_title(_title(rows, workload, "scaling efficiency"), fontsize=9)
+    legend_outside(fig)
+    return svg(fig)
+
+
+def plot_memory(summary: pd.DataFrame, workload: str) -> str | None:
+    rows = summary[(summary["workload"] == workload) & (summary["status"] == "ok")] if "status" in summary \
+        else summary.iloc[0:0]
+    if rows.empty:
+        return None
+    if (rows["device"] == DeviceKind.CUDA.value).all():
+        return _memory_gpu(rows, workload)
+    return _memory_cpu(rows, workload)
+
+
+def _model_states_panel(axis, rows: pd.DataFrame, measured: str, measured_label: str) -> bool:
+    """Measured model states beside the predicted ones, per cell, on a linear axis; False if nothing to draw."""
+    if measured not in rows or rows[measured].isna().all() or rows["model_state_bytes_predicted"].isna().all():
+        return False
+    positions = range(len(rows))
+    axis.bar([p - 0.2 for p in positions], rows[measured].astype(float) / MIB, 0.4, label=measured_label)
+    axis.bar([p + 0.2 for p in positions], rows["model_state_bytes_predicted"].astype(float) / MIB, 0.4,
+             label="model states predicted (ZeRO paper, sec. 5.1)")
+    axis.set_xticks(list(positions), [_cell_label(line) for line in rows.to_dict("records")], rotation=45,
+                    ha="right", fontsize=7)
+    axis.set_ylabel("MiB per rank (largest rank)")
+    return True
+
+
+def _memory_gpu(rows: pd.DataFrame, workload: str) -> str | None:
+    fig, [[axis]] = figure()
+    drawn = (_model_states_panel(axis, rows, "model_state_bytes_measured_max",
+                                 "model states allocated at gradients_ready")
+             or _model_states_panel(axis, rows, "model_state_census_bytes_max", "model states, census of storages"))
+    if not drawn:
+        plt.close(fig)
+        return None
+    axis.set_title(_title(rows, workload, "model states per rank, measured vs predicted"), fontsize=9)
+    legend_outside(fig)
+    return svg(fig)
+
+
+def _memory_cpu(rows: pd.DataFrame, workload: str) -> str | None:
+    if "peak_rss_bytes_max" not in rows or rows["peak_rss_bytes_max"].isna().all():
+        return None
+    fig, [[rss_axis, states_axis]] = figure(2)
+    labels = [_cell_label(line) for line in rows.to_dict("records")]
+    rss = rows["peak_rss_bytes_max"].astype(float) / MIB
+    rss_axis.bar(range(len(rows)), rss, 0.6, color="tab:gray", label="peak RSS per rank (largest rank)")
+    plain = rows[(rows["strategy"] == "plain") & rows["peak_rss_bytes_max"].notna()]
+    if not plain.empty:
+        baseline = float(plain["peak_rss_bytes_max"].median()) / MIB
+        rss_axis.axhline(baseline, color="black", linestyle="--", linewidth=1,
+                         label=f"plain loop, same workload: {baseline:.0f} MiB")
+        for x, value in enumerate(rss):
+            rss_axis.text(x, value, f"{value - baseline:+.0f}", ha="center", va="bottom", fontsize=6)
+        rss_axis.set_title(_title(rows, workload, "peak RSS vs the plain loop"), fontsize=9)
+    else:
+        rss_axis.set_title(_title(rows, workload, "peak RSS (no plain-loop row)"), fontsize=9)
+    rss_axis.set_xticks(range(len(rows)), labels, rotation=45, ha="right", fontsize=7)
+    rss_axis.set_ylabel("MiB per rank (labels: MiB above plain)" if not plain.empty else "MiB per rank")
+    rss_axis.set_ylim(0, float(rss.max()) * 1.12)
+    if _model_states_panel(states_axis, rows, "model_state_census_bytes_max",
+                           "model states, census of storages at gradients_ready"):
+        states_axis.set_title("model states alone: measured vs predicted", fontsize=9)
+    else:
+        states_axis.set_visible(False)
+    legend_outside(fig)
+    return svg(fig)
+
+
+def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
+    """Wire bytes per step per rank (harness.derive.comm: nccl-tests size x ring factor, so types add up),
+    stacked by collective type, with the strategy's expected wire bytes beside each bar; exposed share."""
+    ok = table[(table["workload"] == workload) & (table["status"] == "ok") & (table["world_size"] > 1)
+               & ~table["shared_device"].astype(bool)]
+    kinds = sorted(c for c in ok.columns if c.startswith("comm_") and c.endswith("_wire_bytes_per_step")
+                   and c not in ("comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step")
+                   and c != "comm_recv_wire_bytes_per_step" and ok[c].notna().any())
+    if ok.empty or not kinds:
+        return None
+    columns = kinds + (["comm_expected_wire_bytes_per_step"] if "comm_expected_wire_bytes_per_step" in ok else [])
+    per_cell = ok.groupby(["strategy", "options", "world_size"], sort=False)[columns].median()
+    fig, [[volume_axis, exposed_axis]] = figure(2)
+    bottom = [0.0] * len(per_cell)
+    labels = [f"{cell_name({'strategy': s, 'options': o})} ws{w}" for s, o, w in per_cell.index]
+    for kind in kinds:
+        values = (per_cell[kind].fillna(0) / MIB).tolist()
+        volume_axis.bar(labels, values, bottom=bottom,
+                        label=kind.removeprefix("comm_").removesuffix("_wire_bytes_per_step"))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    if "comm_expected_wire_bytes_per_step" in per_cell:
+        volume_axis.scatter(labels, per_cell["comm_expected_wire_bytes_per_step"] / MIB, marker="_", s=300,
+                            color="black", label="expected (strategy's model)", zorder=3)
+    volume_axis.set_ylabel("MiB sent per step per rank (wire)")
+    volume_axis.set_title(f"{workload}: bytes on the wire", fontsize=9)
+    volume_axis.tick_params(axis="x", rotation=45, labelsize=7)
+    exposed = ok.groupby(["strategy", "options", "world_size"], sort=False)["exposed_comm_share"].median() \
+        if "exposed_comm_share" in ok else pd.Series(dtype=float)
+    exposed = exposed.dropna()
+    if not exposed.empty:
+        baselines = ok.groupby(["strategy", "options", "world_size"], sort=False)["compute_only_kind"].first() \
+            if "compute_only_kind" in ok else pd.Series(dtype=object)
+        # A baseline that is not the rank's same work bounds the figure: hatch it so it is not read as one.
+        hatches = ["//" if str(baselines.get(cell, "")).startswith("bound") else "" for cell in exposed.index]
+        exposed_axis.bar([f"{cell_name({'strategy': s, 'options': o})} ws{w}" for s, o, w in exposed.index],
+                         exposed * 100, hatch=hatches, edgecolor="black", linewidth=0.4, color="tab:purple")
+        exposed_axis.axhline(0, color="black", linewidth=0.8)
+        exposed_axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,
+                             label=f"dominates above {EXPOSED_DOMINATES:.0%} (verdicts)")
+    exposed_axis.set_ylabel("exposed communication, % of step")
+    exposed_axis.set_title("exposed communication (hatched: a bound)", fontsize=9)
+    exposed_axis.tick_params(axis="x", rotation=45, labelsize=7)
+    legend_outside(fig)
+    return svg(fig)
+
+
+def plot_busbw(commbench: Sequence[dict]) -> str | None:
+    if not commbench:
+        return None
+    fig, [[axis]] = figure()
+    for run in commbench:
+        rows = pd.DataFrame(with_bandwidth(run["rows"], run["world_size"]))
+        # busbw is from the mean over ranks; rows written before that say they hold the slowest rank's.
+        old = ", slowest rank only" if rank_time_reduction(run["rows"]) == MAX_RANK_ONLY else ""
+        for collective, group in rows.groupby("collective"):
+            axis.plot(group["size_bytes"], group["busbw_bytes_per_s"] / 1e9, marker=".",
+                      label=f"{collective} ({run['backend']}, {run['world_size']} ranks{old})")
+    axis.set_xscale("log", base=2)
+    sizes = sorted({int(size) for run in commbench for size in pd.DataFrame(run["rows"])["size_bytes"]})
+    shown = sizes[::max(1, -(-len(sizes) // 5))]      # at most 5 labels: they stay apart
+    axis.set_xticks(shown, [_bytes(size) for size in shown])
+    axis.minorticks_off()
+    axis.set_xlabel("message size")
+    axis.set_ylabel("busbw, GB/s (nccl-tests; mean of ranks)")
+    axis.set_title("collectives: bus bandwidth", fontsize=9)
+    axis.grid(alpha=0.3)
+    legend_outside(fig)
+    return svg(fig)
+
+
+def plot_losses(rows: Sequence[Row], workload: str) -> str | None:
+    chosen = [r for r in rows if spec(r)["workload"] == workload and is_ok(r) and r.get("repeat", 0) == 0]
+    if not chosen:
+        return None
+    fig, [[axis]] = figure()
+    for row in chosen:
+        losses = measurements(row)["loss_per_step"]
+        strategy = spec(row)["strategy"]
+        style = {"linewidth": 2.5, "color": "black"} if strategy == "plain" else {"linewidth": 1}
+        reference = " (the reference)" if strategy == "plain" else ""
+        axis.plot(range(len(losses)), losses, label=f"{strategy} ws{spec(row)['world_size']}{reference}", **style)
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("loss of the global batch")
+    axis.set_title(f"{workload}: loss per step", fontsize=9)
+    legend_outside(fig, columns=2 if len(chosen) > 12 else 1)
+    return svg(fig)
+

@@ -1,0 +1,147 @@
+"""The report's compact table of cells: one table per device kind, its columns those that hold something there.
+
+    python -m harness report results/reference/ci-cpu/full.jsonl --out report/    # report.html, "Cells"
+
+Figures come from `harness.derive.cells.cell_table` as they are; only their units change (bytes to MiB,
+seconds to ms, shares to %). A column empty for every cell of a device kind (the allocator's figures on CPU,
+peak RSS where not recorded, intervals where every cell ran once) is left out of that kind's table, and a
+cell of one launch shows "-" for its interval: a single launch has no spread, and repeating its value as an
+interval would claim one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+
+from harness.derive.exposed import BOUND_PREFIX
+from harness.derive.throughput import Basis
+from harness.report.verdicts import cell_name
+
+NO_INTERVAL = "-"
+MIB = float(1 << 20)
+
+Line = Mapping[str, Any]
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)
+
+
+def _number(value: Any) -> str:
+    if not _present(value):
+        return ""
+    value = float(value)
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _scaled(key: str, scale: float) -> Callable[[Line], str]:
+    return lambda line: _number(float(line[key]) * scale) if _present(line.get(key)) else ""
+
+
+def _share(key: str) -> Callable[[Line], str]:
+    return lambda line: f"{float(line[key]):.1%}" if _present(line.get(key)) else ""
+
+
+def _text(key: str) -> Callable[[Line], str]:
+    return lambda line: str(line[key]) if _present(line.get(key)) else ""
+
+
+def _weak(key: str) -> Callable[[Line], str]:
+    # At world size 1 weak and strong scaling are the same cell against the same reference: the figure is
+    # shown once, under strong.
+    return lambda line: _scaled(key, 1)(line) if line.get("world_size") != 1 else ""
+
+
+def _interval(line: Line) -> str:
+    low, high = line.get("samples_per_s_low"), line.get("samples_per_s_high")
+    if not (_present(low) and _present(high)):
+        return NO_INTERVAL
+    return f"{_number(low)}-{_number(high)} ({line.get('samples_per_s_interval')})"
+
+
+def _launches(line: Line) -> str:
+    launches, ok = int(line.get("launches") or 0), int(line.get("ok") or 0)
+    return str(launches) if ok == launches else f"{ok} of {launches} ok"
+
+
+def _exposed(line: Line) -> str:
+    share = line.get("exposed_comm_share")
+    if not _present(share):
+        return ""
+    bound = str(line.get("compute_only_kind") or "").startswith(BOUND_PREFIX)
+    return f"{float(share):.1%}" + (" (bound)" if bound else "")
+
+
+def _stalled(line: Line) -> str:
+    stalled = line.get("host_stalled_steps")
+    return str(int(stalled)) if _present(stalled) else ""
+
+
+def _all_steps(line: Line) -> str:
+    # Only a different figure where the set's basis is the unstalled steps; otherwise it repeats samples/s.
+    return _number(line.get("samples_per_s_all_steps")) if line.get("throughput_basis") == Basis.UNSTALLED.value else ""
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    render: Callable[[Line], str]
+    says_nothing: frozenset[str] = frozenset({""})      # a column holding only these is left out
+
+
+COLUMNS = [
+    Column("workload", _text("workload")),
+    Column("strategy", cell_name),
+    Column("ranks", _text("world_size")),
+    Column("status", _text("status")),
+    Column("launches", _launches),
+    Column("step ms (median)", _scaled("step_time_median_s", 1e3)),
+    Column("host-stalled steps", _stalled, frozenset({"", "0"})),
+    Column("samples/s", _scaled("samples_per_s", 1)),
+    Column("samples/s interval", _interval, frozenset({"", NO_INTERVAL})),
+    Column("samples/s, all steps", _all_steps),
+    Column("strong eff. vs ws1", _scaled("strong_efficiency_vs_ws1", 1)),
+    Column("strong eff. vs plain", _scaled("strong_efficiency_vs_plain", 1)),
+    Column("weak eff. vs ws1", _weak("weak_efficiency_vs_ws1")),
+    Column("weak eff. vs plain", _weak("weak_efficiency_vs_plain")),
+    Column("exposed comm", _exposed),
+    Column("wire MiB/step", _scaled("comm_wire_bytes_per_step", 1 / MIB)),
+    Column("expected wire MiB/step", _scaled("comm_expected_wire_bytes_per_step", 1 / MIB)),
+    Column("peak RSS MiB", _scaled("peak_rss_bytes_max", 1 / MIB)),
+    Column("peak allocated MiB", _scaled("peak_allocated_bytes_max", 1 / MIB)),
+    Column("model states, allocated MiB", _scaled("model_state_bytes_measured_max", 1 / MIB)),
+    Column("model states, census MiB", _scaled("model_state_census_bytes_max", 1 / MIB)),
+    Column("model states, predicted MiB", _scaled("model_state_bytes_predicted", 1 / MIB)),
+    Column("MFU", _share("mfu")),
+    Column("parity", _text("parity")),
+    Column("host load", _text("host_load")),
+    Column("why", _text("message")),
+]
+
+
+@dataclass(frozen=True)
+class Table:
+    device: str
+    titles: list[str]
+    rows: list[list[str]]
+    hidden: list[str]           # titles of the columns left out, for the note under the table
+
+
+def tables(cells: pd.DataFrame) -> list[Table]:
+    """One table per device kind, in the order kinds first appear."""
+    if cells.empty:
+        return []
+    return [_table(str(device), group) for device, group in cells.groupby("device", sort=False)]
+
+
+def _table(device: str, cells: pd.DataFrame) -> Table:
+    lines = cells.to_dict("records")
+    rendered = [[column.render(line) for line in lines] for column in COLUMNS]
+    kept = [i for i, (column, values) in enumerate(zip(COLUMNS, rendered))
+            if any(value not in column.says_nothing for value in values)]
+    hidden = [column.title for i, column in enumerate(COLUMNS) if i not in kept]
+    rows = [[rendered[i][row] for i in kept] for row in range(len(lines))]
+    return Table(device=device, titles=[COLUMNS[i].title for i in kept], rows=rows, hidden=hidden)

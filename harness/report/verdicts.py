@@ -1,0 +1,253 @@
+"""The report's opening: the answers a reader came for, computed from the cell table alone.
+
+    python -m harness report results/reference/ci-cpu/full.jsonl --out report/    # report.html opens on these
+
+For each device, workload, precision, global batch and world size (cells that did the same work per step,
+so their speeds compare): the fastest strategy and its margin over the next, with whether that margin lies
+beyond the launches' spread; the lowest memory per rank (on GPU the allocator's model states at
+gradients_ready, on CPU the process's peak RSS, which is mostly the runtime, with the model states alone
+beside it); the strategies whose exposed communication dominates the step. Then every parity mismatch and
+every cell that did not run, with its reason. Projected rows never get here: `harness.record.read_rows`
+gives them only to a reader that asks for kind "projection".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import pandas as pd
+
+from harness.derive.exposed import BOUND_PREFIX
+from harness.spec import DeviceKind
+
+# Exposed communication above this share of the step means the step waits on the network more than it
+# computes while waiting: communication, not compute, sets its length.
+EXPOSED_DOMINATES = 0.5
+
+# Cells whose speeds compare: the same work per step on the same kind of device.
+COMPARABLE = ["device", "workload", "precision", "global_batch", "world_size", "nnodes"]
+
+MIB = float(1 << 20)
+
+RSS_CONTAINS = ("peak RSS, the whole process's resident memory: Python, torch and the strategy's libraries, "
+                "model states, activations and buffers; largest rank")
+
+
+class Noise(enum.StrEnum):
+    BEYOND = "beyond noise"             # both cells have intervals and they do not overlap
+    TIE = "tie within noise"            # the intervals (or one interval and the other's single launch) overlap
+    NOT_JUDGED = "not judged"           # a single launch on both sides: no spread to judge against
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speed:
+    name: str
+    samples_per_s: float
+    low: float | None
+    high: float | None
+    interval: str           # its label ("range of 3 launches", "95% CI (bootstrap, 5 launches)"), "" for one launch
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fastest:
+    first: Speed
+    second: Speed | None
+    margin: float | None        # first / second - 1
+    noise: Noise | None
+
+    def sentence(self) -> str:
+        first = self.first
+        text = f"Fastest: {first.name}, {_speed(first)}"
+        if self.second is None:
+            return text + " (the only cell with a speed)."
+        text += f", {self.margin:.1%} more samples/s than {self.second.name} ({_speed(self.second)})"
+        if self.noise is Noise.TIE:
+            return text + f": {Noise.TIE.value} (their intervals overlap)."
+        if self.noise is Noise.BEYOND:
+            return text + f", {Noise.BEYOND.value} (their intervals do not overlap)."
+        return text + "; one launch each, so no interval to judge the margin against noise."
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupVerdict:
+    heading: str
+    lines: list[str]
+    fastest: Fastest | None = None
+    lowest_memory: tuple[str, float] | None = None          # (cell, bytes) of the figure the line names
+    dominated: list[tuple[str, float]] = field(default_factory=list)   # (cell, exposed share) above the threshold
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdicts:
+    groups: list[GroupVerdict]
+    parity: list[str]           # a count line, then one line per mismatch
+    not_run: list[str]          # one line per failed, skipped or partial cell, or one line saying there are none
+
+
+def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdicts:
+    """Every verdict of a `harness.derive.cells.cell_table`; `launches` (its `launch_table`) gives a
+    partly failed cell the reason its failed launches recorded."""
+    if cells.empty:
+        return Verdicts(groups=[], parity=["No cell rows."], not_run=[])
+    groups = [_group(key, group) for key, group in cells.groupby(COMPARABLE, sort=False, dropna=False)]
+    return Verdicts(groups=groups, parity=_parity(cells), not_run=_not_run(cells, launches))
+
+
+def cell_name(line: Mapping[str, Any]) -> str:
+    """strategy[options]: unique within a group of comparable cells."""
+    options = line.get("options") or ""
+    return f"{line['strategy']}[{options}]" if options else str(line["strategy"])
+
+
+def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
+    device, workload, precision, global_batch, world_size, nnodes = key
+    nodes = f" on {int(nnodes)} nodes" if nnodes and nnodes > 1 else ""
+    heading = (f"{workload} at {_plural(int(world_size), 'rank')}{nodes} ({device}, {precision}, "
+               f"global batch {int(global_batch)})")
+    ok = group[group["status"].isin(["ok", "partial"])]
+    if ok.empty:
+        return GroupVerdict(heading=heading, lines=["No cell here ran (see 'Failed or skipped cells')."])
+    lines, fastest = _fastest(ok)
+    memory_line, lowest = _memory(ok, device)
+    exposed_line, dominated = _exposed(ok)
+    lines += [memory_line, exposed_line]
+    return GroupVerdict(heading=heading, lines=[line for line in lines if line], fastest=fastest,
+                        lowest_memory=lowest, dominated=dominated)
+
+
+def _fastest(ok: pd.DataFrame) -> tuple[list[str], Fastest | None]:
+    timed = ok[~ok["shared_device"].astype(bool) & ok["samples_per_s"].notna()]
+    if timed.empty:
+        if not ok.empty and ok["shared_device"].astype(bool).all():
+            return ["Fastest: not judged: the ranks shared one GPU, so their step times measure the sharing."], None
+        return ["Fastest: no cell with a speed."], None
+    ranked = sorted((_as_speed(line) for line in timed.to_dict("records")), key=lambda s: -s.samples_per_s)
+    first = ranked[0]
+    second = ranked[1] if len(ranked) > 1 else None
+    margin = first.samples_per_s / second.samples_per_s - 1 if second else None
+    fastest = Fastest(first=first, second=second, margin=margin, noise=_noise(first, second) if second else None)
+    lines = [fastest.sentence()]
+    crowded = [cell_name(line) for line in timed.to_dict("records") if line.get("host_oversubscribed") is True]
+    if crowded:
+        lines.append(f"The ranks outnumbered the host's cores for {', '.join(crowded)}: their step times measure "
+                     "the cores' sharing.")
+    return lines, fastest
+
+
+def _noise(first: Speed, second: Speed) -> Noise:
+    """Overlap of [low, high] of each (a single launch is the point of its value); with no interval on
+    either side there is no spread to judge against."""
+    if first.low is None and second.low is None:
+        return Noise.NOT_JUDGED
+    first_low = first.low if first.low is not None else first.samples_per_s
+    second_high = second.high if second.high is not None else second.samples_per_s
+    return Noise.TIE if first_low <= second_high else Noise.BEYOND
+
+
+def _as_speed(line: Mapping[str, Any]) -> Speed:
+    low, high = line.get("samples_per_s_low"), line.get("samples_per_s_high")
+    present = low is not None and low == low and high is not None and high == high
+    return Speed(name=cell_name(line), samples_per_s=float(line["samples_per_s"]),
+                 low=float(low) if present else None, high=float(high) if present else None,
+                 interval=str(line.get("samples_per_s_interval") or "") if present else "")
+
+
+def _speed(speed: Speed) -> str:
+    text = f"{speed.samples_per_s:.4g} samples/s"
+    if speed.low is not None:
+        text += f" [{speed.low:.4g}-{speed.high:.4g}, {speed.interval}]"
+    return text
+
+
+def _memory(ok: pd.DataFrame, device: str) -> tuple[str, tuple[str, float] | None]:
+    if device == DeviceKind.CUDA.value:
+        figures = [("model_state_bytes_measured_max", "allocated model states at gradients_ready"),
+                   ("peak_allocated_bytes_max", "peak allocated")]
+    else:
+        figures = [("peak_rss_bytes_max", RSS_CONTAINS)]
+    for column, what in figures:
+        ranked = _ranked(ok, column)
+        if ranked:
+            break
+    else:
+        return "Lowest memory per rank: no cell recorded it.", None
+    (name, value), rest = ranked[0], ranked[1:]
+    line = f"Lowest memory per rank ({what}): {name}, {_mib(value)}"
+    line += f"; next {rest[0][0]}, {_mib(rest[0][1])}." if rest else "."
+    if device != DeviceKind.CUDA.value:
+        census = _ranked(ok, "model_state_census_bytes_max")
+        if census:
+            line += (f" Model states alone (census of their storages at gradients_ready): lowest {census[0][0]}, "
+                     f"{_mib(census[0][1])}" + (f"; next {census[1][0]}, {_mib(census[1][1])}." if len(census) > 1
+                                                else "."))
+    return line, (name, value)
+
+
+def _ranked(ok: pd.DataFrame, column: str) -> list[tuple[str, float]]:
+    if column not in ok:
+        return []
+    present = [line for line in ok.to_dict("records") if _present(line.get(column))]
+    return sorted(((cell_name(line), float(line[column])) for line in present), key=lambda item: item[1])
+
+
+def _exposed(ok: pd.DataFrame) -> tuple[str, list[tuple[str, float]]]:
+    timed = ok[~ok["shared_device"].astype(bool)] if "exposed_comm_share" in ok else ok.iloc[0:0]
+    measured = [line for line in timed.to_dict("records") if _present(line.get("exposed_comm_share"))]
+    if not measured:
+        return "", []
+    threshold = f"exposed share of the step > {EXPOSED_DOMINATES:.0%}"
+    above = sorted((line for line in measured if line["exposed_comm_share"] > EXPOSED_DOMINATES),
+                   key=lambda line: -line["exposed_comm_share"])
+    dominated = [(cell_name(line), float(line["exposed_comm_share"])) for line in above]
+    if not above:
+        top = max(measured, key=lambda line: line["exposed_comm_share"])
+        return (f"Exposed communication dominates ({threshold}): none; the highest is {cell_name(top)}'s, "
+                f"{top['exposed_comm_share']:.0%}."), []
+    described = [f"{cell_name(line)} {line['exposed_comm_share']:.0%}{_bound(line)}" for line in above]
+    return f"Exposed communication dominates ({threshold}): {', '.join(described)}.", dominated
+
+
+def _bound(line: Mapping[str, Any]) -> str:
+    kind = line.get("compute_only_kind") or ""
+    return " (a bound: the baseline was not the rank's same work)" if str(kind).startswith(BOUND_PREFIX) else ""
+
+
+def _parity(cells: pd.DataFrame) -> list[str]:
+    verdicts = cells["parity"].fillna("").replace("", "none (no ok launch)") if "parity" in cells else pd.Series()
+    counts = ", ".join(f"{count} {verdict}" for verdict, count in verdicts.value_counts(sort=False).items())
+    mismatches = cells[cells["parity"] == "mismatch"] if "parity" in cells else cells.iloc[0:0]
+    lines = [f"Loss parity against the plain loop, {_plural(len(cells), 'cell')}: {counts}."]
+    if mismatches.empty:
+        lines.append("No parity mismatch.")
+    for line in mismatches.to_dict("records"):
+        lines.append(f"Mismatch: {line['label']}: {line.get('parity_failed') or 'see its row'}.")
+    return lines
+
+
+def _not_run(cells: pd.DataFrame, launches: pd.DataFrame | None) -> list[str]:
+    lines = []
+    for line in cells[cells["status"] != "ok"].to_dict("records"):
+        if line["status"] == "partial":
+            failed = (launches[(launches["cell_id"] == line["cell_id"]) & (launches["status"] != "ok")]
+                      if launches is not None and not launches.empty else pd.DataFrame())
+            why = "; ".join(f"{f['status']}: {f['message'] or 'no message recorded'}"
+                            for f in failed.to_dict("records"))
+            lines.append(f"{line['label']}: partial: {line['ok']} of {line['launches']} launches ok"
+                         + (f" ({why})." if why else "."))
+        else:
+            lines.append(f"{line['label']}: {line['status']}: {line.get('message') or 'no message recorded'}.")
+    return lines or [f"None: every one of the {_plural(len(cells), 'cell')} ran."]
+
+
+def _mib(value: float) -> str:
+    return f"{value / MIB:.4g} MiB"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)

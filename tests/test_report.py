@@ -1,0 +1,239 @@
+"""The report leads with verdicts, hides what says nothing, and draws projections as bands under measured points.
+
+Verdicts and the table are checked on cell tables written out by hand; the projection plot by reading the
+HTML's SVG back into data coordinates (tests/svg_plots.py) against bands computed here by hand.
+"""
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.report import write_report
+from harness.report.table import tables
+from harness.report.verdicts import Noise, verdicts
+import svg_plots   # tests/svg_plots.py
+
+REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "ci-cpu" / "full.jsonl"
+MIB = 1 << 20
+
+
+def cell(strategy, samples_per_s=100.0, **overrides):
+    line = {"device": "cpu", "workload": "w", "precision": "fp32", "global_batch": 16, "world_size": 2, "nnodes": 1,
+            "strategy": strategy, "options": "", "status": "ok", "message": "", "shared_device": False,
+            "launches": 1, "ok": 1, "cell_id": strategy, "label": f"w/{strategy}/ws2",
+            "samples_per_s": samples_per_s, "samples_per_s_low": None, "samples_per_s_high": None,
+            "samples_per_s_interval": "", "peak_rss_bytes_max": 300.0 * MIB, "peak_allocated_bytes_max": None,
+            "model_state_bytes_measured_max": None, "model_state_census_bytes_max": None,
+            "model_state_bytes_predicted": None, "exposed_comm_share": None, "compute_only_kind": None,
+            "parity": "match", "parity_failed": "", "host_oversubscribed": False}
+    line.update(overrides)
+    return line
+
+
+def measured(low, high):
+    """Interval columns of a cell of three launches."""
+    return {"launches": 3, "ok": 3, "samples_per_s_low": low, "samples_per_s_high": high,
+            "samples_per_s_interval": "range of 3 launches"}
+
+
+def only_group(cells):
+    [group] = verdicts(pd.DataFrame(cells)).groups
+    return group
+
+
+def test_fastest_names_its_margin_over_the_next():
+    group = only_group([cell("ddp", 200.0), cell("zero2", 150.0), cell("zero3", 50.0)])
+    assert (group.fastest.first.name, group.fastest.second.name) == ("ddp", "zero2")
+    assert group.fastest.margin == pytest.approx(200 / 150 - 1)
+    assert "ddp, 200 samples/s, 33.3% more samples/s than zero2 (150 samples/s)" in group.lines[0]
+
+
+def test_one_launch_each_leaves_the_margin_unjudged():
+    group = only_group([cell("ddp", 200.0), cell("zero2", 150.0)])
+    assert group.fastest.noise is Noise.NOT_JUDGED
+    assert "one launch each" in group.lines[0] and "tie" not in group.lines[0]
+
+
+def test_overlapping_intervals_are_a_tie_within_noise():
+    group = only_group([
+        cell("ddp", 200.0, **measured(190.0, 210.0)), cell("zero2", 195.0, **measured(185.0, 191.0))])
+    assert group.fastest.noise is Noise.TIE and "tie within noise" in group.lines[0]
+    assert "[190-210, range of 3 launches]" in group.lines[0]
+
+
+def test_separate_intervals_are_beyond_noise():
+    group = only_group([
+        cell("ddp", 200.0, **measured(195.0, 210.0)), cell("zero2", 150.0, **measured(140.0, 194.0))])
+    assert group.fastest.noise is Noise.BEYOND and "beyond noise" in group.lines[0]
+
+
+def test_cells_of_other_world_sizes_and_batches_are_other_verdicts():
+    found = verdicts(pd.DataFrame([cell("ddp", 200.0), cell("zero2", 300.0, world_size=4),
+                                   cell("zero3", 400.0, global_batch=32)]))
+    assert [g.fastest.first.name for g in found.groups] == ["ddp", "zero2", "zero3"]
+    assert [g.fastest.second for g in found.groups] == [None, None, None]
+
+
+def test_speed_on_a_shared_gpu_is_not_judged():
+    group = only_group([cell("ddp", 200.0, device="cuda", shared_device=True),
+                        cell("zero2", 150.0, device="cuda", shared_device=True)])
+    assert group.fastest is None and "shared one GPU" in group.lines[0]
+
+
+def test_lowest_memory_on_cpu_is_peak_rss_and_says_so():
+    group = only_group([cell("ddp", peak_rss_bytes_max=331.0 * MIB, model_state_census_bytes_max=4.0 * MIB),
+                        cell("zero3", peak_rss_bytes_max=405.0 * MIB, model_state_census_bytes_max=2.0 * MIB)])
+    memory = next(line for line in group.lines if line.startswith("Lowest memory"))
+    assert group.lowest_memory == ("ddp", 331.0 * MIB)
+    assert "peak RSS" in memory and "ddp, 331 MiB; next zero3, 405 MiB" in memory
+    assert "Model states alone" in memory and "lowest zero3, 2 MiB; next ddp, 4 MiB" in memory
+
+
+def test_lowest_memory_on_gpu_is_the_allocated_model_states():
+    group = only_group([
+        cell("ddp", device="cuda", peak_rss_bytes_max=1.0 * MIB, model_state_bytes_measured_max=400.0 * MIB),
+        cell("zero3", device="cuda", peak_rss_bytes_max=900.0 * MIB, model_state_bytes_measured_max=100.0 * MIB)])
+    memory = next(line for line in group.lines if line.startswith("Lowest memory"))
+    assert group.lowest_memory == ("zero3", 100.0 * MIB)
+    assert "allocated model states" in memory and "RSS" not in memory
+
+
+def test_exposed_communication_dominates_above_half_of_the_step():
+    group = only_group([cell("ddp", exposed_comm_share=0.5), cell("zero2", exposed_comm_share=0.61),
+                        cell("zero3", exposed_comm_share=0.72, compute_only_kind="bound: offloaded optimizer"),
+                        cell("plain")])
+    assert group.dominated == [("zero3", 0.72), ("zero2", 0.61)]        # 0.5 itself does not dominate
+    line = next(line for line in group.lines if line.startswith("Exposed"))
+    assert "> 50%" in line and "zero3 72% (a bound" in line and "zero2 61%" in line and "ddp" not in line
+
+
+def test_no_dominating_communication_names_the_highest():
+    group = only_group([cell("ddp", exposed_comm_share=0.2), cell("zero2", exposed_comm_share=0.35)])
+    assert group.dominated == []
+    assert any("none; the highest is zero2's, 35%" in line for line in group.lines)
+
+
+def test_every_mismatch_and_every_cell_that_did_not_run_is_listed():
+    found = verdicts(pd.DataFrame([
+        cell("plain", parity="reference"), cell("ddp", parity="mismatch", parity_failed="loss step 0,gradient norm"),
+        cell("zero3", status="oom", message="CUDA out of memory", samples_per_s=None, parity=""),
+        cell("fsdp2", status="skipped", message="needs 2 GPUs", samples_per_s=None, parity="")]))
+    assert found.parity[1] == "Mismatch: w/ddp/ws2: loss step 0,gradient norm."
+    assert found.not_run == ["w/zero3/ws2: oom: CUDA out of memory.", "w/fsdp2/ws2: skipped: needs 2 GPUs."]
+
+
+def test_a_table_hides_columns_empty_for_its_device_and_one_launch_intervals():
+    one, three = cell("ddp"), cell("zero2", **measured(90.0, 110.0))
+    gpu = cell("fsdp2", device="cuda", model_state_bytes_measured_max=2.0 * MIB, peak_rss_bytes_max=None)
+    cpu_table, gpu_table = tables(pd.DataFrame([one, three, gpu]))
+    assert (cpu_table.device, gpu_table.device) == ("cpu", "cuda")
+    assert "model states, allocated MiB" not in cpu_table.titles and "peak RSS MiB" in cpu_table.titles
+    assert "model states, allocated MiB" in gpu_table.titles and "peak RSS MiB" not in gpu_table.titles
+    interval = cpu_table.titles.index("samples/s interval")
+    assert [row[interval] for row in cpu_table.rows] == ["-", "90-110 (range of 3 launches)"]
+    # Every cell of one launch: the interval column would hold nothing but "-".
+    assert "samples/s interval" not in gpu_table.titles
+    for table in (cpu_table, gpu_table):
+        for column, title in enumerate(table.titles):
+            assert any(row[column] not in ("", "-") for row in table.rows), title
+
+
+# ---- the report of the committed reference rows, with projected rows beside them ---------------------------
+
+
+def projected(world_size, step, low, high, efficiency, target):
+    """A projected row as `harness project --out` writes one (harness/project/projection.py), reduced to the
+    fields the report reads."""
+    return {"kind": "projection", "status": "projected", "workload": "gpt-tiny", "strategy": "ddp", "options": {},
+            "precision": "fp32", "scaling": "strong", "world_size": world_size, "global_batch": 16,
+            "per_device_batch": 16 / world_size, "step_time_s": step, "step_time_low_s": low,
+            "step_time_high_s": high, "strong_efficiency_vs_1_device": efficiency, "inputs": {"target": target}}
+
+
+CALIBRATED = {"kind": "calibration", "backend": "gloo", "device": "cpu"}
+CLUSTER = {"kind": "cluster", "name": "dgx-h100-ib"}
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("report")
+    rows = folder / "projected.jsonl"
+    # E(N) = T(1) / (N T(N)) with T(1) = 64 ms: 64 / (2 x 40) = 0.8, 64 / (4 x 25) = 0.64.
+    lines = [projected(1, 0.064, 0.064, 0.064, 1.0, CALIBRATED), projected(2, 0.040, 0.036, 0.048, 0.8, CALIBRATED),
+             projected(4, 0.025, 0.020, 0.032, 0.64, CALIBRATED),
+             projected(8, 0.010, None, None, 0.8, CLUSTER), projected(64, 0.002, None, None, 0.5, CLUSTER)]
+    rows.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_report([REFERENCE, rows], folder / "out")
+    return (folder / "out" / "report.html").read_text()
+
+
+def test_the_band_is_the_step_time_interval_turned_into_efficiency(page):
+    [drawn] = [svg for svg in svg_plots.svgs(page) if svg_plots.find(svg, "projected-band-strong-ddp") is not None]
+    band = svg_plots.find(drawn, "projected-band-strong-ddp")
+    axes = svg_plots.axes_holding(drawn, band)
+    x = svg_plots.mapping(svg_plots.ticks(axes, "x"), log2=True)
+    y = svg_plots.mapping(svg_plots.ticks(axes, "y"))
+    edges: dict[int, list[float]] = {}
+    for px, py in svg_plots.path_vertices(band):
+        edges.setdefault(round(x(px)), []).append(y(py))
+    # By hand: low = 64 / (N x T_high), high = 64 / (N x T_low) ms.
+    expected = {1: (1.0, 1.0), 2: (64 / (2 * 48), 64 / (2 * 36)), 4: (64 / (4 * 32), 64 / (4 * 20))}
+    assert sorted(edges) == [1, 2, 4]
+    for n, (low, high) in expected.items():
+        assert (min(edges[n]), max(edges[n])) == pytest.approx((low, high), abs=0.005), n
+
+
+def test_the_measured_points_of_the_strategy_are_drawn_on_the_projection(page):
+    [drawn] = [svg for svg in svg_plots.svgs(page) if svg_plots.find(svg, "projected-band-strong-ddp") is not None]
+    measured = svg_plots.find(drawn, "measured-strong-ddp")
+    assert measured is not None
+    axes = svg_plots.axes_holding(drawn, measured)
+    x = svg_plots.mapping(svg_plots.ticks(axes, "x"), log2=True)
+    y = svg_plots.mapping(svg_plots.ticks(axes, "y"))
+    rows = [json.loads(line) for line in REFERENCE.read_text().splitlines()]
+    speed = {r["spec"]["world_size"]: r["spec"]["global_batch"] / statistics.median(r["measurements"]["step_time_s"])
+             for r in rows if r["spec"]["strategy"] == "ddp"}
+    # Strong efficiency against ddp's own world size 1 at the same global batch (16): X(2) / (2 X(1)).
+    points = dict(sorted((round(x(px)), y(py)) for px, py in svg_plots.marker_positions(measured)))
+    assert points == pytest.approx({1: 1.0, 2: speed[2] / (2 * speed[1])}, abs=0.005)
+    assert ">measured<" in svg_plots_text(drawn) and ">projected (line)<" in svg_plots_text(drawn)
+
+
+def svg_plots_text(svg) -> str:
+    return "".join(f">{''.join(t.itertext()).strip()}<" for t in svg.iter(f"{svg_plots.SVG}text"))
+
+
+def test_a_described_cluster_is_a_line_without_a_band_and_says_so(page):
+    [drawn] = [svg for svg in svg_plots.svgs(page) if "dgx-h100-ib" in svg_plots_text(svg)]
+    assert svg_plots.find(drawn, "projected-strong-ddp") is not None
+    assert not [e for e in drawn.iter() if (e.get("id") or "").startswith("projected-band-")]
+    assert "Lines without a band: no interval: described cluster." in page
+
+
+def test_projected_rows_stay_out_of_the_verdicts_and_the_table(page):
+    verdict_section = page[page.index("<section id='verdicts'>"):page.index("</section>")]
+    cells_section = page[page.index("<section id='cells'>"):]
+    assert "ranks (" in verdict_section and "at 4 ranks" not in verdict_section and "8 ranks" not in verdict_section
+    table = cells_section[:cells_section.index("</table>")]
+    assert table.count("<tr>") == 1 + len(REFERENCE.read_text().splitlines())      # the header and 13 cells
+
+
+def test_the_report_of_the_reference_rows_opens_with_its_verdicts(page):
+    body = page[page.index("<body>"):]
+    assert body.index("<h2>Verdicts</h2>") < body.index("<svg") < body.index("<section id='cells'>")
+    verdict_section = page[page.index("<section id='verdicts'>"):page.index("</section>")]
+    rows = [json.loads(line) for line in REFERENCE.read_text().splitlines()]
+    speed = {(r["spec"]["strategy"], r["spec"]["world_size"]): 16 / statistics.median(r["measurements"]["step_time_s"])
+             for r in rows}
+    # At 2 ranks ddp is fastest, zero2 next (by hand from the raw step times); one launch each.
+    assert max((s for (_, w), s in speed.items() if w == 2)) == speed[("ddp", 2)]
+    margin = speed[("ddp", 2)] / speed[("zero2", 2)] - 1
+    assert f"Fastest: ddp, {speed[('ddp', 2)]:.4g} samples/s, {margin:.1%} more samples/s than zero2" in verdict_section
+    assert "one launch each" in verdict_section
+    assert re.search(r"Exposed communication dominates \(exposed share of the step &gt; 50%\): fsdp2 71%, zero3 70%",
+                     verdict_section)
+    assert "No parity mismatch." in verdict_section and "None: every one of the 13 cells ran." in verdict_section
