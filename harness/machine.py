@@ -26,7 +26,7 @@ DRY_RUN_HINT = "--dry-run plans for a machine you do not have"
 @dataclass(frozen=True)
 class Machine:
     device: DeviceKind
-    # GPUs of each node, or its CPU cores: on CPU a core plays the part of a device (README, "On CPU").
+    # GPUs of each node, or its CPU cores: on CPU a core plays the part of a device (docs/methodology.md, "On CPU").
     devices_per_node: int
     nodes: int = 1      # hosts a multi-rank cell may spread over (a hostfile's, or Slurm's)
 

@@ -190,8 +190,9 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
         lines.append(f"{label:<52} {status:<7} {cell['step_time_median_s'] * 1e3:>8.1f} {samples:>10.1f} "
                      f"{stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f} {cell['parity']:>12}  "
                      f"{interval}{shared}")
-    lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; README, 'Host stalls')" if len(cells) else "")
+    lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; docs/methodology.md, 'Host stalls')"
+                 if len(cells) else "")
     if any(_oversubscribed(cell.get("host_oversubscribed")) for cell in cells.to_dict("records")):
         lines.append("(oversubscribed: a host ran more rank threads than it has cores, so those step times "
-                     "measure the cores' sharing; README, 'On CPU')")
+                     "measure the cores' sharing; docs/methodology.md, 'On CPU')")
     return "\n".join(lines)

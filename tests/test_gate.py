@@ -22,7 +22,7 @@ MIB = 1 << 20
 
 # The within-launch shape of 5 timed steps (RunSpec's default count) relative to the launch's median, with
 # the second step stalled by the host: 4 unstalled steps spread -25%..+40%, as steps of one launch spread
-# on the loaded 2-core VM (README, "Reports, the regression gate"). Their median is exactly the launch's.
+# on the loaded 2-core VM (docs/methodology.md, "The regression gate"). Their median is exactly the launch's.
 STEP_SHAPE = (0.75, None, 0.95, 1.05, 1.40)
 STALL_S = 1.2
 

@@ -17,7 +17,7 @@ GPU_SHAPES = [Machine(device=DeviceKind.CUDA, devices_per_node=gpus, nodes=nodes
 SHAPES = CPU_SHAPES + GPU_SHAPES
 
 # Written out here, not read from harness.matrix: samples per data-parallel replica per step at the
-# matrix's largest data-parallel size (README, "Matrices").
+# matrix's largest data-parallel size (docs/methodology.md, "Batch plans").
 PER_DEVICE = {"gpt-tiny": 8, "resnet20-cifar": 8, "resnet50": 256, "gpt2-small": 16}
 MEMORY_PER_DEVICE = {"gpt-tiny": 4, "gpt2-small": 1, "gpt2-medium": 1, "gpt2-large": 1, "gpt2-xl": 1}
 ONE_NODE_ONLY = {"dataparallel"}    # one process driving one node's GPUs
@@ -55,7 +55,7 @@ def test_every_matrix_builds_valid_cells_that_fit_the_machine(matrix, machine):
         limit = machine.devices_per_node if spec.strategy in ONE_NODE_ONLY else machine.devices_per_node * machine.nodes
         if matrix in ("smoke", "zero-memory"):
             # Their two ranks check communication and sharding, which one rank cannot: on a one-device
-            # machine they share it (README, "Matrices").
+            # machine they share it (docs/methodology.md, "Batch plans").
             limit = max(limit, 2)
         assert spec.world_size <= limit, spec.label
     assert len({spec.cell_id for spec in specs}) == len(specs)

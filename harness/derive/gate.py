@@ -107,8 +107,8 @@ class GateMetric:
 
 
 # Default thresholds by device kind. CPU: from launch-to-launch variation measured on the 2-core
-# development VM with scripts/measure_gate_noise.py (README, "Reports, the regression gate", has every
-# figure): 8 runs of the smoke matrix at 3 launches a side, back to back. Runs made alone separated by at
+# development VM with scripts/measure_gate_noise.py (docs/methodology.md, "The regression gate", has the
+# figures): 8 runs of the smoke matrix at 3 launches a side, back to back. Runs made alone separated by at
 # most 12% in step time (DDP at 2 ranks; the plain loop 2%), so 15% keeps them quiet (0 of 12 ordered
 # pairs) and still catches a 30% slowdown of the plain loop, whose 3 launches lie within 15% of each other;
 # runs made beside another process's load separate by up to 125% and are flagged (a slower machine is not

@@ -6,7 +6,7 @@
 Each rank records the cell's ranks on its host (as its launcher counts them), its own CPU threads and its
 host's cores (harness.rank.worker). The ranks of one cell on one host run with the same thread setting,
 so a host's demand is ranks x threads; where it exceeds the cores, the ranks take turns on them and
-their step times measure that sharing, not the strategy (README, "On CPU"). Rows written before these
+their step times measure that sharing, not the strategy (docs/methodology.md, "On CPU"). Rows written before these
 were recorded say nothing: None, never False.
 """
 

@@ -17,10 +17,11 @@ Parameters a sharding strategy keeps whole beside their shard (`weights_kept_who
 DeepSpeed ZeRO-3 keeps parameters below `stage3_param_persistence_threshold` gathered on every rank)
 add their unsharded weight bytes.
 
-Measured figures, read by the worker at the `gradients_ready` point of the last warm-up step (README,
-"Memory"): `model_state_census_bytes_by_rank` counts the distinct storages of the three kinds the rank
-holds; `model_state_bytes_measured_by_rank` (CUDA only) is the allocator's figure. Rows of schema 1 hold
-no plan: their stored `model_state_bytes_predicted` is returned as it was, labelled as such.
+Measured figures, read by the worker at the `gradients_ready` point of the last warm-up step
+(docs/methodology.md, "Model-state memory, measured"): `model_state_census_bytes_by_rank` counts the distinct
+storages of the three kinds the rank holds; `model_state_bytes_measured_by_rank` (CUDA only) is the
+allocator's figure. Rows of schema 1 hold no plan: their stored `model_state_bytes_predicted` is returned
+as it was, labelled as such.
 
 Torch-free: standard library only.
 """
