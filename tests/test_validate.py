@@ -126,3 +126,23 @@ def test_validate_from_the_command_line_and_its_bad_input(tmp_path, capsys):
         assert error.count("\n") == 1 and message in error, error
     assert_one_line_error(lambda: validate([_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.5)], [_comm()]),
                           ["nothing to validate", "no other multi-rank cell"])
+
+
+def test_the_table_in_the_docs_is_the_committed_rows_validated():
+    # The README and docs/clusters.md show the validation measured on the emulated cluster; this keeps it what the committed
+    # rows give, so a change to the model shows up as a change to the documented table.
+    from pathlib import Path
+
+    from harness.derive.rows import load_rows
+    from harness.project.validate import markdown_table
+    from harness.record import read_rows
+
+    reference = Path(__file__).parent.parent / "results" / "reference" / "emulated"
+    result = validate(load_rows([reference / "cells.jsonl"]),
+                      read_rows([reference / "comm.jsonl"], kind=COMMBENCH_KIND))
+    assert len(result.cells) == 48 and not result.left_out
+    for page in ("README.md", "docs/clusters.md"):
+        text = (Path(__file__).parent.parent / page).read_text()
+        shown = text.split("<!-- validation-table:", 1)[1].split("-->", 1)[1].split("<!-- /validation-table -->")[0]
+        assert shown.strip() == markdown_table(result), page
+        assert f"median |error| is {result.median_abs_error:.1%} and the p90 {result.p90_abs_error:.1%}" in text, page

@@ -30,7 +30,7 @@ from harness.report.verdicts import EXPOSED_DOMINATES, RSS_CONTAINS, Verdicts, v
 from harness.spec import DeviceKind
 
 HOST_LOAD_NOTE = ("'host load' is the most loaded host's rank threads against its cores, 'oversubscribed' where "
-                  "they outnumber them: those step times measure the cores' sharing (README, 'On CPU').")
+                  "they outnumber them: those step times measure the cores' sharing (docs/methodology.md, 'On CPU').")
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
@@ -76,7 +76,7 @@ def _table_html(table: Table) -> str:
 def _table_notes(summary: pd.DataFrame) -> list[str]:
     notes = ["Medians across launches. The samples/s interval is the range of the launches below 5 launches and a "
              "95% bootstrap interval from 5; a cell of one launch has none ('-'). Efficiencies: "
-             "E(N) = X(N) / (N X_ref(1)) (README, 'Derived figures'). Shared-GPU rows carry no speed.",
+             "E(N) = X(N) / (N X_ref(1)) (docs/methodology.md, 'Derived figures'). Shared-GPU rows carry no speed.",
              _basis_note(summary)]
     if "host_load" in summary and summary["host_load"].notna().any():
         notes.append(HOST_LOAD_NOTE)
@@ -183,7 +183,7 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
 def _basis_note(summary: pd.DataFrame) -> str:
     if "throughput_basis" not in summary or not (summary["throughput_basis"] == Basis.UNSTALLED.value).any():
         return "Throughput (samples/s), its plot and the efficiencies use every timed step."
-    return ("The host stalled some timed steps (column 'host-stalled steps'; README, 'Host stalls'), so "
+    return ("The host stalled some timed steps (column 'host-stalled steps'; docs/methodology.md, 'Host stalls'), so "
             "samples/s, its interval, the throughput plot and the efficiencies use the unstalled steps; "
             "'samples/s, all steps' is the raw figure the rows carry.")
 
