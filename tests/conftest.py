@@ -1,9 +1,24 @@
-"""Shared test helpers. Tests marked `gpu` are skipped where no CUDA device is visible."""
+"""Shared test helpers. Tests marked `gpu` are skipped where no CUDA device is visible; tests not marked
+`launch` may start no process (tests/launch_guard.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from launch_guard import LaunchGuard
+
+
+def pytest_configure(config):
+    guard = LaunchGuard()
+    guard.install()
+    config.pluginmanager.register(guard, "launch-guard")
+
+
+def pytest_unconfigure(config):
+    guard = config.pluginmanager.get_plugin("launch-guard")
+    if guard is not None:
+        guard.uninstall()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -52,6 +52,7 @@ def test_list_names_matrices_workloads_and_strategies(capsys):
         assert name in out
 
 
+@pytest.mark.launch
 def test_the_module_entry_point_reports_errors_the_same_way(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness", "run", "--strategy", "mpi"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=300)
@@ -82,6 +83,7 @@ def test_memory_and_comm_refuse_bad_input_in_one_line(capsys, args, fragment):
     assert len(err.strip().splitlines()) == 1 and fragment in err
 
 
+@pytest.mark.launch
 def test_comm_benchmark_runs_at_two_ranks_and_prints_busbw_per_size(tmp_path, capsys):
     out = tmp_path / "comm.jsonl"
     code, printed, _ = run_cli(capsys, "comm", "--world-size", "2", "--device", "cpu", "--min-bytes", "1K",

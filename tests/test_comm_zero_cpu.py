@@ -10,6 +10,8 @@ from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import RunSpec, Status
 
+pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+
 # gpt-tiny (workloads/gpt.py): vocab 512, 64 tokens, 4 blocks of width 64, head tied to the token embedding.
 V, T, LAYERS, D = 512, 64, 4, 64
 LINEAR = LAYERS * ((D * 3 * D + 3 * D) + (D * D + D) + (D * 4 * D + 4 * D) + (4 * D * D + D))   # 198,912

@@ -13,6 +13,8 @@ from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
 
+pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+
 
 @pytest.fixture(scope="module")
 def smoke_rows(tmp_path_factory):

@@ -23,6 +23,8 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Precis
                                      accumulate, make_adamw, optimizer_description, replicated_gradients,
                                      replicated_parameters, torchrun_context)
 
+pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+
 
 @dataclass
 class HandAllReduceTrainer(Trainer):

@@ -35,6 +35,7 @@ def leftover_ranks() -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("fault, status, timeout_s, message", [
     ("kill:rank=1:step=1", Status.FAILED, 300, "SIGKILL"),
     ("oom:rank=1:step=1", Status.OOM, 300, "OutOfMemoryError: injected"),
@@ -53,6 +54,7 @@ def test_a_faulty_rank_becomes_a_row_and_the_next_cell_runs(fault, status, timeo
     assert not leftover_ranks()
 
 
+@pytest.mark.launch
 def test_a_missing_dependency_is_a_skipped_row_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "horovod", None)   # find_spec answers None, as when not installed
     out = tmp_path / "rows.jsonl"
@@ -61,6 +63,7 @@ def test_a_missing_dependency_is_a_skipped_row_with_the_reason(tmp_path, monkeyp
     assert after.status is Status.OK
 
 
+@pytest.mark.launch
 def test_resume_skips_launches_recorded_ok_and_runs_the_rest(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
     common = ["run", "--matrix", "smoke", "--workload", "gpt-tiny", "--warmup-steps", "1", "--timed-steps", "2",

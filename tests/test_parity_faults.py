@@ -21,6 +21,8 @@ from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
 
+pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+
 PARITY_OVERRIDES = (("warmup_steps", 1), ("timed_steps", 3))   # tests/conftest.py's: its plain rows are references
 
 STRATEGIES = ("ddp", "horovod", "zero2", "fsdp2")

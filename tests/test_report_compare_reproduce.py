@@ -29,6 +29,7 @@ def two_runs(tmp_path_factory):
     return files
 
 
+@pytest.mark.launch
 def test_compare_judges_nothing_from_one_launch_a_side_and_says_so(two_runs, capsys):
     # A run and its repeat, one launch per cell each: 1 vs 1 launches fire the rule by chance half the
     # time (1 / C(2, 1)), so nothing is judged, whatever the noise; every metric is named with why.
@@ -52,6 +53,7 @@ def _as_launches(results, factor: float = 1.0, memory: float = 1.0):
             yield dataclasses.replace(result, measurements=m, repeat=repeat, run_id=f"{result.run_id}-{repeat}")
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("planted, metric, separation", [
     # Each side's launches lie within 1.03 / 1.01 - 1 = 2% of each other; 1.3 times slower, the closest
     # launches are 1.3 x 1.01 / 1.03 - 1 = 27.5% apart, beyond the 15% CPU default.
@@ -74,6 +76,7 @@ def test_compare_flags_a_planted_30_percent_regression_at_three_launches(two_run
     assert len(flagged) == 2 and all(re.search(separation, line) for line in flagged)
 
 
+@pytest.mark.launch
 def test_reproduce_gives_the_same_losses_bit_for_bit(two_runs, capsys):
     base, _ = two_runs
     original = next(r for r in read_results([base]) if r.spec.strategy == "ddp")
@@ -84,6 +87,7 @@ def test_reproduce_gives_the_same_losses_bit_for_bit(two_runs, capsys):
     assert again.measurements["loss_per_step"] == original.measurements["loss_per_step"]
 
 
+@pytest.mark.launch
 def test_report_writes_markdown_html_csv_parquet_matching_the_rows(two_runs, tmp_path, capsys):
     base, new = two_runs
     hostile = tmp_path / "hostile.jsonl"

@@ -21,6 +21,8 @@ import pytest
 from harness.derive.parity import NORMS, PARITY_STEPS, Quantity, Verdict, judge
 from harness.spec import Status
 
+pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+
 MULTI_PROCESS = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
 WORKLOADS = ("resnet20-cifar", "gpt-tiny")
 # Strategies whose step has a point between gradient reduction and update, where the norms are read.
