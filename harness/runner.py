@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 import uuid
 from datetime import datetime, timezone
@@ -39,6 +40,10 @@ class RunOptions:
     peak_flops_per_s: float | None = None   # the user's peak for MFU, recorded as the user's (CPUs)
     resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`, and
                                   # record those with measurements in their cell folder but no row
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise SpecError(f"timeout_s must be a positive, finite number of seconds, got {self.timeout_s!r}")
 
 
 def run_specs(specs: Sequence[RunSpec], options: RunOptions,
