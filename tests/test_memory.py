@@ -140,25 +140,22 @@ def test_model_states_are_unavailable_with_fewer_than_two_warmup_steps():
 
 
 # ---- real launches: the census at gradients_ready against the strategy's plan ---------------------
+# tests/conftest.py's fp32 cells on gpt-tiny (two warm-up steps: the census is read in the second, once the
+# optimizer holds its state), and ZeRO-3 once more with a persistence threshold that shards one tensor.
 
-CELLS = {   # name: (strategy, options)
-    "plain": ("plain", {}), "ddp": ("ddp", {}), "fsdp2": ("fsdp2", {}), "zero1": ("zero1", {}),
-    "zero2": ("zero2", {}),
-    # wte (32,768 elements) is above this threshold and sharded; every other tensor stays whole as well.
-    "zero3": ("zero3", {"param_persistence_threshold": 20_000}),
-    "pipeline": ("pipeline", {}),
-}
+ZERO3_OPTIONS = {"param_persistence_threshold": 20_000}   # wte (32,768 elements) is above it, the rest below
+FROM_SESSION = ("plain", "ddp", "fsdp2", "zero1", "zero2", "pipeline")
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
+def rows(fp32_rows, tmp_path_factory):
+    """{name: row}: the session's fp32 gpt-tiny rows, and ZeRO-3 with ZERO3_OPTIONS at the same batch and steps."""
     out = tmp_path_factory.mktemp("memory") / "rows.jsonl"
-    specs = [RunSpec(workload="gpt-tiny", strategy=strategy, world_size=1 if strategy == "plain" else 2,
-                     global_batch=8, micro_batch=4, warmup_steps=2, timed_steps=1, options=options)
-             for strategy, options in CELLS.values()]
-    run_specs(specs, RunOptions(results=out, timeout_s=300))
-    found = {(row.spec.strategy, row.spec.options): row for row in read_results([out])}
-    return {name: found[strategy, tuple(sorted(options.items()))] for name, (strategy, options) in CELLS.items()}
+    plain = fp32_rows["gpt-tiny", "plain"].spec
+    run_specs([plain.replace(strategy="zero3", world_size=2, options=ZERO3_OPTIONS)],
+              RunOptions(results=out, timeout_s=300))
+    [zero3] = read_results([out])
+    return {**{name: fp32_rows["gpt-tiny", name] for name in FROM_SESSION}, "zero3": zero3}
 
 
 def _census(rows, name):

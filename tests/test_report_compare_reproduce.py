@@ -4,6 +4,7 @@ import dataclasses
 import json
 import re
 import statistics
+import uuid
 
 import pandas as pd
 import pytest
@@ -17,22 +18,23 @@ from harness.spec import DeviceKind
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """The plain gpt-tiny cell and DDP at 2 ranks, run twice into two files (a run and its repeat)."""
+    """Two files holding the same two real launches, the plain gpt-tiny cell and DDP at 2 ranks: the run in
+    base.jsonl, and in new.jsonl under new run ids, as a second run of the same cells records them. What is
+    judged of them (1 vs 1 launches, a report of both files) asks nothing of a second launch's own noise.
+    Thirty timed steps, so that a host stall (harness.rank.timing) cannot take every step of a launch."""
     folder = tmp_path_factory.mktemp("runs")
     specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
                          Selection(workloads=("gpt-tiny",), overrides=(("timed_steps", 30),)))
-    files = []
-    for name in ("base", "new"):
-        path = folder / f"{name}.jsonl"
-        run_specs(specs, RunOptions(results=path, timeout_s=300))
-        files.append(path)
-    return files
+    base, new = folder / "base.jsonl", folder / "new.jsonl"
+    for result in run_specs(specs, RunOptions(results=base, timeout_s=300)):
+        append_row(new, dataclasses.replace(result, run_id=uuid.uuid4().hex))
+    return [base, new]
 
 
 @pytest.mark.launch
 def test_compare_judges_nothing_from_one_launch_a_side_and_says_so(two_runs, capsys):
-    # A run and its repeat, one launch per cell each: 1 vs 1 launches fire the rule by chance half the
-    # time (1 / C(2, 1)), so nothing is judged, whatever the noise; every metric is named with why.
+    # One launch per cell a side: 1 vs 1 launches fire the rule by chance half the time (1 / C(2, 1)), so
+    # nothing is judged, whatever the launches hold; every metric is named with why.
     base, new = two_runs
     assert main(["compare", str(base), str(new)]) == 0
     lines = capsys.readouterr().out.splitlines()
