@@ -39,7 +39,9 @@ def leftover_ranks() -> list[psutil.Process]:
 @pytest.mark.parametrize("fault, status, timeout_s, message", [
     ("kill:rank=1:step=1", Status.FAILED, 300, "SIGKILL"),
     ("oom:rank=1:step=1", Status.OOM, 300, "OutOfMemoryError: injected"),
-    ("hang:rank=1:step=1", Status.TIMEOUT, 75, "all ranks killed"),
+    # The timeout is what the hung cell costs; the plain cell after it, which runs under the same timeout,
+    # takes about 5 s here.
+    ("hang:rank=1:step=1", Status.TIMEOUT, 40, "all ranks killed"),
 ])
 def test_a_faulty_rank_becomes_a_row_and_the_next_cell_runs(fault, status, timeout_s, message, tmp_path,
                                                             monkeypatch):
