@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import replace
@@ -31,7 +32,8 @@ from tqdm import tqdm
 from harness.launch.plan import threads_per_rank
 from harness.machine import Machine, oversubscription_warning
 from harness.matrix import MATRICES, Selection, build_matrix
-from harness.record import AppendError, ResultsError
+from harness.outputs import check_folder, check_results_file
+from harness.record import COMMBENCH_KIND, AppendError, ResultsError, read_rows
 from harness.rank.faults import fault_from_environment
 from harness.emulate.network import EmulatedNetwork
 from harness.emulate.session import check_emulation
@@ -70,6 +72,17 @@ def _count(text: str, suffixes: dict[str, float] = SIZE_SUFFIXES) -> int:
 
 def _bytes(text: str) -> int:
     return _count(text, BYTE_SUFFIXES)
+
+
+def _seconds(text: str) -> float:
+    """A timeout: a positive, finite number of seconds (0 would kill every launch at once, inf never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number of seconds, got {text!r}")
+    return value
 
 
 def _threshold(text: str) -> tuple[str, float]:
@@ -129,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                      help="strategy option for every selected cell (repeatable)")
     run.add_argument("--out", type=Path, help="results JSONL (default: results/<matrix>-<time>.jsonl)")
-    run.add_argument("--timeout", type=float, default=900.0, help="seconds per launch before its ranks are killed")
+    run.add_argument("--timeout", type=_seconds, default=900.0, help="seconds per launch before its ranks are killed")
     run.add_argument("--resume", action="store_true", help="with --out: skip launches already recorded ok there, and "
                      "record those whose measurements reached their cell folder without their row")
     run.add_argument("--dry-run", action="store_true", help="print the cells and exit")
@@ -170,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--warmup", type=int, default=5)
     comm.add_argument("--iters", type=int, default=20)
     comm.add_argument("--out", type=Path, help="results JSONL (default: results/comm-<time>.jsonl)")
-    comm.add_argument("--timeout", type=float, default=600.0)
+    comm.add_argument("--timeout", type=_seconds, default=600.0, help="seconds before the benchmark's ranks are killed")
     comm.add_argument("--emulate-link", metavar="RATE", help="across the nodes of an emulated cluster (root), "
                       "links shaped to RATE (e.g. 100mbit), the ranks spread evenly over the nodes")
     comm.add_argument("--emulate-nodes", type=int, default=2, help="with --emulate-link: nodes (default 2)")
@@ -221,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
     reproduce.add_argument("run_id", help="a row's run_id (a unique prefix is enough)")
     reproduce.add_argument("--results", type=Path, nargs="+", help="files to search (default: results/*.jsonl)")
-    reproduce.add_argument("--timeout", type=float, default=900.0)
+    reproduce.add_argument("--timeout", type=_seconds, default=900.0, help="seconds before the launch's ranks are killed")
 
     commands.add_parser("list", help="matrices, workloads and strategies")
     return parser
@@ -260,7 +273,7 @@ def command_run(args: argparse.Namespace) -> int:
         raise SpecError(f"--profile-steps must be >= 0, got {args.profile_steps}")
     if args.resume and args.out is None:
         raise SpecError("--resume needs --out FILE: the results file whose recorded launches to skip")
-    if args.peak_tflops is not None and not args.peak_tflops > 0:
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
         raise SpecError(f"--peak-tflops must be a positive TFLOP/s figure, got {args.peak_tflops:g}")
     try:
         fault_from_environment()
@@ -275,6 +288,7 @@ def command_run(args: argparse.Namespace) -> int:
         print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout))
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+    check_results_file(out, "--out" if args.out else "results file")
     launches = sum(spec.repeats for spec in specs)
     print(f"parbench: {len(specs)} cells, {launches} launches -> {out}", file=sys.stderr)
     peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
@@ -386,6 +400,7 @@ def command_comm(args: argparse.Namespace) -> int:
     if emulated is not None:
         check_emulation(emulated, ())
     out = args.out or Path("results") / f"comm-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+    check_results_file(out, "--out" if args.out else "results file")
     print(f"parbench: collective benchmark at world size {args.world_size} on {device.value} -> {out}",
           file=sys.stderr)
     try:
@@ -410,6 +425,8 @@ def command_comm(args: argparse.Namespace) -> int:
 def command_project(args: argparse.Namespace) -> int:
     from harness.project.run import projection_from_arguments
 
+    if args.out is not None:
+        check_results_file(args.out, "--out")
     print(projection_from_arguments(args))
     return 0
 
@@ -417,6 +434,10 @@ def command_project(args: argparse.Namespace) -> int:
 def command_report(args: argparse.Namespace) -> int:
     from harness.report import write_report
 
+    for path in args.results:   # an empty report, exit 0, would pass for a run that measured nothing
+        if not read_rows([path]) and not read_rows([path], kind=COMMBENCH_KIND):
+            raise SpecError(f"{path} holds no cell rows and no `harness comm` rows: nothing to report")
+    check_folder(args.out, "--out")
     written = write_report(args.results, args.out)
     for path in written:
         print(path)
@@ -433,6 +454,9 @@ def command_compare(args: argparse.Namespace) -> int:
         thresholds = check_thresholds(dict(args.threshold))
     except ValueError as error:
         raise SpecError(f"--threshold: {error}") from None
+    for path in (args.base, args.new):   # "0 metrics judged", exit 0, would pass a run that measured nothing
+        if not read_rows([path]):
+            raise SpecError(f"{path} holds no cell rows: nothing to compare")
     result = compare_files(args.base, args.new, thresholds, args.alpha)
     print(format_result(result, show_all=args.all))
     return 1 if result.regressed else 0
@@ -445,6 +469,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
 
     paths = args.results or sorted(Path("results").glob("*.jsonl"))
     found = find_row(args.run_id, paths)
+    check_results_file(found.path, "the results file")   # the new row is appended beside the original
     original = found.result
     for line in environment_differences(original.environment, capture_environment()):
         print(f"parbench: warning: {line}", file=sys.stderr)

@@ -136,6 +136,10 @@ class Cells:
         for size in self.sizes:     # before the global batch is made from them
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise SpecError(f"world_size must be a whole number >= 1, got {size!r}")
+        repeats = select.repeats
+        if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1):
+            raise SpecError(f"repeats must be a whole number >= 1, got {repeats!r}")   # 0 is not "the default"
+        self.repeats = plan.repeats if repeats is None else repeats
         self.largest = _largest_data_parallel(self.sizes)
         self.chosen = select.strategies if select.strategies is not None else ("plain", *plan.strategies)
         self._by_cell: dict[str, RunSpec] = {}
@@ -154,7 +158,7 @@ class Cells:
         fields = dict(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
                       micro_batch=plan.micro_batch, precision=self.plan.precision,
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
-                      repeats=self.select.repeats or self.plan.repeats, device=self.machine.device)
+                      repeats=self.repeats, device=self.machine.device)
         fields.update(self.select.overrides)
         spec = RunSpec(**fields, options={**options, **self.select.options_for(strategy)})
         self._by_cell.setdefault(spec.cell_id, spec)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 import uuid
 from datetime import datetime, timezone
@@ -40,6 +41,10 @@ class RunOptions:
     resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`, and
                                   # record those with measurements in their cell folder but no row
     emulated_network: dict[str, Any] | None = None   # harness.emulate's record, kept in every row's environment
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise SpecError(f"timeout_s must be a positive, finite number of seconds, got {self.timeout_s!r}")
 
 
 def run_specs(specs: Sequence[RunSpec], options: RunOptions,

@@ -8,7 +8,10 @@
 #
 # Settings (../shared/RECIPES.md): linuxproc process tracking and no task plugin need no cgroup set-up;
 # cons_tres so that two jobs could share the node by cores; its own munge socket and key, so a system
-# munged, if any, is left alone.
+# munged, if any, is left alone. MinJobAge=5: `sbatch --wait` first polls after 2 s and multiplies its wait
+# by 4 (up to 32 s) while the wait is under half of MinJobAge (src/sbatch/sbatch.c, _job_wait), so under the
+# default of 300 s a 10 s job returned after 2 + 8 + 32 s; at 5 it polls every 2 s, and a finished job's
+# record outlives the next poll.
 set -euo pipefail
 action=${1:?usage: slurm-one-node.sh start|stop DIR}
 dir=$(mkdir -p "${2:?usage: slurm-one-node.sh start|stop DIR}" && cd "$2" && pwd)
@@ -61,6 +64,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
+MinJobAge=5
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/slurmctld.log

@@ -1,9 +1,24 @@
-"""Shared test helpers. Tests marked `gpu` are skipped where no CUDA device is visible."""
+"""Shared test helpers. Tests marked `gpu` are skipped where no CUDA device is visible; tests not marked
+`launch` may start no process (tests/launch_guard.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from launch_guard import LaunchGuard
+
+
+def pytest_configure(config):
+    guard = LaunchGuard()
+    guard.install()
+    config.pluginmanager.register(guard, "launch-guard")
+
+
+def pytest_unconfigure(config):
+    guard = config.pluginmanager.get_plugin("launch-guard")
+    if guard is not None:
+        guard.uninstall()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -17,14 +32,19 @@ def pytest_collection_modifyitems(config, items):
 
 # ---- cells launched once per session and shared by the modules that judge them -------------------------
 
-PARITY_OVERRIDES = (("warmup_steps", 1), ("timed_steps", 3))   # exactly the 4 steps parity compares
+# Five steps: the four parity compares (harness.derive.parity.PARITY_STEPS) and a second warm-up step, in which
+# the model-state census is read (it needs the optimizer's state, made by the first step's update), so that
+# tests/test_memory.py judges these rows too; three timed steps, so that a timed step the host stalled
+# (harness.rank.timing) still leaves others for tests/test_ddp_cpu.py's figures.
+PARITY_OVERRIDES = (("warmup_steps", 2), ("timed_steps", 3))
 
 
 @pytest.fixture(scope="session")
 def fp32_rows(tmp_path_factory):
     """Every strategy at world size 2 on both tiny workloads in fp32, and the plain loop: real rows,
     {(workload, strategy): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
-    tests/test_parity_faults.py)."""
+    tests/test_parity_faults.py; the smoke matrix's cells in tests/test_ddp_cpu.py; the model-state census
+    of tests/test_memory.py)."""
     from harness.matrix import Machine, Selection, build_matrix
     from harness.record import read_results
     from harness.runner import RunOptions, run_specs
@@ -41,7 +61,8 @@ def fp32_rows(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bf16_rows(tmp_path_factory):
     """Every strategy at world sizes 1 and 2 on gpt-tiny in bf16, and the plain loop: real rows,
-    {(strategy, world_size): RunResult}."""
+    {(strategy, world_size): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
+    tests/test_parity_faults.py; ZeRO-2's reductions in tests/test_comm_zero_cpu.py)."""
     from harness.matrix import Machine, Selection, build_matrix
     from harness.record import read_results
     from harness.runner import RunOptions, run_specs

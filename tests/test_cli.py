@@ -1,8 +1,10 @@
 """The command line refuses bad input with one line and exit status 2, before launching anything."""
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,12 @@ def run_cli(capsys, *args):
     (["--strategy", "pipeline", "--option", "stages=2", "--world-sizes", "3", "--global-batch", "12"],
      "world_size 3 is not divisible by pipeline stages=2"),
     (["--strategy", "zero2", "--option", "offload_optimizer=gpu"], "offload_optimizer='gpu' of strategy zero2"),
+    (["--repeats", "0"], "repeats must be a whole number >= 1, got 0"),      # not the matrix's default
+    (["--timeout", "-1"], "argument --timeout: expected a positive, finite number of seconds, got '-1'"),
+    (["--timeout", "0"], "argument --timeout: expected a positive, finite number of seconds, got '0'"),
+    (["--timeout", "nan"], "argument --timeout: expected a positive, finite number of seconds, got 'nan'"),
+    (["--timeout", "inf"], "argument --timeout: expected a positive, finite number of seconds, got 'inf'"),
+    (["--peak-tflops", "inf"], "--peak-tflops must be a positive TFLOP/s figure, got inf"),
 ])
 def test_bad_input_exits_2_with_one_line_and_launches_nothing(tmp_path, monkeypatch, capsys, args, fragment):
     monkeypatch.chdir(tmp_path)
@@ -52,6 +60,7 @@ def test_list_names_matrices_workloads_and_strategies(capsys):
         assert name in out
 
 
+@pytest.mark.launch
 def test_the_module_entry_point_reports_errors_the_same_way(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness", "run", "--strategy", "mpi"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=300)
@@ -71,17 +80,21 @@ def test_memory_prints_the_zero_predictions_without_running(capsys):
 
 
 @pytest.mark.parametrize("args, fragment", [
+    (["comm", "--timeout", "0"], "argument --timeout: expected a positive, finite number of seconds, got '0'"),
+    (["reproduce", "3f2a9c", "--timeout", "-5"], "argument --timeout: expected a positive, finite number of "
+                                                 "seconds, got '-5'"),
     (["memory", "--params", "lots", "--dp", "2"], "expected a number with an optional suffix"),
     (["memory", "--params", "1M", "--dp", "2", "--recipe", "fp8"], "recipe 'fp8' is not one of"),
     (["comm", "--world-size", "1"], "--world-size must be >= 2"),
     (["comm", "--collectives", "all_reduce,gossip"], "unknown collective 'gossip'"),
 ])
-def test_memory_and_comm_refuse_bad_input_in_one_line(capsys, args, fragment):
+def test_memory_comm_and_reproduce_refuse_bad_input_in_one_line(capsys, args, fragment):
     code, _, err = run_cli(capsys, *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and fragment in err
 
 
+@pytest.mark.launch
 def test_comm_benchmark_runs_at_two_ranks_and_prints_busbw_per_size(tmp_path, capsys):
     out = tmp_path / "comm.jsonl"
     code, printed, _ = run_cli(capsys, "comm", "--world-size", "2", "--device", "cpu", "--min-bytes", "1K",
@@ -91,7 +104,6 @@ def test_comm_benchmark_runs_at_two_ranks_and_prints_busbw_per_size(tmp_path, ca
     lines = [line.split() for line in printed.splitlines() if line.split() and line.split()[0] in names]
     assert [(line[0], int(line[1])) for line in lines] == [
         (name, size) for name in names for size in (1024, 2048, 4096, 8192, 16384)]
-    import json
     row = json.loads(out.read_text())
     assert row["kind"] == "commbench" and row["world_size"] == 2 and row["backend"] == "gloo"
     for measured in row["rows"]:
@@ -116,3 +128,64 @@ def test_scaling_and_memory_matrices_hold_the_cells_their_figures_need(capsys):
     for strategy in ("ddp", "zero1", "zero2", "zero3", "fsdp2"):
         assert f"gpt-tiny/{strategy}/ws2/gb8/mb4/" in out, strategy
     assert "gpt-tiny/plain/ws1/gb8/mb4/" in out
+
+
+# ---- outputs that cannot be written, and a report of nothing: one line, before anything runs -----------------
+
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
+COMMANDS_WRITING = {   # each command that writes, with what it needs besides where to write
+    "run": ["run", "--matrix", "smoke", "--workload", "gpt-tiny", "--strategy", "plain", "--device", "cpu"],
+    "comm": ["comm", "--world-size", "2", "--device", "cpu"],
+    "project": ["project", "--params", "1.5B", "--compute-ms", "120", "--cluster", "dgx-h100-ib"],
+    "report": ["report", str(REFERENCE)],
+}
+
+
+def one_line_error(capsys, *args) -> str:
+    code, out, err = run_cli(capsys, *args)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("parbench: error: "), (code, out, err)
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", COMMANDS_WRITING)
+def test_an_out_in_a_folder_that_takes_no_files_is_refused_naming_the_path(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    # /proc exists and root passes its permission checks, yet no file can be made there: only trying tells.
+    out = "/proc/parbench-out" if command == "report" else "/proc/rows.jsonl"
+    line = one_line_error(capsys, *COMMANDS_WRITING[command], "--out", out)
+    assert f"--out {out}: cannot " in line and ("/proc" in line.split(": cannot ")[1])
+    assert not list(tmp_path.iterdir())                 # nothing ran: no results folder, no cell folder
+
+
+@pytest.mark.parametrize("command", COMMANDS_WRITING)
+def test_an_out_under_a_file_is_refused_naming_the_file(tmp_path, capsys, command):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file where a folder would have to be\n")
+    out = blocker / ("report" if command == "report" else "rows.jsonl")
+    line = one_line_error(capsys, *COMMANDS_WRITING[command], "--out", str(out))
+    assert line.endswith(f"--out {out}: {blocker} is a file, not a folder")
+    assert blocker.read_text() == "a file where a folder would have to be\n"
+
+
+@pytest.mark.parametrize("command", ["run", "comm", "project"])
+def test_a_results_file_that_is_a_folder_is_refused(tmp_path, capsys, command):
+    line = one_line_error(capsys, *COMMANDS_WRITING[command], "--out", str(tmp_path))
+    assert line.endswith(f"--out {tmp_path} is a folder; expected a results file (.jsonl) to append rows to")
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", json.dumps({"kind": "projection", "status": "projected"}) + "\n"])
+def test_a_report_of_a_results_file_with_no_rows_is_refused_naming_the_file(tmp_path, capsys, content):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(content)
+    line = one_line_error(capsys, "report", str(REFERENCE), str(empty), "--out", str(tmp_path / "report"))
+    assert line == f"parbench: error: {empty} holds no cell rows and no `harness comm` rows: nothing to report"
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_compare_with_a_side_that_holds_no_rows_is_refused_naming_the_file(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for base, new in ((REFERENCE, empty), (empty, REFERENCE)):
+        line = one_line_error(capsys, "compare", str(base), str(new))
+        assert line == f"parbench: error: {empty} holds no cell rows: nothing to compare"

@@ -198,6 +198,7 @@ def test_reference_rows_of_schema_1_still_read_with_wire_bytes_and_their_stored_
     assert ddp["compute_only_kind"] == SCHEMA_1_KIND and ddp["exposed_comm_note"].startswith("negative")
 
 
+@pytest.mark.launch
 def test_the_communication_figures_import_no_torch():
     import subprocess
     import sys

@@ -1,14 +1,15 @@
 """A real 2-rank ZeRO-2 cell (gpt-tiny, bf16 under DeepSpeed's torch_autocast section, gloo on CPU): the dtypes
 its gradient reductions really use, and a compute-only baseline that steps this rank's half of the state.
 
-One launch, one warm-up and two timed steps: nothing here depends on timing.
+The cell is tests/conftest.py's bf16 ZeRO-2 cell at world size 2 (global batch 16, micro-batch 4, the
+matrix's options), launched once for the session: nothing here depends on timing.
 """
 
 import pytest
 
-from harness.record import read_results
-from harness.runner import RunOptions, run_specs
-from harness.spec import RunSpec, Status
+from harness.spec import Precision, Status
+
+pytestmark = pytest.mark.launch   # every test here reads cells launched for real
 
 # gpt-tiny (workloads/gpt.py): vocab 512, 64 tokens, 4 blocks of width 64, head tied to the token embedding.
 V, T, LAYERS, D = 512, 64, 4, 64
@@ -18,14 +19,18 @@ K = 2                                                          # 16 samples / 2 
 
 
 @pytest.fixture(scope="module")
-def row(tmp_path_factory):
-    out = tmp_path_factory.mktemp("zero2") / "rows.jsonl"
-    spec = RunSpec(workload="gpt-tiny", strategy="zero2", world_size=2, global_batch=16, micro_batch=4,
-                   precision="bf16", warmup_steps=1, timed_steps=2)
-    run_specs([spec], RunOptions(results=out, timeout_s=300))
-    (result,) = read_results([out])
+def cell(bf16_rows):
+    result = bf16_rows["zero2", 2]
     assert result.status is Status.OK, result.message
-    return result.measurements
+    spec = result.spec
+    assert (spec.workload, spec.precision, spec.global_batch, spec.micro_batch, spec.options) == (
+        "gpt-tiny", Precision.BF16, 16, 4, ())      # K = 2 micro-batches per rank, DeepSpeed's default recipe
+    return result
+
+
+@pytest.fixture(scope="module")
+def row(cell):
+    return cell.measurements
 
 
 def test_zero2_under_torch_autocast_reduces_linear_gradients_in_bf16_and_the_rest_in_fp32(row):
@@ -50,10 +55,11 @@ def test_zero2_expects_the_bytes_its_recipe_reduces(row):
         {"collective": "all_gather", "size_bytes": 4 * (LINEAR + OTHER), "calls": 1, "ranks": 2}]
 
 
-def test_zero2_compute_only_baseline_steps_half_the_optimizer_state(row):
+def test_zero2_compute_only_baseline_steps_half_the_optimizer_state(cell, row):
     # Each rank's optimizer updates a contiguous half of the 236,928 parameters: 118,464 each (DeepSpeed's
     # alignment padding would move the boundary by a few elements at most).
     assert row["compute_only_kind"] == "same work"
     assert row["compute_only_optimizer_elements_by_rank"] == [(LINEAR + OTHER) // 2] * 2
-    assert [len(times) for times in row["compute_only_step_time_s_by_rank"]] == [2, 2]
-    assert [len(flags) for flags in row["compute_only_host_stalled_by_rank"]] == [2, 2]
+    timed = cell.spec.timed_steps
+    assert [len(times) for times in row["compute_only_step_time_s_by_rank"]] == [timed, timed]
+    assert [len(flags) for flags in row["compute_only_host_stalled_by_rank"]] == [timed, timed]

@@ -81,6 +81,7 @@ def test_rows_written_before_the_mean_still_read_and_are_labelled_slowest_rank_o
     assert "broadcast (gloo, 2 ranks, slowest rank only)" in svg
 
 
+@pytest.mark.launch
 def test_comm_run_at_two_ranks_records_every_ranks_time_their_mean_and_the_slowest(tmp_path, capsys):
     out = tmp_path / "comm.jsonl"
     code = main(["comm", "--world-size", "2", "--device", "cpu", "--collectives", "all_reduce,all_to_all",

@@ -1,4 +1,7 @@
-"""Real 2-rank DDP over gloo on CPU, launched by torchrun through the harness, against the plain loop."""
+"""Real 2-rank DDP over gloo on CPU, launched by torchrun through the harness, against the plain loop: the
+smoke matrix's cells. They are tests/conftest.py's fp32 rows of the same cells (the smoke matrix's cells are
+the full matrix's plain and DDP cells), run for 2 warm-up and 3 timed steps instead of the matrix's 3 and 10:
+nothing here needs more steps, and launching them again would measure nothing new."""
 
 import math
 import statistics
@@ -9,23 +12,28 @@ from harness.derive.exposed import exposed_communication
 from harness.derive.memory import predicted_model_states
 from harness.matrix import Machine, Selection, build_matrix
 from harness.derive.parity import Verdict, judge
-from harness.record import read_results
-from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
+
+SMOKE = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
+                     Selection(workloads=("resnet20-cifar", "gpt-tiny")))
+
+
+def test_the_smoke_matrix_is_the_plain_loop_and_ddp_at_two_ranks_on_each_tiny_workload():
+    assert [(s.workload, s.strategy, s.world_size) for s in SMOKE] == [
+        ("resnet20-cifar", "plain", 1), ("resnet20-cifar", "ddp", 2), ("gpt-tiny", "plain", 1), ("gpt-tiny", "ddp", 2)]
 
 
 @pytest.fixture(scope="module")
-def smoke_rows(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke") / "smoke.jsonl"
-    specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
-                         Selection(workloads=("resnet20-cifar", "gpt-tiny")))
-    run_specs(specs, RunOptions(results=out, timeout_s=300))
-    return read_results([out])
+def smoke_rows(fp32_rows):
+    """The rows of the smoke matrix's cells, in its order: each the smoke cell itself, steps aside."""
+    rows = [fp32_rows[spec.workload, spec.strategy] for spec in SMOKE]
+    for spec, row in zip(SMOKE, rows):
+        assert row.spec == spec.replace(warmup_steps=row.spec.warmup_steps, timed_steps=row.spec.timed_steps)
+    return rows
 
 
+@pytest.mark.launch
 def test_smoke_writes_one_ok_row_per_cell(smoke_rows):
-    assert [(r.spec.workload, r.spec.strategy, r.spec.world_size) for r in smoke_rows] == [
-        ("resnet20-cifar", "plain", 1), ("resnet20-cifar", "ddp", 2), ("gpt-tiny", "plain", 1), ("gpt-tiny", "ddp", 2)]
     assert all(r.status is Status.OK for r in smoke_rows), [r.message for r in smoke_rows]
     for row in smoke_rows:
         assert row.environment["torch"] and row.launch_command and row.schema_version == 2
@@ -34,6 +42,7 @@ def test_smoke_writes_one_ok_row_per_cell(smoke_rows):
         assert "samples_per_s" not in row.measurements    # derived when read (harness.derive), never stored
 
 
+@pytest.mark.launch
 def test_losses_are_finite_and_fall(smoke_rows):
     for row in smoke_rows:
         losses = row.measurements["loss_per_step"]
@@ -42,6 +51,7 @@ def test_losses_are_finite_and_fall(smoke_rows):
         assert losses[-1] < losses[0]
 
 
+@pytest.mark.launch
 def test_ddp_at_world_size_2_matches_world_size_1_in_fp32(smoke_rows):
     by_key = {(r.spec.workload, r.spec.world_size): r for r in smoke_rows}
     verdicts = {(r.spec.workload, r.spec.world_size): p
@@ -54,6 +64,7 @@ def test_ddp_at_world_size_2_matches_world_size_1_in_fp32(smoke_rows):
         assert ddp.launch_command[-6].endswith("torchrun") or "torchrun" in " ".join(ddp.launch_command)
 
 
+@pytest.mark.launch
 def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
     for row in smoke_rows:
         m = row.measurements
@@ -70,6 +81,7 @@ def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
             {"collective": "all_reduce", "size_bytes": gradient_bytes, "calls": 1, "ranks": 2}]
 
 
+@pytest.mark.launch
 def test_rows_carry_memory_predictions_exposed_comm_and_mfu_fields(smoke_rows):
     from harness.derive.cells import launch_record
     from harness.derive.throughput import Basis

@@ -107,6 +107,7 @@ def test_the_committed_reference_rows_still_report():
     assert cells.loc["plain", "samples_per_s"] == pytest.approx(16 / sorted(unstalled)[len(unstalled) // 2])
 
 
+@pytest.mark.launch
 def test_the_derive_package_imports_neither_torch_nor_the_registries():
     modules = [f"harness.derive.{p.stem}" for p in (Path(__file__).parent.parent / "harness" / "derive").glob("*.py")]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)

@@ -180,6 +180,7 @@ def test_the_report_judges_every_row_of_its_files(smoke, tmp_path):
     assert [r.measurements["parity_verdict"] for r in read_results([results])][0] == "no-reference"
 
 
+@pytest.mark.launch
 def test_the_module_imports_without_torch():
     code = "import sys, harness.derive.parity; print(sorted(m for m in ('torch', 'deepspeed', 'horovod', " \
            "'harness.strategies', 'workloads') if m in sys.modules))"

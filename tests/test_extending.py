@@ -46,6 +46,7 @@ def toy_rows(tmp_path_factory):
         monkeypatch.undo()
 
 
+@pytest.mark.launch
 def test_a_strategy_from_its_own_file_trains_like_the_plain_loop(toy_rows):
     from harness.derive.cells import cell_table
 
@@ -70,6 +71,7 @@ def test_a_strategy_from_its_own_file_trains_like_the_plain_loop(toy_rows):
     assert 0 <= toy_cell["model_state_census_bytes_max"] - 3_790_848 < 4 * 100
 
 
+@pytest.mark.launch
 def test_the_report_shows_the_strategy(toy_rows, tmp_path):
     from harness.cli import main
 

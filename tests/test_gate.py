@@ -241,7 +241,7 @@ def test_a_cell_without_an_ok_launch_or_on_one_side_is_not_compared(tmp_path, ca
 def test_a_bad_threshold_is_one_line_naming_the_metrics(tmp_path, capsys):
     base = _write(tmp_path / "base.jsonl", _plain())
     for bad in (["--threshold", "step_time=0.1"], ["--threshold", "-0.1"], ["--threshold", "fast"],
-                ["--alpha", "1.5"]):
+                ["--threshold", "nan"], ["--threshold", "peak_rss_bytes_max=inf"], ["--alpha", "1.5"]):
         assert main(["compare", str(base), str(base), *bad]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("parbench: error:")

@@ -18,6 +18,8 @@ import pytest
 from harness.spec import RunSpec
 from harness.strategies import get_strategy
 
+pytestmark = pytest.mark.launch   # the check runs in a python subprocess (above: why)
+
 # Asked the way the harness asks before a launch: importing horovod.torch here would leave it in
 # sys.modules, where the missing-dependency test could no longer hide it.
 HOROVOD_MISSING = get_strategy("horovod").skip_reason(

@@ -271,6 +271,7 @@ def run_job_script(script: str) -> dict[str, list[str]]:
     return argvs
 
 
+@pytest.mark.launch
 def test_slurm_submits_a_job_whose_script_starts_each_launcher_on_the_jobs_nodes(tmp_path, stand_in_slurm):
     results = tmp_path / "runs with a space" / "rows.jsonl"
     cells = planned(SlurmPlacement(nnodes=4), results)
@@ -307,6 +308,7 @@ def test_slurm_submits_a_job_whose_script_starts_each_launcher_on_the_jobs_nodes
 
 # ---- rendezvous ports and launcher names ------------------------------------------------------------------
 
+@pytest.mark.launch
 def test_a_hostfile_rendezvous_port_is_probed_on_the_first_host_through_the_remote_shell(tmp_path):
     seen = tmp_path / "seen"
     # A remote shell that records which host it was asked to reach, then runs the command here.

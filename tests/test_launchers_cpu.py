@@ -23,6 +23,7 @@ def processes_naming(folder: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("strategy, launcher", [("zero2", "deepspeed"), ("horovod", "horovodrun")])
 def test_a_rank_killed_under_the_launcher_is_named_sigkill_and_nothing_is_left(strategy, launcher, tmp_path,
                                                                                 monkeypatch):

@@ -140,25 +140,22 @@ def test_model_states_are_unavailable_with_fewer_than_two_warmup_steps():
 
 
 # ---- real launches: the census at gradients_ready against the strategy's plan ---------------------
+# tests/conftest.py's fp32 cells on gpt-tiny (two warm-up steps: the census is read in the second, once the
+# optimizer holds its state), and ZeRO-3 once more with a persistence threshold that shards one tensor.
 
-CELLS = {   # name: (strategy, options)
-    "plain": ("plain", {}), "ddp": ("ddp", {}), "fsdp2": ("fsdp2", {}), "zero1": ("zero1", {}),
-    "zero2": ("zero2", {}),
-    # wte (32,768 elements) is above this threshold and sharded; every other tensor stays whole as well.
-    "zero3": ("zero3", {"param_persistence_threshold": 20_000}),
-    "pipeline": ("pipeline", {}),
-}
+ZERO3_OPTIONS = {"param_persistence_threshold": 20_000}   # wte (32,768 elements) is above it, the rest below
+FROM_SESSION = ("plain", "ddp", "fsdp2", "zero1", "zero2", "pipeline")
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
+def rows(fp32_rows, tmp_path_factory):
+    """{name: row}: the session's fp32 gpt-tiny rows, and ZeRO-3 with ZERO3_OPTIONS at the same batch and steps."""
     out = tmp_path_factory.mktemp("memory") / "rows.jsonl"
-    specs = [RunSpec(workload="gpt-tiny", strategy=strategy, world_size=1 if strategy == "plain" else 2,
-                     global_batch=8, micro_batch=4, warmup_steps=2, timed_steps=1, options=options)
-             for strategy, options in CELLS.values()]
-    run_specs(specs, RunOptions(results=out, timeout_s=300))
-    found = {(row.spec.strategy, row.spec.options): row for row in read_results([out])}
-    return {name: found[strategy, tuple(sorted(options.items()))] for name, (strategy, options) in CELLS.items()}
+    plain = fp32_rows["gpt-tiny", "plain"].spec
+    run_specs([plain.replace(strategy="zero3", world_size=2, options=ZERO3_OPTIONS)],
+              RunOptions(results=out, timeout_s=300))
+    [zero3] = read_results([out])
+    return {**{name: fp32_rows["gpt-tiny", name] for name in FROM_SESSION}, "zero3": zero3}
 
 
 def _census(rows, name):
@@ -168,6 +165,7 @@ def _census(rows, name):
     return row.measurements["model_state_census_bytes_by_rank"]
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("name", ["plain", "ddp"])
 def test_unsharded_census_is_16_bytes_per_parameter(rows, name):
     # DDP's gradients are views of its buckets (gradient_as_bucket_view), one storage counted once.
@@ -177,6 +175,7 @@ def test_unsharded_census_is_16_bytes_per_parameter(rows, name):
         rows[name].measurements["parameters_held_by_rank"])
 
 
+@pytest.mark.launch
 def test_fsdp2_census_is_its_plan_sharded_over_two_ranks(rows):
     # Every rank: 4 x Psi / 2 of weights and gradients, 8 x Psi / 2 of moments, and a step per tensor.
     for census in _census(rows, "fsdp2"):
@@ -186,6 +185,7 @@ def test_fsdp2_census_is_its_plan_sharded_over_two_ranks(rows):
         assert math.isclose(line["census_over_predicted"], 1 + TENSORS * STEP / (8 * PSI))
 
 
+@pytest.mark.launch
 def test_zero_keeps_an_fp32_master_partition_so_its_optimizer_holds_12_bytes_per_parameter(rows):
     for name in ("zero1", "zero2", "zero3"):
         for census, predicted in zip(_census(rows, name), predicted_model_states(rows[name].measurements)):
@@ -193,6 +193,7 @@ def test_zero_keeps_an_fp32_master_partition_so_its_optimizer_holds_12_bytes_per
             assert census["optimizer"] == 6 * PSI + STEP == predicted["optimizer"] + STEP
 
 
+@pytest.mark.launch
 def test_zero1_and_zero2_hold_the_gradients_of_their_partition_and_of_the_parameter_it_cuts(rows):
     # Stages 1/2 flatten the parameters in model order and cut the flat buffer at Psi / 2 = 118,464. Block 1's
     # c_fc.weight (64 x 256 = 16,384) spans flat elements 103,744..120,128 and is cut: after the reduction
@@ -209,6 +210,7 @@ def test_zero1_and_zero2_hold_the_gradients_of_their_partition_and_of_the_parame
     assert [p["gradients"] for p in predicted_model_states(rows["zero1"].measurements)] == [4 * PSI] * 2
 
 
+@pytest.mark.launch
 def test_zero3_shards_weights_but_keeps_persistent_parameters_whole(rows):
     m = rows["zero3"].measurements
     kept_whole = PSI - 32_768                      # all but wte: at or below the 20,000-element threshold
@@ -219,6 +221,7 @@ def test_zero3_shards_weights_but_keeps_persistent_parameters_whole(rows):
         assert census["gradients"] == 2 * PSI == predicted["gradients"]
 
 
+@pytest.mark.launch
 def test_deepspeed_zero3_estimate_uses_the_largest_module_own_parameters(rows):
     m = rows["zero3"].measurements
     assert m["largest_module_own_parameters"] == 512 * 64           # wte; a whole block would be 49,984
@@ -226,6 +229,7 @@ def test_deepspeed_zero3_estimate_uses_the_largest_module_own_parameters(rows):
     assert m["model_state_bytes_deepspeed_estimate"] == 4 * 32_768 + 18 * PSI // 2 == 2_263_424
 
 
+@pytest.mark.launch
 def test_pipeline_stages_hold_their_layers_and_the_tied_embedding_copy(rows):
     m = rows["pipeline"].measurements
     # Stage 0: embedding + 2 blocks = 36,864 + 99,968; stage 1: 2 blocks + final norm + the token
@@ -241,6 +245,7 @@ def test_pipeline_stages_hold_their_layers_and_the_tied_embedding_copy(rows):
         assert line["census_over_predicted"] == pytest.approx(1, abs=1e-4)
 
 
+@pytest.mark.launch
 def test_rows_say_where_their_peak_rss_starts(rows):
     for row in rows.values():
         assert row.measurements["peak_rss_since"] == "first timed step"

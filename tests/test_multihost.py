@@ -28,6 +28,8 @@ from harness.record import read_results
 from harness.spec import RunResult, Status
 from hosts import NamespaceHosts, SshHosts, namespace_hosts, ssh_hosts  # noqa: F401  (fixtures, found by name)
 
+pytestmark = pytest.mark.launch   # every test here starts hosts (namespaces, sshd) and launches across them
+
 REPO = Path(__file__).resolve().parents[1]
 SHORT = ["--timed-steps", "2", "--warmup-steps", "1", "--timeout", "400"]
 CELL_TOKEN = re.compile(r"PARBENCH_CELL_TOKEN=([0-9a-f]+)")

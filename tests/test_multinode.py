@@ -128,6 +128,7 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+@pytest.mark.launch
 def test_torchrun_and_deepspeed_rendezvous_across_two_hosts(two_hosts, tmp_path, monkeypatch):
     lines, remote_shell = two_hosts
     hostfile = tmp_path / "hosts"
@@ -167,6 +168,7 @@ def slurm_cluster(tmp_path_factory, monkeypatch):
         subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
 
 
+@pytest.mark.launch
 def test_two_rank_cells_run_through_slurm_by_torchrun_and_deepspeeds_launcher(slurm_cluster, tmp_path):
     out = tmp_path / "rows.jsonl"
     assert main(["run", "--matrix", "smoke", "--strategy", "ddp,zero2", "--world-sizes", "2", "--out", str(out),

@@ -8,8 +8,8 @@ losses of a few steps move little; the gradient norm of the first step cannot mi
 points with the batch's gradient (measured: 1.55 times). With rank 1's first of its 2 micro-batches left
 out it is g - m / 4 for that micro-batch's gradient m: smaller where m points with g (measured: 0.85
 times; the 4 micro-batches' gradients only partly agree). Both faults fire in step 0, the probed step
-(tests/conftest.py's cells run 1 warm-up and 3 timed steps, the 4 steps parity compares, so the no-fault
-rows of those session fixtures are the references and the controls).
+(these cells run the steps of tests/conftest.py's, 2 warm-up and 3 timed, so the no-fault rows of those
+session fixtures are the references and the controls).
 """
 
 import pytest
@@ -21,7 +21,9 @@ from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
 
-PARITY_OVERRIDES = (("warmup_steps", 1), ("timed_steps", 3))   # tests/conftest.py's: its plain rows are references
+pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+
+PARITY_OVERRIDES = (("warmup_steps", 2), ("timed_steps", 3))   # tests/conftest.py's: its plain rows are references
 
 STRATEGIES = ("ddp", "horovod", "zero2", "fsdp2")
 FAULTS = ("grad-scale:factor=2:rank=1:step=0", "skip-microbatch:rank=1:step=0")

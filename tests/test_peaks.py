@@ -167,6 +167,7 @@ def test_mfu_is_derived_from_the_row_with_its_peak_source_and_mode():
     assert "share one device" in figures["mfu_unavailable_because"]
 
 
+@pytest.mark.launch
 def test_derive_peaks_imports_no_torch():
     code = "import sys, harness.derive.peaks; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

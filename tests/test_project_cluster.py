@@ -130,6 +130,7 @@ def test_bad_toml_files_are_one_line_errors(tmp_path):
         load_cluster(stray)
 
 
+@pytest.mark.launch
 def test_the_project_package_imports_neither_torch_nor_the_registries():
     root = Path(__file__).parent.parent
     modules = [f"harness.project.{p.stem}" for p in (root / "harness" / "project").glob("*.py")]

@@ -34,6 +34,11 @@ def plain_spec():
     return spec
 
 
+# The environment a run captures, as a stand-in: capture_environment asks git for the checkout's state in a
+# subprocess, and these tests start no process (tests/launch_guard.py).
+ENVIRONMENT_NOW = {"python": "captured by this run"}
+
+
 def test_an_append_cut_short_by_the_file_size_limit_leaves_the_file_byte_identical(tmp_path):
     out = tmp_path / "rows.jsonl"
     append_line(out, row(1))
@@ -137,6 +142,7 @@ def test_resume_records_a_row_from_its_cell_folder_without_launching(tmp_path, m
         raise AssertionError("the cell was launched again")
 
     monkeypatch.setattr(runner, "run_cell", no_launch)
+    monkeypatch.setattr(runner, "capture_environment", lambda freeze_dir: ENVIRONMENT_NOW)
     [recovered] = run_specs([spec], RunOptions(results=out, resume=True))
     [recorded] = read_results([out])
     assert recorded.run_id == recovered.run_id and recorded.status is Status.OK
@@ -145,7 +151,7 @@ def test_resume_records_a_row_from_its_cell_folder_without_launching(tmp_path, m
     assert {k: recorded.measurements[k] for k in measured} == measured
     assert recorded.launch_command == ["OMP_NUM_THREADS=1", "/usr/bin/python3", "-m", "harness.rank.worker",
                                        "--spec", f"{cell_dir}/spec.json", "--out", str(cell_dir)]
-    assert recorded.environment["python"]   # captured now
+    assert recorded.environment == ENVIRONMENT_NOW      # the resuming run's, not the folder's
 
 
 @pytest.mark.parametrize("recorded, error_report", [
@@ -169,6 +175,7 @@ def test_resume_relaunches_a_cell_whose_folder_does_not_hold_a_missing_ok_row(tm
         return RunResult(spec=spec, status=Status.FAILED, message="again", run_id="second", repeat=repeat)
 
     monkeypatch.setattr(runner, "run_cell", launch)
+    monkeypatch.setattr(runner, "capture_environment", lambda freeze_dir: ENVIRONMENT_NOW)
     run_specs([spec], RunOptions(results=out, resume=True))
     # Launched again, and without the last launch's measurements or error reports, which would otherwise
     # be read as this launch's outcome.
@@ -176,6 +183,7 @@ def test_resume_relaunches_a_cell_whose_folder_does_not_hold_a_missing_ok_row(tm
     assert [r.run_id for r in read_results([out])] == ["first", "second"][0 if recorded else 1:]
 
 
+@pytest.mark.launch
 def test_a_full_disk_ends_the_run_with_one_line_and_resume_records_the_row(tmp_path, capsys):
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs to fill needs root")

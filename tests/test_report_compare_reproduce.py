@@ -4,6 +4,7 @@ import dataclasses
 import json
 import re
 import statistics
+import uuid
 
 import pandas as pd
 import pytest
@@ -17,21 +18,23 @@ from harness.spec import DeviceKind
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """The plain gpt-tiny cell and DDP at 2 ranks, run twice into two files (a run and its repeat)."""
+    """Two files holding the same two real launches, the plain gpt-tiny cell and DDP at 2 ranks: the run in
+    base.jsonl, and in new.jsonl under new run ids, as a second run of the same cells records them. What is
+    judged of them (1 vs 1 launches, a report of both files) asks nothing of a second launch's own noise.
+    Thirty timed steps, so that a host stall (harness.rank.timing) cannot take every step of a launch."""
     folder = tmp_path_factory.mktemp("runs")
     specs = build_matrix("smoke", Machine(device=DeviceKind.CPU, devices_per_node=2),
                          Selection(workloads=("gpt-tiny",), overrides=(("timed_steps", 30),)))
-    files = []
-    for name in ("base", "new"):
-        path = folder / f"{name}.jsonl"
-        run_specs(specs, RunOptions(results=path, timeout_s=300))
-        files.append(path)
-    return files
+    base, new = folder / "base.jsonl", folder / "new.jsonl"
+    for result in run_specs(specs, RunOptions(results=base, timeout_s=300)):
+        append_row(new, dataclasses.replace(result, run_id=uuid.uuid4().hex))
+    return [base, new]
 
 
+@pytest.mark.launch
 def test_compare_judges_nothing_from_one_launch_a_side_and_says_so(two_runs, capsys):
-    # A run and its repeat, one launch per cell each: 1 vs 1 launches fire the rule by chance half the
-    # time (1 / C(2, 1)), so nothing is judged, whatever the noise; every metric is named with why.
+    # One launch per cell a side: 1 vs 1 launches fire the rule by chance half the time (1 / C(2, 1)), so
+    # nothing is judged, whatever the launches hold; every metric is named with why.
     base, new = two_runs
     assert main(["compare", str(base), str(new)]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -52,6 +55,7 @@ def _as_launches(results, factor: float = 1.0, memory: float = 1.0):
             yield dataclasses.replace(result, measurements=m, repeat=repeat, run_id=f"{result.run_id}-{repeat}")
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("planted, metric, separation", [
     # Each side's launches lie within 1.03 / 1.01 - 1 = 2% of each other; 1.3 times slower, the closest
     # launches are 1.3 x 1.01 / 1.03 - 1 = 27.5% apart, beyond the 15% CPU default.
@@ -74,6 +78,7 @@ def test_compare_flags_a_planted_30_percent_regression_at_three_launches(two_run
     assert len(flagged) == 2 and all(re.search(separation, line) for line in flagged)
 
 
+@pytest.mark.launch
 def test_reproduce_gives_the_same_losses_bit_for_bit(two_runs, capsys):
     base, _ = two_runs
     original = next(r for r in read_results([base]) if r.spec.strategy == "ddp")
@@ -84,6 +89,7 @@ def test_reproduce_gives_the_same_losses_bit_for_bit(two_runs, capsys):
     assert again.measurements["loss_per_step"] == original.measurements["loss_per_step"]
 
 
+@pytest.mark.launch
 def test_report_writes_markdown_html_csv_parquet_matching_the_rows(two_runs, tmp_path, capsys):
     base, new = two_runs
     hostile = tmp_path / "hostile.jsonl"

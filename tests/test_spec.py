@@ -2,6 +2,7 @@ import pytest
 
 from harness.spec import DeviceKind, Precision, RunResult, RunSpec, SpecError, Status
 from harness.strategies import STRATEGIES
+from one_line import assert_one_line_error
 
 
 def spec(**changes):
@@ -50,3 +51,11 @@ def test_result_round_trips_and_refuses_newer_schema():
     assert RunResult.from_dict(data).measurements == {"x_s": 1.0}
     with pytest.raises(SpecError, match="schema_version"):
         RunResult.from_dict({**data, "schema_version": 999})
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, float("nan"), float("inf")])
+def test_run_options_refuse_a_timeout_that_is_not_a_positive_finite_number_of_seconds(tmp_path, timeout_s):
+    from harness.runner import RunOptions
+
+    assert_one_line_error(lambda: RunOptions(results=tmp_path / "rows.jsonl", timeout_s=timeout_s),
+                          ["timeout_s must be a positive, finite number of seconds", repr(timeout_s)])

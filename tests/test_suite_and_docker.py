@@ -33,6 +33,7 @@ def test_every_benchmark_has_params_matching_its_param_names():
                 assert getattr(method, "unit", None), (cls, name)
 
 
+@pytest.mark.launch
 def test_dockerfile_passes_hadolint():
     hadolint = shutil.which("hadolint") or str(Path(__import__("sys").executable).parent / "hadolint")
     if not Path(hadolint).exists():

@@ -48,6 +48,7 @@ exposed share of the plain loop) is not a metric of that cell and is not listed.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from math import comb
 from typing import Any, Callable, Mapping, Sequence
@@ -209,8 +210,9 @@ def check_thresholds(overrides: Mapping[str, float] | None) -> dict[str, float]:
     unknown = set(overrides) - set(METRIC_NAMES) - {"*"}
     if unknown:
         raise ValueError(f"no metric {sorted(unknown)[0]!r} to set a threshold for; known: {', '.join(METRIC_NAMES)}")
-    if any(value < 0 for value in overrides.values()):
-        raise ValueError(f"a threshold must be >= 0, got {overrides}")
+    bad = [value for value in overrides.values() if not (math.isfinite(value) and value >= 0)]
+    if bad:   # nan would never be exceeded, so it would silence the gate
+        raise ValueError(f"a threshold must be a finite number >= 0, got {bad[0]}")
     return overrides
 
 
