@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup test-tools run smoke test
+.PHONY: setup test-tools run smoke test test-unit
 setup:
 	PARBENCH_VENV=$(VENV) scripts/setup-env.sh
 
@@ -19,3 +19,7 @@ smoke: setup
 
 test: setup test-tools
 	$(PYTHON) -m pytest
+
+# The unit tier: the tests that start no process (marked otherwise `launch`; tests/launch_guard.py), under a minute.
+test-unit: setup
+	$(PYTHON) -m pytest -m "not launch"

@@ -60,8 +60,10 @@ class LaunchGuard:
 
     def __init__(self) -> None:
         self.unmarked_test: str | None = None       # node id of the unmarked test being set up or run
-        self.fixtures_in_setup: list[str] = []      # fixtures whose own set-up is running, innermost last
-        self.launching_fixtures: dict[str, str] = {}   # fixture -> the first process it started
+        # Fixtures as (where defined: a node id prefix, name), so that two fixtures of one name in two modules
+        # stay apart.
+        self.fixtures_in_setup: list[tuple[str, str]] = []     # whose own set-up is running, innermost last
+        self.launching_fixtures: dict[tuple[str, str], str] = {}   # -> the first process it started
         self.refused: list[str] = []                # starts refused in the current phase
         self._originals: list[tuple[Any, str, Callable]] = []
         self._lock = threading.Lock()
@@ -100,7 +102,7 @@ class LaunchGuard:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
-        self.fixtures_in_setup.append(fixturedef.argname)
+        self.fixtures_in_setup.append((fixturedef.baseid, fixturedef.argname))
         try:
             return (yield)
         finally:
@@ -109,11 +111,13 @@ class LaunchGuard:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item):
         if not _marked(item):
-            used = [name for name in getattr(item, "fixturenames", ()) if name in self.launching_fixtures]
+            names = set(getattr(item, "fixturenames", ()))
+            used = [(fixture, what) for fixture, what in self.launching_fixtures.items()
+                    if fixture[1] in names and _visible_from(fixture[0], item.nodeid)]
             if used:
-                raise pytest.fail.Exception(
-                    f"{item.nodeid} uses fixture {used[0]!r}, which started a process "
-                    f"({self.launching_fixtures[used[0]]}), but is not marked `{MARKER}`: {HINT}", pytrace=False)
+                (_, name), what = used[0]
+                raise pytest.fail.Exception(f"{item.nodeid} uses fixture {name!r}, which started a process "
+                                            f"({what}), but is not marked `{MARKER}`: {HINT}", pytrace=False)
         return (yield from self._guarded(item))
 
     @pytest.hookimpl(wrapper=True)
@@ -145,6 +149,11 @@ class LaunchGuard:
     def _failure(item: pytest.Item, refused: list[str]) -> BaseException:
         return pytest.fail.Exception(f"{item.nodeid} tried to start a process ({'; '.join(refused)}) but is not "
                                      f"marked `{MARKER}`: {HINT}", pytrace=False)
+
+
+def _visible_from(baseid: str, nodeid: str) -> bool:
+    """Whether a fixture defined at `baseid` (a conftest's folder, a module, a class) reaches test `nodeid`."""
+    return not baseid or nodeid == baseid or nodeid.startswith((baseid + "/", baseid + "::"))
 
 
 def _marked(item: pytest.Item) -> bool:

@@ -74,10 +74,25 @@ def test_unmarked_reads_the_shared_fixture_a_marked_test_set_up(started):
 """
 
 
+# Runs after test_cases.py: a fixture of the same name that starts nothing is not the one that did.
+NAMESAKE = """
+import pytest
+
+
+@pytest.fixture(scope="module")
+def started():
+    return 0
+
+
+def test_unmarked_reads_a_namesake_of_the_shared_fixture(started):
+    assert started == 0
+"""
+
+
 def test_unmarked_starts_are_refused_and_marked_ones_run(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makeini("[pytest]\nmarkers =\n    launch: starts a process\n")
-    pytester.makepyfile(test_cases=CASES)
+    pytester.makepyfile(test_cases=CASES, test_namesake=NAMESAKE)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-W", "ignore")
     outcomes = {report.nodeid.split("::")[-1]: report.outcome for report in result.reprec.getreports()
                 if report.when == "call" or report.outcome != "passed"}
@@ -89,6 +104,7 @@ def test_unmarked_starts_are_refused_and_marked_ones_run(pytester):
         "test_marked_run": "passed",
         "test_marked_sets_up_a_shared_fixture": "passed",
         "test_unmarked_reads_the_shared_fixture_a_marked_test_set_up": "failed",   # in its set-up
+        "test_unmarked_reads_a_namesake_of_the_shared_fixture": "passed",
     }
     text = result.stdout.str()
     assert "test_unmarked_run started a process (Popen._execute_child: true) but is not marked `launch`" in text
