@@ -187,7 +187,7 @@ def _launch_plan(world_size: int, program: list[str], extra_env: dict[str, str],
     if emulated is None:
         command = torchrun_argv(1, world_size, f"127.0.0.1:{free_port()}", program)
         return LaunchPlan(commands=(tuple(command),), targets=("this host",))
-    nodes = next(n for n in range(emulated.nodes, 0, -1) if world_size % n == 0)
+    nodes = emulated.nodes_for(world_size)
     first = emulated.addresses[0]
     # The port is probed in the first node's namespace, where the rendezvous is served.
     probe = subprocess.run(emulated.shell(0, f"{sys.executable} -c {shlex.quote(PORT_PROBE)}"), capture_output=True,

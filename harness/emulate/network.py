@@ -115,6 +115,11 @@ class EmulatedNetwork:
         """argv running `script` with sh on the node-th node."""
         return ["ip", "netns", "exec", self.namespaces[node], "sh", "-c", script]
 
+    def nodes_for(self, world_size: int) -> int:
+        """Nodes a multi-rank job spreads over: the most that divide its ranks evenly, so that traffic
+        crosses the shaped links at every world size >= 2 (1 for a single rank)."""
+        return next(n for n in range(min(self.nodes, world_size), 0, -1) if world_size % n == 0)
+
     def hostfile(self, folder: Path, slots: int = 1) -> Path:
         """A hostfile of its nodes (`ADDRESS slots=N` lines) written in `folder`."""
         path = folder / "hosts"

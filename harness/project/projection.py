@@ -353,7 +353,8 @@ def counted_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
     return tuple(schedule)
 
 
-def _unstalled_median_step(m: Mapping[str, Any]) -> float | None:
+def unstalled_median_step_s(m: Mapping[str, Any]) -> float | None:
+    """Median step time over the timed steps the host did not stall; None if it stalled every one."""
     stalled = set(m.get("host_stalled_step_indices") or ())
     kept = [t for i, t in enumerate(m.get("step_time_s") or ()) if i not in stalled]
     return median(kept) if kept else None
@@ -392,13 +393,10 @@ def one_device_step(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float] | 
     """(median unstalled step time, per-device batch) of the world-size-1 rows among `rows`, or None."""
     steps, batches = [], set()
     for row in rows:
-        if spec(row)["world_size"] == 1:
-            m = measurements(row)
-            stalled = set(m.get("host_stalled_step_indices") or ())
-            kept = [t for i, t in enumerate(m.get("step_time_s") or ()) if i not in stalled]
-            if kept:
-                steps.append(median(kept))
-                batches.add(float(spec(row)["global_batch"]))
+        step = unstalled_median_step_s(measurements(row)) if spec(row)["world_size"] == 1 else None
+        if step is not None:
+            steps.append(step)
+            batches.add(float(spec(row)["global_batch"]))
     return (median(steps), batches.pop()) if steps and len(batches) == 1 else None
 
 
@@ -447,7 +445,7 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
         # compute-only pass (the model's forward and backward alone) leaves out, and no network.
         compute = one_device[0] * per_device / one_device[1]
         compute_source = f"the strategy's world-size-1 step, {one_device[0] * 1e3:.4g} ms at {one_device[1]:g} samples"
-        steps = [t for t in (_unstalled_median_step(measurements(r)) for r in rows) if t is not None]
+        steps = [t for t in (unstalled_median_step_s(measurements(r)) for r in rows) if t is not None]
         exposed = [t - compute * factor for t in steps]
     else:
         computes = [c for c in (compute_only_seconds(measurements(r)) for r in rows) if c is not None]

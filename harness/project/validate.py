@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from statistics import median
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -33,7 +32,7 @@ import numpy as np
 from harness.derive.rows import is_ok, measurements, spec
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, fit_calibration
-from harness.project.projection import Scaling, StrategyFacts, bases_from_rows, project
+from harness.project.projection import Scaling, StrategyFacts, bases_from_rows, project, unstalled_median_step_s
 from harness.record import COMMBENCH_KIND
 from harness.spec import SpecError
 
@@ -52,12 +51,6 @@ def setting_of(row: Mapping[str, Any]) -> str:
 
 def _rate(setting: str) -> float:
     return float(setting.split()[0]) if setting != NOT_EMULATED else math.inf
-
-
-def unstalled_median_step_s(m: Mapping[str, Any]) -> float | None:
-    stalled = set(m.get("host_stalled_step_indices") or ())
-    steps = [t for i, t in enumerate(m.get("step_time_s") or ()) if i not in stalled]
-    return median(steps) if steps else None
 
 
 def shared_cores_factor(row: Mapping[str, Any], world_size: int) -> float:

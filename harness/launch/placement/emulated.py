@@ -33,6 +33,6 @@ class EmulatedPlacement(HostfilePlacement):
         return self.network.describe() if self.network else super().describe()
 
     def nodes_for(self, spec: RunSpec, ranks_per_node: int | None) -> int:
-        if not launcher_of(spec).spans_nodes or spec.world_size < 2:
+        if not launcher_of(spec).spans_nodes or self.network is None:
             return 1
-        return next(n for n in range(self.nnodes, 0, -1) if spec.world_size % n == 0)
+        return self.network.nodes_for(spec.world_size)
