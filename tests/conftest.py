@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from launch_guard import LaunchGuard
+from launch_streams import Stream, run_streams
 
 
 def pytest_configure(config):
@@ -30,13 +31,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# ---- cells launched once per session and shared by the modules that judge them -------------------------
-
-# Five steps: the four parity compares (harness.derive.parity.PARITY_STEPS) and a second warm-up step, in which
-# the model-state census is read (it needs the optimizer's state, made by the first step's update), so that
-# tests/test_memory.py judges these rows too; three timed steps, so that a timed step the host stalled
-# (harness.rank.timing) still leaves others for tests/test_ddp_cpu.py's figures.
-PARITY_OVERRIDES = (("warmup_steps", 2), ("timed_steps", 3))
+# ---- cells launched once per session and shared by the modules that judge them, two streams at a time
+# (tests/launch_streams.py: the steps and cores they run with) ---------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -44,18 +40,11 @@ def fp32_rows(tmp_path_factory):
     """Every strategy at world size 2 on both tiny workloads in fp32, and the plain loop: real rows,
     {(workload, strategy): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
     tests/test_parity_faults.py; the smoke matrix's cells in tests/test_ddp_cpu.py; the model-state census
-    of tests/test_memory.py)."""
-    from harness.matrix import Machine, Selection, build_matrix
-    from harness.record import read_results
-    from harness.runner import RunOptions, run_specs
-    from harness.spec import DeviceKind
-
-    out = tmp_path_factory.mktemp("fp32") / "rows.jsonl"
-    specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=2),
-                         Selection(workloads=("resnet20-cifar", "gpt-tiny"), world_sizes=(2,),
-                                   overrides=PARITY_OVERRIDES))   # every strategy, DataParallel skipped
-    run_specs(specs, RunOptions(results=out, timeout_s=300))
-    return {(row.spec.workload, row.spec.strategy): row for row in read_results([out])}
+    of tests/test_memory.py). DataParallel's rows are skipped on CPU."""
+    streams = [Stream(workload, ("--workload", workload, "--world-sizes", "2"))   # with the plain loop
+               for workload in ("resnet20-cifar", "gpt-tiny")]
+    rows = run_streams(tmp_path_factory.mktemp("fp32"), streams)
+    return {(row.spec.workload, row.spec.strategy): row for stream in rows.values() for row in stream}
 
 
 @pytest.fixture(scope="session")
@@ -63,14 +52,14 @@ def bf16_rows(tmp_path_factory):
     """Every strategy at world sizes 1 and 2 on gpt-tiny in bf16, and the plain loop: real rows,
     {(strategy, world_size): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
     tests/test_parity_faults.py; ZeRO-2's reductions in tests/test_comm_zero_cpu.py)."""
-    from harness.matrix import Machine, Selection, build_matrix
-    from harness.record import read_results
-    from harness.runner import RunOptions, run_specs
-    from harness.spec import DeviceKind
+    from harness.strategies import STRATEGIES
 
-    out = tmp_path_factory.mktemp("bf16") / "rows.jsonl"
-    specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=2),
-                         Selection(workloads=("gpt-tiny",), world_sizes=(1, 2),
-                                   overrides=(*PARITY_OVERRIDES, ("precision", "bf16"))))
-    run_specs(specs, RunOptions(results=out, timeout_s=300))
-    return {(row.spec.strategy, row.spec.world_size): row for row in read_results([out])}
+    # Both world sizes in each stream, so that the matrix gives every cell the same global batch as the plain
+    # loop's; two DeepSpeed strategies in the first stream, the other two in the second, to even them out.
+    first = ("plain", "dataparallel", "ddp", "zero2", "zero3")
+    second = tuple(name for name in STRATEGIES if name not in first)
+    streams = [Stream(f"bf16-{n}", ("--workload", "gpt-tiny", "--world-sizes", "1,2", "--precision", "bf16",
+                                    "--strategy", ",".join(names)))
+               for n, names in enumerate((first, second))]
+    rows = run_streams(tmp_path_factory.mktemp("bf16"), streams)
+    return {(row.spec.strategy, row.spec.world_size): row for stream in rows.values() for row in stream}

@@ -1,0 +1,68 @@
+"""The session's shared cells, launched as `python -m harness run` streams, two side by side.
+
+A launch on this 2-core machine leaves a core idle for much of its time: each launcher first starts alone
+(torchrun's agent, DeepSpeed's runner and then its per-node launcher, horovodrun), importing torch, before
+the ranks start. Sampled every 5 s during these cells, one at a time, the machine was 44-90% busy (68% on
+average); the 16 fp32 cells took 103 s as two streams against 139 s one after another, with nothing else
+running. Where other work already keeps both cores busy, two streams gain nothing.
+
+Nothing read from these rows depends on timing: parity is judged on losses and norms, which a neighbour
+does not change; counted bytes and the model-state census are exact; a host stall (harness.rank.timing)
+counts CPU time the hypervisor withheld from the whole machine, which a neighbouring process does not.
+Each launch keeps its own rendezvous port, folder and marker, whose sweep touches nothing of the other
+stream's. Tests that judge timing, time-outs or leftover processes launch their own cells, one at a time.
+
+Each stream is its own `python -m harness run` process, so that a stream can carry its own environment
+(a planted fault, harness.rank.faults, is read from it by the runner and by every rank).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from harness.record import read_results
+from harness.spec import RunResult
+
+STREAMS = 2
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Five steps: the four parity compares (harness.derive.parity.PARITY_STEPS) and a second warm-up step, in which
+# the model-state census is read (it needs the optimizer's state, made by the first step's update), so that
+# tests/test_memory.py judges these rows too; three timed steps, so that a timed step the host stalled
+# (harness.rank.timing) still leaves others for tests/test_ddp_cpu.py's figures. Two cores per node, as
+# this machine has, wherever the suite runs: the cells' threads per rank follow it.
+COMMON = ("run", "--matrix", "full", "--device", "cpu", "--cpus-per-node", "2",
+          "--warmup-steps", "2", "--timed-steps", "3", "--timeout", "300")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Cells launched one after another into their own results file: a selection of the full matrix."""
+
+    name: str                                  # the results file's stem
+    selection: tuple[str, ...]                 # `python -m harness run` flags after COMMON
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+
+def run_streams(folder: Path, streams: Sequence[Stream]) -> dict[str, list[RunResult]]:
+    """{stream name: its rows}, at most STREAMS streams launching at once, longest first as given."""
+    with ThreadPoolExecutor(max_workers=STREAMS) as pool:
+        running = {stream.name: pool.submit(_run, folder, stream) for stream in streams}
+        return {name: future.result() for name, future in running.items()}
+
+
+def _run(folder: Path, stream: Stream) -> list[RunResult]:
+    out, log = folder / f"{stream.name}.jsonl", folder / f"{stream.name}.log"
+    command = [sys.executable, "-m", "harness", *COMMON, *stream.selection, "--out", str(out)]
+    with log.open("w") as sink:
+        done = subprocess.run(command, cwd=PROJECT_ROOT, env={**os.environ, **stream.environment},
+                              stdout=sink, stderr=subprocess.STDOUT)
+    if done.returncode != 0 or not out.exists():
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise RuntimeError(f"stream {stream.name}: `{' '.join(command)}` exited {done.returncode}:\n{tail}")
+    return read_results([out])
