@@ -65,6 +65,38 @@ def _host(latency_s=100e-6, seconds_per_byte=1e-9, ratios=()):
                        backend="gloo", device="cpu")
 
 
+@pytest.mark.parametrize("strategy, options, counted, gradient_bytes, backward_s, on_the_wire", [
+    # 1 ms cycles over a 10.6 ms backward: gradients arrive in 11 cycles, each fused into one all-reduce.
+    ("horovod", {}, 52, 947_712, 0.0106, 11),
+    # A 1 ms backward is one cycle, but 100 MB need ceil(100e6 / 32 MiB) = ceil(2.98) = 3 buffers.
+    ("horovod", {"fusion_threshold_mb": 32}, 52, 100e6, 0.001, 3),
+    # A backward of 200 cycles cannot fuse 52 tensors below 52 calls.
+    ("horovod", {}, 52, 947_712, 0.2, 52),
+    # Fusion turned off: every tensor its own all-reduce.
+    ("horovod", {"cycle_time_ms": 0}, 52, 947_712, 0.0106, 52),
+    ("horovod", {"fusion_threshold_mb": 0}, 52, 947_712, 0.0106, 52),
+    # DDP's counted calls are its buckets, already what the wire carries.
+    ("ddp", {}, 3, 947_712, 0.0106, 3),
+])
+def test_horovods_per_tensor_all_reduces_are_fused_on_the_wire_by_hand(strategy, options, counted, gradient_bytes,
+                                                                        backward_s, on_the_wire):
+    assert REGISTRY_FACTS.wire_calls(strategy, options, "all_reduce", counted, gradient_bytes,
+                                     backward_s) == on_the_wire
+
+
+def test_a_horovod_row_is_priced_as_its_fused_all_reduces():
+    # Measured at 2 ranks: 52 per-tensor all-reduces of 100 MB in all, compute-only 15.9 ms, one micro-batch:
+    # gradients arrive over 2/3 x 15.9 = 10.6 ms of backward, 11 one-ms cycles, 11 all-reduces of 100/11 MB.
+    rows = [_row("horovod", 2, _counted("all_reduce", 100e6 / 52, 52, 2), compute=0.0159)]
+    points, _ = project_rows(rows, MODEL, [16], [Scaling.WEAK])
+    point = _only(points, Scaling.WEAK, 16)
+    # Each all-reduce among 16 (2 nodes of 8, ring): 28 intra steps of 2 us and 2 inter of 10 us = 76 us of
+    # latency; the bytes, 2 x 15/16 x 100 MB through 25 GB/s, are the same however they are split.
+    assert point.comm_s == pytest.approx(11 * 76e-6 + 2 * 15 / 16 * 100e6 / 25e9)
+    assert [item.calls for item in point.schedule] == [11]
+    assert any("52 counted all_reduce calls per step priced as 11 on the wire" in note for note in point.basis.notes)
+
+
 def test_a_ddp_all_reduce_at_16_gpus_by_hand():
     # Measured at 2 ranks: one all-reduce of S = 100 MB per step, compute-only 200 ms, 8 samples a device.
     rows = [_row("ddp", 2, _counted("all_reduce", 100e6, 1, 2))]

@@ -7,7 +7,7 @@ states a rank keeps, read from the strategy registry for harness.project.project
 A strategy owns these facts (`Strategy.expected_collectives`, `Strategy.model_state_plan`); the projection
 asks for them at the target world size instead of keeping a table of its own. The registry imports torch,
 so it is imported here only when a fact is asked for: importing this module stays torch-free, and
-harness.project.projection takes any object with these two methods (a test may pass its own).
+harness.project.projection takes any object with these methods (a test may pass its own).
 """
 
 from __future__ import annotations
@@ -43,6 +43,14 @@ class RegistryFacts:
                                parameters_gathered=int(gathered_bytes))
         return chosen.expected_collectives(data_parallel=data_parallel, micro_batches=micro_batches,
                                            options=resolved, traffic=traffic).to_dict()
+
+    def wire_calls(self, strategy: str, options: Mapping[str, Any], collective: str, counted_calls: float,
+                   bytes_per_step: float, backward_s: float) -> float:
+        """How many collectives the counted calls of one type per step become on the wire
+        (`Strategy.wire_calls`: as many, unless the strategy's library fuses them)."""
+        chosen, resolved = self._strategy(strategy, options)
+        return float(chosen.wire_calls(collective=collective, counted_calls=counted_calls,
+                                       bytes_per_step=bytes_per_step, backward_s=backward_s, options=resolved))
 
     def model_state_plan(self, strategy: str, options: Mapping[str, Any], data_parallel: int,
                          recipe: str) -> ModelStatePlan:

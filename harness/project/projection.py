@@ -23,6 +23,9 @@ The model, end to end (docs/projection.md says where each part comes from and wh
   bytes per rank grow as (N-1)/N; under strong scaling the micro-batches per step, and with them ZeRO-2/3's
   and FSDP2's calls, follow B / N. A counted type the strategy does not expect (DeepSpeed on gloo reduces
   with all-reduces, not reduce-scatters) keeps its counted calls and sizes, with a note.
+  Counted calls are what the strategy hands its library; where the library fuses them (Horovod's tensor
+  fusion: one all-reduce per cycle in which gradients arrived), they are priced as the wire carries them
+  (`on_the_wire`, Strategy.wire_calls), with a note.
 - **time(collective)**: harness.project.collectives on a described cluster, or a Calibration fitted to
   `harness comm` rows (harness.project.fit), which then is the target: a one-level network like the host
   it was measured on.
@@ -92,6 +95,9 @@ class StrategyFacts(Protocol):
 
     def expected_per_step(self, strategy: str, options: Mapping[str, Any], data_parallel: int, micro_batches: int,
                           parameters: int, gradient_bytes: int, gathered_bytes: int) -> dict[str, Any]: ...
+
+    def wire_calls(self, strategy: str, options: Mapping[str, Any], collective: str, counted_calls: float,
+                   bytes_per_step: float, backward_s: float) -> float: ...
 
     def model_state_plan(self, strategy: str, options: Mapping[str, Any], data_parallel: int,
                          recipe: str) -> ModelStatePlan: ...
@@ -461,7 +467,10 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
     parameters = int(max(m.get("parameters_held_by_rank") or [m.get("parameters") or 0]))
     if parameters < 1:
         raise SpecError("the row records no parameter count")
-    schedule = counted_schedule(m)
+    micro_batches = int(m.get("micro_batches_per_step") or 1)
+    options = dict(s.get("options") or {})
+    schedule, notes = on_the_wire(counted_schedule(m), facts, s["strategy"], options,
+                                  backward_s=BACKWARD_SHARE * compute * factor / micro_batches)
     gradient_bytes, gathered_bytes = _traffic_bytes(m, parameters)
     if world_size < 2 or not exposed:
         fraction, source = 1.0, NO_OVERLAP + (f" (measured at world size {world_size})" if world_size < 2 else "")
@@ -473,15 +482,33 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
         fraction = max(0.0, exposed_m / comm_m) if comm_m > 0 else 1.0
         source = (f"measured exposed {exposed_m * 1e3:.3g} ms / priced comm {comm_m * 1e3:.3g} ms at world size "
                   f"{world_size} on the --comm calibration")
-    return Basis(workload=s["workload"], strategy=s["strategy"], options=dict(s.get("options") or {}),
+    return Basis(workload=s["workload"], strategy=s["strategy"], options=options,
                  precision=s["precision"], recipe=str(m.get("precision_recipe") or "fp32"), parameters=parameters,
                  kept_whole=int(max(m.get("weights_kept_whole_parameters_by_rank") or [0])),
                  tokens_per_sample=m.get("tokens_per_sample"), per_device_batch=s["global_batch"] / world_size,
                  global_batch=int(s["global_batch"]), micro_batch=int(s["micro_batch"]), compute_s=compute,
-                 world_size=world_size, micro_batches=int(m.get("micro_batches_per_step") or 1), schedule=schedule,
+                 world_size=world_size, micro_batches=micro_batches, schedule=schedule,
                  gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
                  overlap_source=source, compute_source=compute_source,
-                 run_ids=tuple(str(r.get("run_id", "")) for r in rows))
+                 run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=notes)
+
+
+def on_the_wire(schedule: Sequence[Scheduled], facts: StrategyFacts, strategy: str, options: Mapping[str, Any],
+                backward_s: float) -> tuple[tuple[Scheduled, ...], tuple[str, ...]]:
+    """The counted schedule as the network sees it, and a note for each type whose calls changed: the
+    counter sees what the strategy hands its library, and a library that fuses (Horovod's tensor fusion,
+    Strategy.wire_calls) sends fewer, larger collectives. Latency is paid per collective on the wire, so
+    pricing the handed-over calls would charge Horovod's per-tensor submissions as that many all-reduces."""
+    wired, notes = [], []
+    for item in schedule:
+        calls = item.calls if item.group is not None else facts.wire_calls(
+            strategy, options, item.collective, item.calls, item.calls * item.size_bytes, backward_s)
+        if calls != item.calls:
+            notes.append(f"{item.calls:g} counted {item.collective} calls per step priced as {calls:g} on the wire "
+                         f"({strategy} fuses what arrives within its cycle over a {backward_s * 1e3:.3g} ms backward)")
+            item = replace(item, calls=calls, size_bytes=item.size_bytes * item.calls / calls)
+        wired.append(item)
+    return tuple(wired), tuple(notes)
 
 
 # ---- a basis from a description ------------------------------------------------------------------------

@@ -350,6 +350,13 @@ class Strategy(abc.ABC):
         """The collectives a step of `micro_batches` micro-batches among `data_parallel` replicas issues."""
         return ExpectedTraffic(not_modelled_because=f"strategy {self.name} does not model its traffic")
 
+    def wire_calls(self, *, collective: str, counted_calls: float, bytes_per_step: float, backward_s: float,
+                   options: Mapping[str, OptionValue]) -> float:
+        """How many collectives the `counted_calls` submitted per step (of `collective`, `bytes_per_step` in
+        all) become on the wire, where gradients become ready over `backward_s`: as many, unless the library
+        fuses what it is handed (Horovod)."""
+        return counted_calls
+
     @abc.abstractmethod
     def start(self, spec: RunSpec) -> RankContext:
         """Start the communication library in this process and say where the rank stands."""

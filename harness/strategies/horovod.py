@@ -18,6 +18,7 @@ restoring from a checkpoint (horovod/horovod#936).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +101,21 @@ class Horovod(Strategy):
         return ExpectedTraffic(collectives=(ExpectedCollective(collective=Collective.ALL_REDUCE,
                                                                size_bytes=traffic.gradients_reduced, calls=1,
                                                                ranks=data_parallel),))
+
+    def wire_calls(self, *, collective, counted_calls, bytes_per_step, backward_s, options):
+        """Tensor fusion (Horovod's docs, "Tensor Fusion"; horovodrun --cycle-time-ms, --fusion-threshold-mb):
+        every cycle the background thread packs the tensors submitted since the last one into fusion buffers
+        of up to the threshold and all-reduces each buffer once. The counter sees one call per gradient
+        tensor; the wire sees one per cycle in which gradients arrived, and no fewer than the bytes need
+        buffers: min(calls, max(ceil(backward / cycle), ceil(bytes / threshold))). Gradients arrive over the
+        last micro-batch's backward (backward_passes_per_step holds the rest back). It takes the arrivals as
+        spread evenly over that backward; a threshold or cycle time of 0 turns fusion off."""
+        threshold = float(options["fusion_threshold_mb"]) * 2 ** 20
+        cycle = float(options["cycle_time_ms"]) * 1e-3
+        if collective != Collective.ALL_REDUCE or threshold <= 0 or cycle <= 0 or counted_calls <= 1:
+            return counted_calls
+        buffers = max(math.ceil(backward_s / cycle), math.ceil(bytes_per_step / threshold), 1)
+        return float(min(counted_calls, buffers))
 
     def instrument(self, counter) -> None:
         counter.install_torch()
