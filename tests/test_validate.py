@@ -137,7 +137,9 @@ def test_the_table_in_the_docs_is_the_committed_rows_validated():
     from harness.project.validate import markdown_table
     from harness.record import read_rows
 
-    reference = Path(__file__).parent.parent / "results" / "reference" / "emulated"
+    # The second measurement, made after the model's last change (the first, results/reference/emulated/,
+    # is where Horovod's fusion was found wanting): its cells were not seen when the model was written.
+    reference = Path(__file__).parent.parent / "results" / "reference" / "emulated-rerun"
     result = validate(load_rows([reference / "cells.jsonl"]),
                       read_rows([reference / "comm.jsonl"], kind=COMMBENCH_KIND))
     assert len(result.cells) == 48 and not result.left_out
