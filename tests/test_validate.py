@@ -65,6 +65,28 @@ def test_each_cell_is_predicted_from_world_size_1_its_other_cell_and_the_comm_ro
     assert ws2.error == pytest.approx(ws2.predicted_s / 0.4 - 1)
 
 
+def test_a_cell_launched_three_times_is_one_cell_judged_on_its_median():
+    # The rows of the test above, each cell launched three times around the same median: the world-size-1
+    # cell at 0.15, 0.2 and 0.3 s (median 0.2), at 2 ranks 0.45, 0.35, 0.4 (median 0.4), at 4 ranks 0.7,
+    # 0.6 and 0.9 (median 0.7, mean 0.733). Medians give the predictions worked out there; the first launch
+    # or the mean would not.
+    def launched(strategy, world_size, steps):
+        rows = [_cell(strategy, world_size, step) for step in steps]
+        for repeat, row in enumerate(rows):
+            row["repeat"], row["run_id"] = repeat, f"{row['run_id']}-r{repeat}"
+        return rows
+
+    rows = [*launched("ddp", 1, (0.15, 0.2, 0.3)), *launched("ddp", 2, (0.45, 0.35, 0.4)),
+            *launched("ddp", 4, (0.7, 0.6, 0.9))]
+    result = validate(rows, [_comm()])
+    assert [(c.world_size, c.launches) for c in result.cells] == [(2, 3), (4, 3)]
+    comm2, comm4 = 2 * ALPHA + GRADIENTS * BETA, 6 * ALPHA + 1.5 * GRADIENTS * BETA
+    ws4, ws2 = _by(result, "ddp", 4), _by(result, "ddp", 2)
+    assert ws4.measured_s == pytest.approx(0.7) and ws2.measured_s == pytest.approx(0.4)
+    assert ws4.predicted_s == pytest.approx(0.1 + comm4 - 2 / 3 * 0.1)
+    assert ws2.predicted_s == pytest.approx(0.1 + 0.6 / 0.606 * comm2)
+
+
 def test_a_reversed_ranking_is_tau_minus_one():
     # World size 1: Horovod 0.3 s, DDP 0.2 s. Worked out as above, DDP is predicted at 0.498 s (2 ranks) and
     # 0.639 s (4), Horovod at 0.581 s and 0.656 s from cells measured at 0.45 and 0.8 s: the same order.
@@ -117,7 +139,7 @@ def test_validate_from_the_command_line_and_its_bad_input(tmp_path, capsys):
     append_line(comm, _comm())
     assert main(["project", "--validate", str(cells), "--comm", str(comm)]) == 0
     printed = capsys.readouterr().out
-    assert "80 Mbit/s      ddp        4    2 strong        700.0        639.3   -8.7%" in printed, printed
+    assert "80 Mbit/s      ddp        4    2 strong         1       700.0        639.3   -8.7%" in printed, printed
     for argv, message in ((["project", "--validate", str(cells)], "--validate needs measured ROWS and the --comm"),
                           (["project", "--validate", str(cells), "--comm", str(comm), "--cluster", "aws-p5"],
                            "--cluster has no meaning")):

@@ -16,6 +16,12 @@ harness.project.projection exactly as it projects measured rows, from:
   cores: compute at M and at N is multiplied by max(1, ranks x T / C) (time-slicing), from the row's
   recorded cores and threads. A real cluster's nodes have their own cores; this term is the emulation's.
 
+A cell launched several times (`harness run --repeats`) is one held-out cell: its measured step is the
+median over its launches of each launch's median step, and the rows it is predicted from are all the
+launches of the source cells, which harness.project.projection reduces to medians the same way. One
+launch of these cells differs from the next by about 6% (median) and up to 60% on time-sliced cores,
+and a prediction carries its own cell's noise and its source cell's.
+
 The cell's own step time is used only to measure the error. The ranking check is Kendall's tau
 (scipy.stats.kendalltau, tau-b) between predicted and measured step times of the strategies at each
 setting and world size.
@@ -78,6 +84,7 @@ class Checked:
     compute_s: float
     exposed_s: float
     exposed_fraction: float
+    launches: int = 1                 # launches of the held-out cell whose median step is `measured_s`
 
     @property
     def error(self) -> float:
@@ -139,12 +146,15 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
             left_out.append(f"{setting}: no `harness comm` rows of this setting to calibrate on")
             continue
         multi = [r for r in members if is_ok(r) and spec(r)["world_size"] >= 2]
+        launches: dict[tuple, list[Mapping[str, Any]]] = {}
         for row in multi:
-            s = spec(row)
-            what = f"{setting}: {s['strategy']} at world size {s['world_size']}"
-            others = [r for r in multi if _strategy_key(r) == _strategy_key(row)
-                      and spec(r)["world_size"] != s["world_size"]]
-            measured = unstalled_median_step_s(measurements(row))
+            launches.setdefault((_strategy_key(row), spec(row)["world_size"], spec(row)["global_batch"]), []).append(row)
+        for (key, world_size, _), cell in launches.items():
+            row = cell[0]
+            what = f"{setting}: {spec(row)['strategy']} at world size {world_size}"
+            others = [r for r in multi if _strategy_key(r) == key and spec(r)["world_size"] != world_size]
+            steps = [t for t in (unstalled_median_step_s(measurements(r)) for r in cell) if t is not None]
+            measured = float(np.median(steps)) if steps else None
             ones = [r for r in members if is_ok(r) and spec(r)["world_size"] == 1
                     and _strategy_key(r) == _strategy_key(row)]
             if not ones or not others or measured is None:
@@ -153,7 +163,8 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
                                                if not others else "no unstalled step"))
                 continue
             try:
-                checked.append(_check(setting, row, others, ones, calibration, facts, measured))
+                checked.append(replace(_check(setting, row, others, ones, calibration, facts, measured),
+                                       launches=len(steps)))
             except SpecError as error:
                 left_out.append(f"{what}: {error}")
     if not checked:
@@ -200,13 +211,13 @@ def _taus(checked: Sequence[Checked]) -> dict[tuple[str, int], float]:
 
 
 def format_validation(result: Validation) -> str:
-    header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'from':>4} {'scaling':<7} {'measured ms':>11} "
-              f"{'predicted ms':>12} {'error':>7}   {'compute ms':>10} {'exposed ms':>10} {'f':>5}")
+    header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'from':>4} {'scaling':<7} {'launches':>8} "
+              f"{'measured ms':>11} {'predicted ms':>12} {'error':>7}   {'compute ms':>10} {'exposed ms':>10} {'f':>5}")
     lines = ["parbench: projection validation: each multi-rank cell predicted without it, from its setting's comm "
              "rows, its strategy's world-size-1 step and its strategy's cell at world size `from`", header,
              "-" * len(header)]
     for c in result.cells:
-        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.source_world_size:>4} {c.scaling.value:<7} "
+        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.source_world_size:>4} {c.scaling.value:<7} {c.launches:>8} "
                      f"{c.measured_s * 1e3:>11.1f} {c.predicted_s * 1e3:>12.1f} {c.error:>+7.1%}   "
                      f"{c.compute_s * 1e3:>10.1f} {c.exposed_s * 1e3:>10.1f} {c.exposed_fraction:>5.2f}")
     lines.append("")
