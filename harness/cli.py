@@ -464,19 +464,28 @@ def command_compare(args: argparse.Namespace) -> int:
 
 def command_reproduce(args: argparse.Namespace) -> int:
     from harness.environment import capture_environment
-    from harness.reproduce import environment_differences, find_row, same_losses
+    from harness.reproduce import environment_differences, find_row, placement_for, same_losses
     from harness.runner import RunOptions, run_specs, summary_table
 
     paths = args.results or sorted(Path("results").glob("*.jsonl"))
     found = find_row(args.run_id, paths)
     check_results_file(found.path, "the results file")   # the new row is appended beside the original
     original = found.result
+    placement = placement_for(original)
     for line in environment_differences(original.environment, capture_environment()):
         print(f"parbench: warning: {line}", file=sys.stderr)
     print(f"parbench: reproducing {original.spec.label} (run {original.run_id[:12]}) -> {found.path}",
           file=sys.stderr)
     spec = original.spec.replace(repeats=1)
-    [again] = run_specs([spec], RunOptions(results=found.path, timeout_s=args.timeout))
+    options = RunOptions(results=found.path, timeout_s=args.timeout, placement=placement)
+    if isinstance(placement, EmulatedPlacement):
+        from harness.emulate.session import emulating
+
+        print(f"parbench: on {placement.describe()}", file=sys.stderr)
+        with emulating(placement.network, [spec]) as network:
+            [again] = run_specs([spec], replace(options, emulated_network=network))
+    else:
+        [again] = run_specs([spec], options)
     print(summary_table([again.to_dict()], results_file=found.path))
     if again.status.value != "ok":
         return 1

@@ -7,6 +7,10 @@ again, once, and the new row is appended to the file the original came from. Bef
 recorded environment fact that differs today (versions, pip freeze hash, git SHA, host, CPU/GPU) is
 printed as a warning. After, the losses are compared with the original's: on CPU in fp32 they should be
 identical bit for bit, since model init and data are pure functions of the seed.
+
+A row measured on an emulated cluster (`run --emulate-link`) runs again on a fresh one of the same nodes
+and link rate (root, as for `run`). A row that ran on several real hosts is refused in one line: the hosts
+are not this machine's to reach, so its cell is run again with `run --hostfile` or `--slurm`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from harness.emulate.network import EmulatedNetwork, rate_text
+from harness.emulate.session import check_emulation
+from harness.launch.placement import EmulatedPlacement, LocalPlacement, Placement
 from harness.record import ResultsError, read_rows, read_results
-from harness.spec import RunResult
+from harness.spec import RunResult, SpecError
 
 COMPARED_ENVIRONMENT = ("python", "torch", "cuda", "nccl", "deepspeed", "horovod", "pip_freeze_sha256",
                         "git_sha", "git_dirty", "host", "cpu_model", "cpu_count", "gpus", "gpu_driver", "env")
@@ -56,3 +63,18 @@ def environment_differences(recorded: dict, today: dict) -> list[str]:
 
 def same_losses(original: RunResult, again: RunResult) -> bool:
     return original.measurements.get("loss_per_step") == again.measurements.get("loss_per_step")
+
+
+def placement_for(original: RunResult) -> Placement:
+    """Where the row's cell runs again: this machine, or a fresh emulated cluster like the one the row
+    records (checked as `run --emulate-link` checks it); SpecError for a row from several real hosts."""
+    network = original.environment.get("emulated_network")
+    if network:
+        rate = network.get("link_rate_bits_per_s")
+        emulated = EmulatedNetwork.planned(rate_text(rate) if rate else None, int(network["nodes"]))
+        check_emulation(emulated, [original.spec])
+        return EmulatedPlacement.of(emulated)
+    if original.spec.nnodes > 1:
+        raise SpecError(f"run {original.run_id[:12]} ran on {original.spec.nnodes} hosts and reproduce runs cells on "
+                        f"this machine only: run its cell again with `harness run --hostfile FILE` or `--slurm`")
+    return LocalPlacement()

@@ -61,6 +61,33 @@ def test_without_root_it_is_refused_in_one_line(monkeypatch, capsys):
     assert error.count("\n") == 1 and "needs root" in error and "uid 1000" in error
 
 
+def _reference_row(tmp_path, *, emulated: bool) -> tuple[Path, str]:
+    """A results file holding one committed emulated-cluster row (DDP, 4 ranks on 2 nodes), or the same row
+    as if it had run on two real hosts; and the row's run id."""
+    reference = Path(__file__).parent.parent / "results" / "reference" / "emulated-rerun" / "cells.jsonl"
+    row = next(r for r in read_rows([reference]) if r["spec"]["strategy"] == "ddp" and r["spec"]["nnodes"] == 2)
+    if not emulated:
+        row["environment"].pop("emulated_network")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(row) + "\n")
+    return rows, row["run_id"]
+
+
+@pytest.mark.parametrize("emulated, words", [(True, ["needs root", "uid 1000"]),
+                                              (False, ["ran on 2 hosts", "--hostfile"])])
+def test_reproducing_a_row_from_several_nodes_is_refused_in_one_line_where_it_cannot_run(
+        tmp_path, monkeypatch, capsys, emulated, words):
+    # An emulated row runs again on an emulated cluster, which needs root; a row from two real hosts
+    # cannot run again here. Either way, one line before anything launches, and the file is unchanged.
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    rows, run_id = _reference_row(tmp_path, emulated=emulated)
+    before = rows.read_text()
+    assert main(["reproduce", run_id[:12], "--results", str(rows)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and all(word in error for word in words), error
+    assert rows.read_text() == before
+
+
 def _leftovers(network: EmulatedNetwork) -> list[str]:
     return network.existing() + [str(p) for p in Path("/etc/netns").glob(f"pb{network.tag}*")]
 
@@ -116,6 +143,14 @@ def test_a_ddp_cell_and_the_collective_benchmark_run_across_the_nodes_and_record
     nodes = [command[3] for command in row.to_dict()["node_launch_commands"]]
     assert len(set(nodes)) == 2 and all(name.startswith("pb") for name in nodes)
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(nodes[0]) == 0
+
+    # Reproduced on a fresh emulated cluster of the same rate and nodes: the same losses, bit for bit.
+    assert main(["reproduce", row.run_id[:12], "--results", str(out)]) == 0
+    assert "losses identical, bit for bit" in capsys.readouterr().out
+    again = read_results([out])[-1]
+    assert again.status is Status.OK and again.run_id != row.run_id and again.spec == row.spec
+    assert again.environment["emulated_network"]["link_rate_bits_per_s"] == 400e6
+    assert {command[3] for command in again.to_dict()["node_launch_commands"]}.isdisjoint(nodes)
 
     comm = tmp_path / "comm.jsonl"
     assert main(["comm", "--world-size", "2", "--emulate-link", "400mbit", "--collectives", "all_reduce",
