@@ -85,6 +85,23 @@ def test_fsdp2_keeps_parameters_from_forward_to_backward_without_resharding():
         assert comm_columns(row)["comm_expected_wire_bytes_per_step"] == gathers * 2e6 + 2e6
 
 
+def test_zero3_splits_its_gathers_where_a_row_measured_the_parameters_it_keeps_whole():
+    # 10**6 parameters, 4 MB of fp32 weights, K = 4 micro-batches. None known kept whole: 2K = 8 gathers of
+    # 4 MB. A quarter kept whole (1 MB): 8 gathers of the other 3 MB and one of that 1 MB, once a step.
+    zero3 = get_strategy("zero3")
+    options = zero3.resolve_options({})
+
+    def gathers(kept):
+        traffic = TrafficBytes(parameters=P, gradients_reduced=4 * P, parameters_gathered=4 * P,
+                               parameters_kept_whole=kept)
+        expected = zero3.expected_collectives(data_parallel=2, micro_batches=4, options=options, traffic=traffic)
+        return sorted((c.size_bytes, c.calls) for c in expected.collectives if c.collective.value == "all_gather")
+
+    assert gathers(0) == [(4 * P, 8)]
+    assert gathers(P // 4) == [(P, 1), (3 * P, 8)]
+    assert gathers(P) == [(4 * P, 1)]
+
+
 def test_counted_bytes_split_by_group_size_use_each_groups_factor():
     # 3 MB all-reduced among 4 ranks (2 * 3/4 * 3 MB = 4.5 MB) and 1 MB among 2 ranks (2 * 1/2 * 1 MB = 1 MB);
     # 1 MB received from a pipeline neighbour is not sent by this rank.

@@ -172,6 +172,30 @@ def test_zero3_all_gathers_keep_their_whole_size_and_follow_the_micro_batches():
     assert at8.efficiency == pytest.approx(0.2 * 32 / 16 / (8 * at8.step_s))
 
 
+def test_zero3_parameters_kept_whole_are_gathered_once_a_step_at_any_micro_batch_count():
+    # DeepSpeed ZeRO-3 keeps parameters under param_persistence_threshold whole and re-gathers them once a
+    # step, after it (on gpt-tiny all of them: 52 all-gathers of 947,712 bytes in all a step, at 2 ranks and
+    # K = 4 as at 4 ranks and K = 2). Measured at 2 ranks, K = 4, as such a row records it:
+    w = g = 4e6
+    counted = {**_counted("all_gather", w / 52, 52, 2), **_counted("reduce_scatter", g, 4, 2)}
+    row = _row("zero3", 2, counted, global_batch=32, micro_batch=4, micro_batches=4)
+    row["measurements"]["weights_kept_whole_parameters_by_rank"] = [10**6, 10**6]      # all 10**6 parameters
+    points, _ = project_rows([row], MODEL, [4, 8], [Scaling.STRONG])
+    # Strong scaling to 4 ranks (K = 2) and 8 (K = 1): the 52 gathers stay, the reduce-scatters follow K.
+    assert {s.collective: s.calls for s in _only(points, Scaling.STRONG, 4).schedule} == {"all_gather": 52,
+                                                                                          "reduce_scatter": 2}
+    assert {s.collective: s.calls for s in _only(points, Scaling.STRONG, 8).schedule} == {"all_gather": 52,
+                                                                                          "reduce_scatter": 1}
+    # A quarter kept whole: the expected gathers at K micro-batches are 2K of the other 3/4 and one of the
+    # quarter, 2 x 4 + 1 = 9 at 2 ranks and 2 x 2 + 1 = 5 at 4, so the counted 52 become 52 x 5/9.
+    row["measurements"]["weights_kept_whole_parameters_by_rank"] = [250_000, 250_000]
+    points, _ = project_rows([row], MODEL, [4], [Scaling.STRONG])
+    [gathers] = [s for s in _only(points, Scaling.STRONG, 4).schedule if s.collective == "all_gather"]
+    assert gathers.calls == pytest.approx(52 * 5 / 9)
+    # Bytes a step: 8 x 3 MB + 1 MB = 25 MB at 2 ranks, 4 x 3 + 1 = 13 MB at 4: each call 13/25 x 9/5 the size.
+    assert gathers.size_bytes == pytest.approx(w / 52 * (13 / 25) / (5 / 9))
+
+
 def test_a_counted_collective_standing_in_for_an_expected_one_follows_it_and_is_not_priced_twice():
     # DeepSpeed ZeRO-2 on gloo reduces its gradients with all-reduces, not the reduce-scatter it stands for:
     # measured at 2 ranks with 4 micro-batches a step, 4 x 4 MB of gradients in 5 calls (one a step more).

@@ -32,15 +32,17 @@ class RegistryFacts:
         return strategy, strategy.resolve_options(dict(options))
 
     def expected_per_step(self, strategy: str, options: Mapping[str, Any], data_parallel: int, micro_batches: int,
-                          parameters: int, gradient_bytes: int, gathered_bytes: int) -> dict[str, Any]:
+                          parameters: int, gradient_bytes: int, gathered_bytes: int,
+                          kept_whole: int = 0) -> dict[str, Any]:
         """The strategy's ExpectedTraffic as a dict ({"collectives": [{collective, size_bytes, calls, ranks}],
         "not_modelled_because"}) for a step of `micro_batches` among `data_parallel` replicas, with all
-        gradients reduced in `gradient_bytes` and all parameters gathered in `gathered_bytes`."""
+        gradients reduced in `gradient_bytes` and all parameters gathered in `gathered_bytes`; `kept_whole`
+        of the parameters kept whole on every rank where a row measured it (ZeRO-3's persistent ones)."""
         from harness.strategies.base import TrafficBytes
 
         chosen, resolved = self._strategy(strategy, options)
         traffic = TrafficBytes(parameters=int(parameters), gradients_reduced=int(gradient_bytes),
-                               parameters_gathered=int(gathered_bytes))
+                               parameters_gathered=int(gathered_bytes), parameters_kept_whole=int(kept_whole))
         return chosen.expected_collectives(data_parallel=data_parallel, micro_batches=micro_batches,
                                            options=resolved, traffic=traffic).to_dict()
 

@@ -94,7 +94,8 @@ class StrategyFacts(Protocol):
     """A strategy's own facts at any world size (harness.project.facts.RegistryFacts reads the registry)."""
 
     def expected_per_step(self, strategy: str, options: Mapping[str, Any], data_parallel: int, micro_batches: int,
-                          parameters: int, gradient_bytes: int, gathered_bytes: int) -> dict[str, Any]: ...
+                          parameters: int, gradient_bytes: int, gathered_bytes: int,
+                          kept_whole: int = 0) -> dict[str, Any]: ...
 
     def wire_calls(self, strategy: str, options: Mapping[str, Any], collective: str, counted_calls: float,
                    bytes_per_step: float, backward_s: float) -> float: ...
@@ -221,15 +222,17 @@ def schedule_at(basis: Basis, world_size: int, micro_batches: int, facts: Strate
                 ) -> tuple[tuple[Scheduled, ...], tuple[str, ...]]:
     """The step's collectives at `world_size` with `micro_batches` per step, and notes on what was kept or
     added (module docstring, "the schedule")."""
+    # kept_whole: ZeRO-3 gathers the parameters it keeps whole once a step, not for every micro-batch, so
+    # under strong scaling their all-gathers do not follow the micro-batches (a row's own count).
     target = facts.expected_per_step(basis.strategy, basis.options, world_size, micro_batches, basis.parameters,
-                                     basis.gradient_bytes, basis.gathered_bytes)
+                                     basis.gradient_bytes, basis.gathered_bytes, basis.kept_whole)
     if target.get("not_modelled_because"):
         raise SpecError(f"{basis.strategy}: its traffic is not modelled ({target['not_modelled_because']})")
     if basis.world_size is None:             # a description: the strategy's own schedule, nothing counted
         return tuple(Scheduled(collective=e["collective"], size_bytes=float(e["size_bytes"]), calls=float(e["calls"]),
                                origin="expected") for e in target["collectives"] if e["calls"]), ()
     measured = facts.expected_per_step(basis.strategy, basis.options, basis.world_size, basis.micro_batches,
-                                       basis.parameters, basis.gradient_bytes, basis.gathered_bytes)
+                                       basis.parameters, basis.gradient_bytes, basis.gathered_bytes, basis.kept_whole)
     now, then = _by_type(target), _by_type(measured)
     stand_ins = _stand_ins(basis.schedule, then)
     scheduled, notes = [], []

@@ -100,6 +100,9 @@ class TrafficBytes:
     parameters: int
     gradients_reduced: int
     parameters_gathered: int
+    # Parameters a sharding strategy keeps whole on every rank, as a row measured them (ZeRO-3's persistent
+    # ones); 0 where not known, as before a run.
+    parameters_kept_whole: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

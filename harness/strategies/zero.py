@@ -10,7 +10,9 @@ Traffic per optimizer step per rank (Rajbhandari et al. 2020, sec. 7: ZeRO-1/2 m
 1.5x), with G the bytes of all gradients as reduced, W of all parameters as gathered, K micro-batches:
 stage 1 reduce-scatters G once, at the step boundary, and all-gathers the updated W; stage 2 reduce-scatters
 G after every micro-batch (K times) and all-gathers W; stage 3 all-gathers W for every forward and again for
-every backward (2K) and reduce-scatters G every micro-batch (K). These are the algorithm's collectives; the
+every backward (2K) and reduce-scatters G every micro-batch (K), except the parameters it keeps whole
+(under param_persistence_threshold), gathered once a step, after it (below): where a row measured how many,
+`TrafficBytes.parameters_kept_whole` says so and the all-gathers are split. These are the algorithm's collectives; the
 counted ones show where DeepSpeed departs from them (on gloo, 0.19: stages 1-2 reduce buckets with
 all-reduces, twice a reduce-scatter's wire bytes; stage 3 re-uses gathered parameters within
 stage3_max_reuse_distance and keeps those under param_persistence_threshold whole, so it gathers less).
@@ -26,10 +28,12 @@ The bytes follow the precision recipe (DeepSpeed 0.19.8's source):
   casts to it) and stage 3 (runtime/zero/stage3.py, per-dtype `ipg_buckets`) reduce those gradients in bf16
   and every other one (embeddings, norms) in fp32. Stage 3 also fetches those parameters for forward
   and backward in bf16 (runtime/zero/partition_parameters.py `_all_gather_coalesced` ->
-  `get_allgather_dtype`); stages 1-2 gather the fp32 weights. Not in the model: stage 3 re-gathers its
+  `get_allgather_dtype`); stages 1-2 gather the fp32 weights. Not in the bytes: stage 3 re-gathers its
   persistent parameters (under param_persistence_threshold) after every step through the synchronous
   `_all_gather` path, in their fp32 partition's dtype; on gpt-tiny, where every parameter is persistent,
-  that is all of its all-gather traffic (measured: 947,712 fp32 bytes, once per step).
+  that is all of its all-gather traffic (measured: 947,712 fp32 bytes, once per step, at any K). Their
+  count is known only once DeepSpeed has partitioned the model, so the traffic a row records before the
+  run splits nothing; the projection passes the row's measured count (`parameters_kept_whole`).
 - fp32: 4 bytes everywhere.
 """
 
@@ -188,8 +192,11 @@ class ZeRO(Strategy):
         if self.stage == 2:
             return ExpectedTraffic(collectives=(collective(Collective.REDUCE_SCATTER, gradients, k),
                                                 collective(Collective.ALL_GATHER, weights, 1)))
-        return ExpectedTraffic(collectives=(collective(Collective.ALL_GATHER, weights, 2 * k),
-                                            collective(Collective.REDUCE_SCATTER, gradients, k)))
+        whole = min(traffic.parameters_kept_whole, traffic.parameters)
+        kept = weights * whole // traffic.parameters if traffic.parameters else 0
+        gathers = ((collective(Collective.ALL_GATHER, weights - kept, 2 * k),) if kept < weights else ()) + (
+            (collective(Collective.ALL_GATHER, kept, 1),) if kept else ())
+        return ExpectedTraffic(collectives=(*gathers, collective(Collective.REDUCE_SCATTER, gradients, k)))
 
     def compute_only_plan(self, spec: RunSpec) -> ComputeOnlyPlan:
         """The unwrapped model in the recipe's weights (bf16 for the bf16 section, fp32 under autocast and
