@@ -25,7 +25,7 @@ import sys
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tqdm import tqdm
 
@@ -39,6 +39,10 @@ from harness.emulate.network import EmulatedNetwork
 from harness.emulate.session import check_emulation
 from harness.launch.placement import EmulatedPlacement, Placement, make_placement
 from harness.spec import RunResult, RunSpec, SpecError
+
+
+if TYPE_CHECKING:
+    from harness.runner import RunOptions
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -265,8 +269,23 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     return specs, placement
 
 
+def run_placed(specs: list[RunSpec], options: "RunOptions", **callbacks: Any) -> list[RunResult]:
+    """harness.runner.run_specs at `options.placement`, inside the emulated cluster it names if it is one
+    (built for these launches, torn down after, recorded in each row)."""
+    from harness.runner import run_specs
+
+    placement = options.placement
+    if not isinstance(placement, EmulatedPlacement):
+        return run_specs(specs, options, **callbacks)
+    from harness.emulate.session import emulating
+
+    print(f"parbench: on {placement.describe()}", file=sys.stderr)
+    with emulating(placement.network, specs) as network:
+        return run_specs(specs, replace(options, emulated_network=network), **callbacks)
+
+
 def command_run(args: argparse.Namespace) -> int:
-    from harness.runner import RunOptions, run_specs, summary_table
+    from harness.runner import RunOptions, summary_table
 
     specs, placement = plan_run(args)
     if args.profile_steps < 0:
@@ -306,15 +325,7 @@ def command_run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
             bar.update(1)
 
-        if isinstance(placement, EmulatedPlacement):
-            from harness.emulate.session import emulating
-
-            print(f"parbench: on {placement.describe()}", file=sys.stderr)
-            with emulating(placement.network, specs) as network:
-                results = run_specs(specs, replace(options, emulated_network=network), on_result=finished,
-                                    on_start=started)
-        else:
-            results = run_specs(specs, options, on_result=finished, on_start=started)
+        results = run_placed(specs, options, on_result=finished, on_start=started)
     print(summary_table([result.to_dict() for result in results], results_file=out))
     print(f"\nrows appended to {out}")
     return 0
@@ -465,7 +476,7 @@ def command_compare(args: argparse.Namespace) -> int:
 def command_reproduce(args: argparse.Namespace) -> int:
     from harness.environment import capture_environment
     from harness.reproduce import environment_differences, find_row, placement_for, same_losses
-    from harness.runner import RunOptions, run_specs, summary_table
+    from harness.runner import RunOptions, summary_table
 
     paths = args.results or sorted(Path("results").glob("*.jsonl"))
     found = find_row(args.run_id, paths)
@@ -477,15 +488,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
     print(f"parbench: reproducing {original.spec.label} (run {original.run_id[:12]}) -> {found.path}",
           file=sys.stderr)
     spec = original.spec.replace(repeats=1)
-    options = RunOptions(results=found.path, timeout_s=args.timeout, placement=placement)
-    if isinstance(placement, EmulatedPlacement):
-        from harness.emulate.session import emulating
-
-        print(f"parbench: on {placement.describe()}", file=sys.stderr)
-        with emulating(placement.network, [spec]) as network:
-            [again] = run_specs([spec], replace(options, emulated_network=network))
-    else:
-        [again] = run_specs([spec], options)
+    [again] = run_placed([spec], RunOptions(results=found.path, timeout_s=args.timeout, placement=placement))
     print(summary_table([again.to_dict()], results_file=found.path))
     if again.status.value != "ok":
         return 1

@@ -7,14 +7,14 @@ on for stage 3 and off for stages 1-2, contiguous gradients on, 5e8-element redu
 recorded in every row.
 
 Traffic per optimizer step per rank (Rajbhandari et al. 2020, sec. 7: ZeRO-1/2 move as much as DDP, ZeRO-3
-1.5x), with G the bytes of all gradients as reduced, W of all parameters as gathered, K micro-batches:
-stage 1 reduce-scatters G once, at the step boundary, and all-gathers the updated W; stage 2 reduce-scatters
-G after every micro-batch (K times) and all-gathers W; stage 3 all-gathers W for every forward and again for
-every backward (2K) and reduce-scatters G every micro-batch (K), except the parameters it keeps whole
-(under param_persistence_threshold), gathered once a step, after it (below): where a row measured how many,
-`TrafficBytes.parameters_kept_whole` says so and the all-gathers are split. These are the algorithm's collectives; the
-counted ones show where DeepSpeed departs from them (on gloo, 0.19: stages 1-2 reduce buckets with
-all-reduces, twice a reduce-scatter's wire bytes; stage 3 re-uses gathered parameters within
+1.5x), with G the bytes of all gradients as reduced, W of all parameters as gathered, K micro-batches: stage
+1 reduce-scatters G once, at the step boundary, and all-gathers the updated W; stage 2 reduce-scatters G
+after every micro-batch (K times) and all-gathers W; stage 3 all-gathers W for every forward and again for
+every backward (2K) and reduce-scatters G every micro-batch (K), except the parameters it keeps whole (under
+param_persistence_threshold), gathered once a step, after it (below): where a row measured how many,
+`TrafficBytes.parameters_kept_whole` says so and the all-gathers are split. These are the algorithm's
+collectives; the counted ones show where DeepSpeed departs from them (on gloo, 0.19: stages 1-2 reduce
+buckets with all-reduces, twice a reduce-scatter's wire bytes; stage 3 re-uses gathered parameters within
 stage3_max_reuse_distance and keeps those under param_persistence_threshold whole, so it gathers less).
 
 The bytes follow the precision recipe (DeepSpeed 0.19.8's source):
