@@ -9,6 +9,7 @@ packages=()
 command -v sbatch >/dev/null && command -v slurmctld >/dev/null && command -v slurmd >/dev/null || packages+=(slurm-wlm)
 command -v munged >/dev/null || packages+=(munge)
 command -v ip >/dev/null || packages+=(iproute2)
+command -v sysctl >/dev/null || packages+=(procps)     # the emulated nodes' TCP congestion control
 # sshd lives in /usr/sbin, which a non-root PATH may leave out; ssh-keygen comes with the client.
 [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null && command -v ssh-keygen >/dev/null || packages+=(openssh-server)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || packages+=(chromium)

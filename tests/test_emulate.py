@@ -115,6 +115,10 @@ def test_the_links_are_shaped_to_the_rate_both_ways_and_nothing_is_left():
             shown = subprocess.run(["ip", "netns", "exec", node, "tc", "qdisc", "show", "dev", device],
                                    capture_output=True, text=True).stdout
             assert "tbf" in shown and "rate 80Mbit" in shown, shown
+        for node in network.namespaces:        # not the host's default (BBR on these machines): reno
+            control = subprocess.run(["ip", "netns", "exec", node, "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+                                     capture_output=True, text=True).stdout.strip()
+            assert control == "reno", control
         sink = subprocess.Popen(network.shell(1, f"{sys.executable} -c '{SINK}' {network.addresses[1]}"),
                                 stdout=subprocess.PIPE, text=True)
         assert sink.stdout.readline().strip() == "ready"
@@ -139,6 +143,7 @@ def test_a_ddp_cell_and_the_collective_benchmark_run_across_the_nodes_and_record
     assert row.status is Status.OK, row.message
     network = row.environment["emulated_network"]
     assert network["link_rate_bits_per_s"] == 400e6 and network["nodes"] == 2 and network["shaper"] == "tc tbf"
+    assert network["tcp_congestion_control"] == "reno"
     assert row.spec.nnodes == 2
     nodes = [command[3] for command in row.to_dict()["node_launch_commands"]]
     assert len(set(nodes)) == 2 and all(name.startswith("pb") for name in nodes)
