@@ -2,8 +2,8 @@
 # The projection's validation on an emulated cluster (docs/clusters.md, "Validating the projection"): for each
 # link rate, the collective benchmark across two emulated nodes and every data-parallel strategy on gpt-tiny
 # at world sizes 1, 2 and 4, each cell launched REPEATS times (default 3: one launch differs from the next by
-# about 6%, up to 60%, on these shared cores); then `project --validate` predicts each multi-rank cell from
-# the rest, judged on its median launch. Needs root.
+# about 2%, up to 26% and once 115%, on these shared cores); then `project --validate` predicts each
+# multi-rank cell from the rest, judged on its median launch. Needs root; ~55 min for four rates.
 #   scripts/validate-projection.sh results/validation 50mbit 100mbit 200mbit 1gbit
 set -euo pipefail
 out=${1:?usage: $0 OUT_DIR RATE...}; shift

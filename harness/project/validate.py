@@ -18,9 +18,10 @@ harness.project.projection exactly as it projects measured rows, from:
 
 A cell launched several times (`harness run --repeats`) is one held-out cell: its measured step is the
 median over its launches of each launch's median step, and the rows it is predicted from are all the
-launches of the source cells, which harness.project.projection reduces to medians the same way. One
-launch of these cells differs from the next by about 6% (median) and up to 60% on time-sliced cores,
-and a prediction carries its own cell's noise and its source cell's.
+launches of the source cells, which harness.project.projection reduces to medians the same way. On
+time-sliced cores one launch of these cells differs from the next by about 2% (median) and up to 26%
+(results/reference/emulated-reno; up to 115% in an earlier run), and a prediction carries its own cell's
+noise and its source cell's.
 
 The cell's own step time is used only to measure the error. The ranking check is Kendall's tau
 (scipy.stats.kendalltau, tau-b) between predicted and measured step times of the strategies at each
