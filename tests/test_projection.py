@@ -195,6 +195,15 @@ def test_zero3_parameters_kept_whole_are_gathered_once_a_step_at_any_micro_batch
     assert gathers.calls == pytest.approx(52 * 5 / 9)
     # Bytes a step: 8 x 3 MB + 1 MB = 25 MB at 2 ranks, 4 x 3 + 1 = 13 MB at 4: each call 13/25 x 9/5 the size.
     assert gathers.size_bytes == pytest.approx(w / 52 * (13 / 25) / (5 / 9))
+    # Ranks that disagree: the one holding the most decides, for the gathers and for whether the states fit
+    # (rank 0 holding none must not hide it). Memory at 4 ranks, fp32 (ZeRO paper, 4 + 4 + 12 bytes, all
+    # sharded): 10**6 x 20 / 4 = 5 MB, plus 250,000 whole 4-byte weights = 6 MB.
+    row["measurements"]["weights_kept_whole_parameters_by_rank"] = [0, 250_000]
+    points, _ = project_rows([row], MODEL, [4], [Scaling.STRONG])
+    at4 = _only(points, Scaling.STRONG, 4)
+    [gathers] = [s for s in at4.schedule if s.collective == "all_gather"]
+    assert gathers.calls == pytest.approx(52 * 5 / 9)
+    assert at4.model_state_bytes_per_rank == 6_000_000
 
 
 def test_a_counted_collective_standing_in_for_an_expected_one_follows_it_and_is_not_priced_twice():
