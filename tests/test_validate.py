@@ -159,24 +159,25 @@ def test_the_table_in_the_docs_is_the_committed_rows_validated():
     from harness.project.validate import markdown_table
     from harness.record import read_rows
 
+    root = Path(__file__).parent.parent
+    clusters_doc = (root / "docs" / "clusters.md").read_text()
     # The run made after the model's last change, with the nodes' TCP on reno, each cell launched 3 times:
     # none of its cells was seen when the model was written (the earlier runs under BBR are described beside it).
-    reference = Path(__file__).parent.parent / "results" / "reference" / "emulated-reno"
+    reference = root / "results" / "reference" / "emulated-reno"
+    cells = read_rows([reference / "cells.jsonl"])
     result = validate(load_rows([reference / "cells.jsonl"]),
                       read_rows([reference / "comm.jsonl"], kind=COMMBENCH_KIND))
     assert len(result.cells) == 48 and not result.left_out
     assert {cell.launches for cell in result.cells} == {3}
-    assert {row["environment"]["emulated_network"]["tcp_congestion_control"] for row in read_rows(
-        [reference / "cells.jsonl"])} == {"reno"}
+    assert {row["environment"]["emulated_network"]["tcp_congestion_control"] for row in cells} == {"reno"}
     # The docs say the bars are met on this run; so must the rows.
-    assert result.passes and "is met" in (Path(__file__).parent.parent / "docs" / "clusters.md").read_text()
+    assert result.passes and "is met" in clusters_doc
     for page in ("README.md", "docs/clusters.md"):
-        text = (Path(__file__).parent.parent / page).read_text()
+        text = (root / page).read_text()
         shown = text.split("<!-- validation-table:", 1)[1].split("-->", 1)[1].split("<!-- /validation-table -->")[0]
         assert shown.strip() == markdown_table(result), page
         assert f"median |error| is {result.median_abs_error:.1%} and the p90 {result.p90_abs_error:.1%}" in text, page
     # The earlier run under BBR, still quoted for what changed.
-    earlier = Path(__file__).parent.parent / "results" / "reference" / "emulated-repeats"
+    earlier = root / "results" / "reference" / "emulated-repeats"
     bbr = validate(load_rows([earlier / "cells.jsonl"]), read_rows([earlier / "comm.jsonl"], kind=COMMBENCH_KIND))
-    assert (f"`emulated-repeats` gives median {bbr.median_abs_error:.1%}, p90 {bbr.p90_abs_error:.1%}"
-            in (Path(__file__).parent.parent / "docs" / "clusters.md").read_text())
+    assert f"`emulated-repeats` gives median {bbr.median_abs_error:.1%}, p90 {bbr.p90_abs_error:.1%}" in clusters_doc
