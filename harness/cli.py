@@ -210,16 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "from its setting's world-size-1 cells and --comm rows, without it, and print the errors")
     project.add_argument("--params", type=_count, help="a description instead of rows: parameters, e.g. 1.5B")
     project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device")
-    project.add_argument("--grad-bytes", type=float, default=4.0, help="with --params: bytes per gradient element "
+    project.add_argument("--grad-bytes", type=float, help="with --params: bytes per gradient element "
                          "as reduced (and per parameter as gathered; default 4)")
-    project.add_argument("--strategies", type=_csv, default=("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2"),
-                         help="with --params: strategies to project (default: every data-parallel one)")
-    project.add_argument("--batch-per-device", type=int, default=1, help="with --params: samples per device per step")
+    project.add_argument("--strategies", type=_csv, help="strategies to project: with --params, the described "
+                         "model under each (default: every data-parallel one); with ROWS, only their cells (default: all)")
+    project.add_argument("--batch-per-device", type=int, help="with --params: samples per device per step "
+                         "(default 1)")
     project.add_argument("--global-batch", type=int, help="with --params: strong scaling's global batch (default: "
                          "batch per device x the largest world size)")
-    project.add_argument("--recipe", default="autocast", help="with --params: precision recipe for memory")
-    project.add_argument("--exposed-fraction", type=float, default=1.0, help="with --params: share of communication "
-                         "left exposed (default 1: no overlap)")
+    project.add_argument("--recipe", help="with --params: precision recipe for memory (default autocast)")
+    project.add_argument("--exposed-fraction", type=float, help="with --params: f, exposed time over "
+                         "priced communication, >= 0 (default 1: no overlap; above 1: collectives cost more in the "
+                         "step than priced)")
 
     report = commands.add_parser("report", help="Markdown + self-contained HTML report, CSV and Parquet")
     report.add_argument("results", type=Path, nargs="+", help="results JSONL files (cell and comm rows)")

@@ -13,8 +13,8 @@ from harness.derive.rows import load_rows
 from harness.project.cluster import load_cluster
 from harness.project.collectives import Algorithm, ClusterModel
 from harness.project.fit import Calibration, LinkFit, Residual
-from harness.project.projection import (BACKWARD_SHARE, Scaling, bases_from_rows, description_basis, project,
-                                        projected_record)
+from harness.project.projection import (BACKWARD_SHARE, Scaling, bases_from_rows, description_basis,
+                                        format_table, project, projected_record)
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.run import project_rows
 from harness.record import PROJECTION_KIND, append_line, read_rows
@@ -320,3 +320,77 @@ def test_a_row_with_no_compute_only_time_is_left_out_with_its_reason():
     assert not bases and "did not fit" in skipped[0]
     with pytest.raises(SpecError, match="no measured row to project from"):
         project_rows([row], MODEL, [8])
+
+
+# ---- f: exposed time over priced communication (issue 33, finding 6) -------------------------------------
+
+def test_f_above_one_measured_on_rows_is_carried_unclipped_and_said_in_the_output():
+    # DDP at 2 ranks exposed 150 ms; the measuring host prices its all-reduce of 100 MB at
+    # 2 x 100 us + 100 MB x 1 ns = 100.2 ms: f = 150 / 100.2 = 1.497, above 1.
+    rows = [_row("ddp", 2, _counted("all_reduce", 100e6, 1, 2), exposed=0.15)]
+    f = 0.15 / (2 * 100e-6 + 100e6 * 1e-9)
+    assert f == pytest.approx(1.497, abs=1e-3)
+    points, _ = project_rows(rows, MODEL, [16], [Scaling.WEAK], measuring_host=_host())
+    point = _only(points, Scaling.WEAK, 16)
+    comm = 28 * 2e-6 + 2 * 10e-6 + 2 * 15 / 16 * 100e6 / 25e9         # ring, 2 nodes of 8: 7.576 ms
+    assert point.basis.exposed_fraction == pytest.approx(f)              # not clipped to 1
+    assert point.exposed_s == pytest.approx(f * comm)                    # 11.34 ms, more than comm itself
+    assert point.exposed_s > point.comm_s
+    said = format_table(points)
+    assert "f = 1.5 > 1: exposed time is 1.5 x the priced communication" in said
+    assert any(note.startswith("f = 1.5 > 1") for note in projected_record(point, MODEL)["notes"])
+
+
+def test_a_description_takes_f_above_one_and_prices_it():
+    # DDP, 1e9 parameters, 2-byte gradients: one all-reduce of 2 GB among 16 (ring, 2 nodes of 8):
+    # 76 us + 2 x 15/16 x 2 GB / 25 GB/s = 150.076 ms; f = 1.5 exposes 225.114 ms behind 120 ms of compute.
+    basis = description_basis(strategy="ddp", parameters=10**9, compute_s=0.12, gradient_element_bytes=2,
+                              exposed_fraction=1.5)
+    points, _ = project(basis, [16], MODEL, REGISTRY_FACTS, [Scaling.WEAK])
+    comm = 28 * 2e-6 + 2 * 10e-6 + 2 * 15 / 16 * 2e9 / 25e9
+    assert comm == pytest.approx(150.076e-3)
+    assert points[0].exposed_s == pytest.approx(1.5 * 150.076e-3)
+    assert points[0].step_s == pytest.approx(0.12 + 0.225114)
+    assert any(note.startswith("f = 1.5 > 1") for note in points[0].notes)
+    # f <= 1 carries no such note.
+    basis = description_basis(strategy="ddp", parameters=10**9, compute_s=0.12, exposed_fraction=1.0)
+    assert not any("> 1" in note for note in project(basis, [16], MODEL, REGISTRY_FACTS, [Scaling.WEAK])[0][0].notes)
+
+
+def test_the_command_line_takes_f_above_one_and_says_so(capsys):
+    assert main(["project", "--params", "1B", "--compute-ms", "120", "--cluster", "dgx-h100-ib", "--scaling", "weak",
+                 "--world-sizes", "16", "--strategies", "ddp", "--exposed-fraction", "1.25"]) == 0
+    printed = capsys.readouterr().out
+    assert "overlap: given: f = 1.25" in printed and "note: f = 1.25 > 1" in printed
+
+
+@pytest.mark.parametrize("value", ["-0.5", "nan", "inf"])
+def test_an_exposed_fraction_below_zero_or_not_finite_is_one_line(value, capsys):
+    assert main(["project", "--params", "1B", "--compute-ms", "120", "--cluster", "dgx-h100-ib",
+                 "--exposed-fraction", value]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "finite number >= 0" in error, error
+
+
+# ---- --strategies and the other description flags with measured rows ---------------------------------------
+
+def test_strategies_with_rows_projects_only_those_cells(tmp_path, capsys):
+    out = tmp_path / "projected.jsonl"
+    assert main(["project", str(REFERENCE / "full.jsonl"), "--comm", str(REFERENCE / "comm-ws2.jsonl"),
+                 "--cluster", "dgx-h100-ib", "--world-sizes", "8", "--scaling", "weak", "--strategies", "ddp,zero3",
+                 "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(row["strategy"] for row in rows) == ["ddp", "zero3"]
+    printed = capsys.readouterr().out
+    assert "gpt-tiny/horovod" not in printed and "gpt-tiny/plain" not in printed
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--strategies", "ddp,zero9"], "--strategies zero9: no row of it to project; the rows hold: ddp, fsdp2, horovod"),
+    (["--exposed-fraction", "0.5"], "--exposed-fraction describes a model (--params)"),
+    (["--grad-bytes", "2", "--recipe", "deepspeed-bf16"], "--grad-bytes, --recipe describes a model"),
+])
+def test_a_description_flag_with_rows_is_one_line(extra, message, capsys):
+    assert main(["project", str(REFERENCE / "full.jsonl"), "--cluster", "dgx-h100-ib", *extra]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error, error

@@ -29,13 +29,16 @@ The model, end to end (docs/projection.md says where each part comes from and wh
 - **time(collective)**: harness.project.collectives on a described cluster, or a Calibration fitted to
   `harness comm` rows (harness.project.fit), which then is the target: a one-level network like the host
   it was measured on.
-- **overlap**: f is the share of communication the measured row left exposed, exposed_m / comm_m, with
-  exposed_m the measured exposed communication at >= 2 ranks and comm_m the same schedule priced on the
-  measuring host's calibration (`--comm`), clipped to [0, 1]. Carried over to N, it says that the part
-  of communication a strategy cannot overlap (the last bucket, ZeRO-1's all-gather after the optimizer
-  step) stays the same share. The second term bounds it: communication can hide only behind backward,
-  BACKWARD_SHARE of a step's compute, so whatever does not fit is exposed. Without a calibration of the
-  measuring host, or a measured exposed figure, f = 1 (no overlap: an upper bound on step time).
+- **overlap**: f = exposed_m / comm_m, the exposed time over the priced communication, with exposed_m the
+  measured exposed communication at >= 2 ranks and comm_m the same schedule priced on the measuring
+  host's calibration (`--comm`); >= 0 (a step measured faster than its compute exposes nothing) and not
+  bounded above. Below 1, overlap hid part of the communication (the last bucket, ZeRO-1's all-gather
+  after the optimizer step stay exposed); above 1, the step's collectives cost more inside the step than
+  the calibration prices them (contention with compute for the host's cores, framework work per call),
+  which is measured, not assumed away. Carried over to N as that ratio. The second term bounds it from
+  below: communication can hide only behind backward, BACKWARD_SHARE of a step's compute, so whatever does
+  not fit is exposed. Without a calibration of the measuring host, or a measured exposed figure, f = 1
+  (no overlap).
 - **memory**: the strategy's `model_state_plan` at N (the ZeRO paper's sharding, harness.derive.memory)
   times the parameters a rank holds.
 - **interval** (only where a Calibration prices the target): each collective's time scaled by the 10th
@@ -303,6 +306,7 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
         micro_batches = max(1, int(per_device) // basis.micro_batch)
         compute = basis.compute_s * per_device / basis.per_device_batch
     schedule, notes = schedule_at(basis, n, micro_batches, facts)
+    notes += above_one_note(basis.exposed_fraction)
     comm = comm_seconds(schedule, n, model)
     exposed = exposed_seconds(comm, compute, basis.exposed_fraction)
     step = compute + exposed
@@ -324,6 +328,14 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
                      tokens_per_s=samples * basis.tokens_per_sample if basis.tokens_per_sample else None,
                      efficiency=efficiency, exposed_share=exposed / step, model_state_bytes_per_rank=memory,
                      wire_bytes_per_rank=wire, schedule=schedule, notes=notes)
+
+
+def above_one_note(fraction: float) -> tuple[str, ...]:
+    """What f > 1 means, said wherever it is used: f is exposed time over priced communication, not a share."""
+    if fraction <= 1.0:
+        return ()
+    return (f"f = {fraction:.3g} > 1: exposed time is {fraction:.3g} x the priced communication (collectives cost "
+            "more inside the step than the benchmark prices them: contention with compute, work per call)",)
 
 
 def check_world_sizes(world_sizes: Sequence[int], model: CommModel) -> None:
@@ -523,8 +535,8 @@ def description_basis(*, strategy: str, parameters: int, compute_s: float, gradi
                       options: Mapping[str, Any] | None = None, workload: str = "described") -> Basis:
     """A model of `parameters` whose step takes `compute_s` per device at `per_device_batch` samples, one
     micro-batch per step; the collectives are the strategy's own expected traffic (one call per collective
-    type: bucketing's extra latency is not in it); `exposed_fraction` of communication exposed (1: none
-    overlapped). Strong scaling keeps `global_batch` (default: per_device_batch x 1024, the batch of the largest
+    type: bucketing's extra latency is not in it); `exposed_fraction` is f, exposed = f x priced communication
+    (1: none overlapped; above 1: the step's collectives cost more than priced). Strong scaling keeps `global_batch` (default: per_device_batch x 1024, the batch of the largest
     default world size, so that every default world size can split it)."""
     if parameters < 1 or not (compute_s > 0 and math.isfinite(compute_s)):
         raise SpecError(f"a description needs parameters >= 1 and compute seconds > 0, got {parameters} and {compute_s}")
@@ -532,10 +544,12 @@ def description_basis(*, strategy: str, parameters: int, compute_s: float, gradi
         raise SpecError("bytes per gradient (and gathered) element must be > 0")
     if per_device_batch < 1:
         raise SpecError(f"per-device batch must be >= 1, got {per_device_batch}")
-    if not 0.0 <= exposed_fraction <= 1.0:
-        raise SpecError(f"exposed fraction must be within [0, 1], got {exposed_fraction}")
+    if isinstance(exposed_fraction, bool) or not isinstance(exposed_fraction, (int, float)) or not (
+            math.isfinite(exposed_fraction) and exposed_fraction >= 0):
+        raise SpecError(f"exposed fraction f must be a finite number >= 0 (exposed time over priced communication; "
+                        f"above 1 where collectives cost more in the step than priced), got {exposed_fraction!r}")
     gathered = gradient_element_bytes if gathered_element_bytes is None else gathered_element_bytes
-    source = NO_OVERLAP if exposed_fraction == 1.0 else f"given: {exposed_fraction:g} of communication exposed"
+    source = NO_OVERLAP if exposed_fraction == 1.0 else f"given: f = {exposed_fraction:g} (exposed / priced communication)"
     return Basis(workload=workload, strategy=strategy, options=dict(options or {}), precision=recipe, recipe=recipe,
                  parameters=int(parameters), kept_whole=0, tokens_per_sample=None,
                  per_device_batch=float(per_device_batch), global_batch=int(global_batch or per_device_batch * max(DEFAULT_WORLD_SIZES)),

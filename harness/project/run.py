@@ -27,6 +27,15 @@ from harness.record import append_line
 from harness.spec import SpecError
 
 
+# What `--params` projects when no --strategies is given: every data-parallel strategy.
+DESCRIBED_STRATEGIES = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2")
+# A description's flags (argument names) and their defaults; with measured ROWS each is refused, since the
+# rows give what it describes (f is measured; gradient bytes, batch and recipe are the row's).
+DESCRIPTION_DEFAULTS = {"grad_bytes": 4.0, "batch_per_device": 1, "recipe": "autocast", "exposed_fraction": 1.0}
+DESCRIPTION_FLAGS = {"--grad-bytes": "grad_bytes", "--batch-per-device": "batch_per_device",
+                     "--global-batch": "global_batch", "--recipe": "recipe", "--exposed-fraction": "exposed_fraction"}
+
+
 def parse_scalings(names: Sequence[str]) -> tuple[Scaling, ...]:
     allowed = [s.value for s in Scaling]
     for name in names:
@@ -49,9 +58,13 @@ def parse_algorithms(pairs: Sequence[str]) -> dict[str, str]:
 
 def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                  scalings: Sequence[Scaling] = (Scaling.WEAK, Scaling.STRONG), measuring_host: Calibration | None = None,
-                 facts: StrategyFacts = REGISTRY_FACTS) -> tuple[list[Projected], list[str]]:
-    """Every projectable strategy cell of `rows` at `world_sizes`; and a note per cell or point left out."""
+                 facts: StrategyFacts = REGISTRY_FACTS, strategies: Sequence[str] | None = None
+                 ) -> tuple[list[Projected], list[str]]:
+    """Every projectable strategy cell of `rows` (of `strategies` only, where given) at `world_sizes`; and a
+    note per cell or point left out."""
     check_world_sizes(world_sizes, model)
+    if strategies is not None:
+        rows = rows_of_strategies(rows, strategies)
     bases, skipped = bases_from_rows(rows, facts, measuring_host)
     if not bases:
         raise SpecError("no measured row to project from: " + ("; ".join(skipped) or "no ok cell rows in the files"))
@@ -61,6 +74,18 @@ def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequenc
         points += found
         skipped += left_out
     return points, skipped
+
+
+def rows_of_strategies(rows: Sequence[Mapping], strategies: Sequence[str]) -> list[Mapping]:
+    """The rows of `strategies`; a strategy no row ran is a one-line error naming the ones the rows hold."""
+    from harness.derive.rows import spec
+
+    held = sorted({str(spec(row).get("strategy")) for row in rows})
+    missing = [name for name in strategies if name not in held]
+    if not strategies or missing:
+        raise SpecError(f"--strategies {','.join(missing or strategies) or '(none)'}: no row of it to project; "
+                        f"the rows hold: {', '.join(held) or 'none'}")
+    return [row for row in rows if spec(row).get("strategy") in strategies]
 
 
 def project_description(strategies: Sequence[str], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
@@ -85,7 +110,8 @@ def validation_from_arguments(args: argparse.Namespace) -> str:
     if not args.rows or not args.comm:
         raise SpecError("--validate needs measured ROWS and the --comm rows of the same settings")
     extra = [flag for flag, given in (("--cluster", args.cluster), ("--params", args.params is not None),
-                                      ("--out", args.out), ("--world-sizes", args.world_sizes)) if given]
+                                      ("--out", args.out), ("--world-sizes", args.world_sizes),
+                                      ("--strategies", args.strategies is not None)) if given]
     if extra:
         raise SpecError(f"--validate predicts the measured cells on their own settings: {', '.join(extra)} "
                         "has no meaning with it")
@@ -108,6 +134,9 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
         raise SpecError("give measured ROWS, or a description: --params N --compute-ms MS")
     if described and (args.params is None or args.compute_ms is None):
         raise SpecError("a description needs both --params and --compute-ms")
+    describing = [flag for flag, value in DESCRIPTION_FLAGS.items() if getattr(args, value) is not None]
+    if args.rows and describing:
+        raise SpecError(f"{', '.join(describing)} describes a model (--params); with measured ROWS the rows give it")
     world_sizes = tuple(args.world_sizes or DEFAULT_WORLD_SIZES)
     scalings = parse_scalings(args.scaling)
     calibration = load_calibration(args.comm) if args.comm else None
@@ -116,16 +145,19 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
         raise SpecError("--set changes a cluster: give --cluster PRESET|FILE.toml")
     model = default_model(cluster, calibration, parse_algorithms(args.algorithm))
     if described:
+        given = {key: getattr(args, key) for key in DESCRIPTION_DEFAULTS if getattr(args, key) is not None}
+        chosen = {**DESCRIPTION_DEFAULTS, **given}
         points, skipped = project_description(
-            args.strategies, model, world_sizes, scalings, parameters=args.params, compute_s=args.compute_ms / 1e3,
-            gradient_element_bytes=args.grad_bytes, per_device_batch=args.batch_per_device,
-            global_batch=args.global_batch or args.batch_per_device * max(world_sizes), recipe=args.recipe,
-            exposed_fraction=args.exposed_fraction)
+            DESCRIBED_STRATEGIES if args.strategies is None else args.strategies, model, world_sizes, scalings,
+            parameters=args.params, compute_s=args.compute_ms / 1e3, gradient_element_bytes=chosen["grad_bytes"],
+            per_device_batch=chosen["batch_per_device"],
+            global_batch=args.global_batch or chosen["batch_per_device"] * max(world_sizes), recipe=chosen["recipe"],
+            exposed_fraction=chosen["exposed_fraction"])
     else:
         from harness.derive.rows import load_rows
 
         points, skipped = project_rows(load_rows(args.rows), model, world_sizes, scalings,
-                                       measuring_host=calibration)
+                                       measuring_host=calibration, strategies=args.strategies)
     comm_sources = [str(Path(p)) for p in args.comm]
     if args.out:
         for point in points:
