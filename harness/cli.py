@@ -202,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster key, "
                          "e.g. inter_node_bandwidth_GBps=100 (repeatable)")
     project.add_argument("--algorithm", action="append", default=[], metavar="COLLECTIVE=ALGORITHM",
-                         help="e.g. all_reduce=hierarchical (default: ring; repeatable)")
+                         help="force one, e.g. all_reduce=hierarchical (default: each call by the least modelled "
+                         "time among the library's algorithms; repeatable)")
+    project.add_argument("--library", help="with --cluster: the collective library that runs there, nccl (default), "
+                         "gloo or mpi: it decides which algorithms a call can get")
     project.add_argument("--world-sizes", type=_int_csv, help="default: 8,16,...,1024")
     project.add_argument("--scaling", type=_csv, default=("weak", "strong"), help="weak, strong or both (default)")
     project.add_argument("--out", type=Path, help="append the projected rows (kind projection) to this JSONL")

@@ -129,14 +129,61 @@ def test_one_gpu_per_node_is_the_one_link_model_over_the_network():
 
 
 def test_fastest_all_reduce_is_the_tree_for_small_buffers_across_many_nodes_and_the_ring_for_large():
-    # 128 nodes x 8, 1 kB (bytes terms below 0.1 us): ring 2046 steps, 254 of them across nodes,
-    # 1792 x 2 us + 254 x 10 us = 6.124 ms; tree 2 x (7 x 2 us + log2(128) x 10 us) = 168 us;
-    # hierarchical 2 x 7 x 2 us + 2 x 127 x 10 us = 2.568 ms.
+    # NCCL's choice: ring or tree. 128 nodes x 8, 1 kB (bytes terms below 0.1 us): ring 2046 steps, 254 of
+    # them across nodes, 1792 x 2 us + 254 x 10 us = 6.124 ms; tree 2 x (7 x 2 us + log2(128) x 10 us) = 168 us.
     algorithm, seconds = fastest_algorithm("all_reduce", 1e3, 1024, CLUSTER)
     assert algorithm == "tree"
     assert seconds == pytest.approx(168e-6 + 2 * 1e3 * 4e-11, rel=1e-12)
-    # 1 GB on 2 nodes: ring 75.076 ms, tree 80.048 ms, hierarchical 57.548 ms.
-    assert fastest_algorithm("all_reduce", 1e9, 16, CLUSTER) == ("hierarchical", pytest.approx(57.548e-3))
+    # 1 GB on 2 nodes: ring 75.076 ms, tree 80.048 ms. Horovod's hierarchical all-reduce (57.548 ms) is
+    # opt-in, not NCCL's to choose; MPI's halving-doubling is 57.532 ms (test below).
+    assert fastest_algorithm("all_reduce", 1e9, 16, CLUSTER) == ("ring", pytest.approx(75.076e-3))
+    assert fastest_algorithm("all_reduce", 1e9, 16, CLUSTER, "mpi") == ("halving_doubling", pytest.approx(57.532e-3))
+
+
+# ---- halving-doubling: Thakur, Rabenseifner and Gropp 2005, sec. 4.1, 4.2 and 4.4 ----------------------------
+
+def test_halving_doubling_on_one_link_is_lg_p_steps_and_the_ring_s_bytes():
+    # Recursive halving reduce-scatter: lg p alpha + (p-1)/p n beta; recursive doubling all-gather the same
+    # steps reversed; Rabenseifner's all-reduce the two: 2 lg p alpha + 2(p-1)/p n beta. p = 8, n = 8 MB:
+    # 3 x 10 us + 7/8 x 8 MB at 1 GB/s = 30 us + 7 ms; the all-reduce 14.06 ms (the ring's: 14.14 ms).
+    assert one_link_time("reduce_scatter", 8e6, 8, LINK, "halving_doubling") == pytest.approx(7.03e-3, rel=1e-12)
+    assert one_link_time("all_gather", 8e6, 8, LINK, "halving_doubling") == pytest.approx(7.03e-3, rel=1e-12)
+    assert one_link_time("all_reduce", 8e6, 8, LINK, "halving_doubling") == pytest.approx(14.06e-3, rel=1e-12)
+    assert one_link_time("all_reduce", 8e6, 8, LINK) == pytest.approx(14.14e-3, rel=1e-12)
+
+
+def test_halving_doubling_on_2_nodes_of_8_keeps_the_larger_halves_inside_the_node():
+    # 1 GB among 16 packed ranks, partners at distance 1, 2, 4, 8 exchanging 1/2, 1/4, 1/8, 1/16 GB:
+    # inside the node 3 x 2 us + 7/8 GB at 100 GB/s = 8.756 ms; the step at distance 8 crosses with all
+    # 8 GPUs at once, 1/16 GB each at 25/8 GB/s: 10 us + 20 ms. Reduce-scatter 28.766 ms, all-reduce twice.
+    # Sending the larger halves across first (1/2 GB each at 25/8 GB/s) would take 160 ms on that step alone.
+    assert collective_time("reduce_scatter", 1e9, 16, CLUSTER, "halving_doubling") == pytest.approx(28.766e-3)
+    assert collective_time("all_gather", 1e9, 16, CLUSTER, "halving_doubling") == pytest.approx(28.766e-3)
+    assert collective_time("all_reduce", 1e9, 16, CLUSTER, "halving_doubling") == pytest.approx(57.532e-3)
+    # One node of 8 is the one-link form on the node's link: 2 x (3 x 2 us + 7/8 x 8 MB / 100 GB/s) = 152 us.
+    assert collective_time("all_reduce", 8e6, 8, CLUSTER, "halving_doubling") == pytest.approx(152e-6, rel=1e-12)
+
+
+def test_each_call_gets_the_least_modelled_time_among_its_library_s_algorithms():
+    nccl = ClusterModel(CLUSTER)
+    assert nccl.choose("all_reduce", 1e3, 1024) == ("tree", pytest.approx(168e-6 + 2 * 1e3 * 4e-11))
+    assert nccl.choose("all_reduce", 1e9, 16) == ("ring", pytest.approx(75.076e-3))
+    # NCCL's tree is all-reduce only: its all-gather is the ring (37.538 ms) though halving-doubling would
+    # take 28.766 ms.
+    assert nccl.choose("all_gather", 1e9, 16) == ("ring", pytest.approx(37.538e-3))
+    mpi = ClusterModel(CLUSTER, library="mpi")
+    assert mpi.choose("all_reduce", 1e9, 16) == ("halving_doubling", pytest.approx(57.532e-3))
+    # 24 ranks (3 nodes) is not a power of two: MPI's all-reduce falls back on the ring,
+    # 2 x 21 x 2 us + 2 x 2 x 10 us + 2 x 23/24 x 1 GB / 25 GB/s = 124 us + 76.667 ms.
+    assert mpi.choose("all_reduce", 1e9, 24) == ("ring", pytest.approx(124e-6 + 2 * 23 / 24 * 1e9 / 25e9))
+    # gloo runs rings only (gloo/allreduce.cc), even where halving-doubling would be faster.
+    gloo = ClusterModel(CLUSTER, library="gloo")
+    assert gloo.choose("all_reduce", 1e9, 16) == ("ring", pytest.approx(75.076e-3))
+    assert gloo.choose("reduce_scatter", 1e9, 16) == ("ring", pytest.approx(37.538e-3))
+    # --algorithm forces one whatever its time: the ring's 6.124 ms where the tree takes 168 us.
+    forced = ClusterModel(CLUSTER, {"all_reduce": "ring"})
+    assert forced.choose("all_reduce", 1e3, 1024) == ("ring", pytest.approx(6.124e-3 + 2 * 1023 / 1024 * 1e3 * 4e-11))
+    assert forced.algorithm("all_gather", 1e3, 1024) == "ring"
 
 
 def test_cluster_model_prices_each_collective_with_its_chosen_algorithm():
@@ -156,6 +203,10 @@ def test_cluster_model_prices_each_collective_with_its_chosen_algorithm():
     (lambda: collective_time("all_reduce", 1e6, 0, CLUSTER), ["ranks", ">= 1"]),
     (lambda: one_link_time("all_reduce", 1e6, 4, LINK, "hierarchical"), ["hierarchical", "ring, tree"]),
     (lambda: ClusterModel(CLUSTER, {"broadcast": "ring"}), ["ring", "broadcast", "chain"]),
+    (lambda: collective_time("all_reduce", 1e9, 24, CLUSTER, "halving_doubling"), ["halving_doubling", "24",
+                                                                                   "power-of-two"]),
+    (lambda: ClusterModel(CLUSTER, {"all_reduce": "halving_doubling"}).check_ranks(24), ["24", "power-of-two"]),
+    (lambda: ClusterModel(CLUSTER, library="rccl"), ["rccl", "nccl, gloo, mpi"]),
 ])
 def test_bad_input_is_one_line_naming_the_field_and_what_is_allowed(call, words):
     assert_one_line_error(call, words)

@@ -394,3 +394,75 @@ def test_a_description_flag_with_rows_is_one_line(extra, message, capsys):
     assert main(["project", str(REFERENCE / "full.jsonl"), "--cluster", "dgx-h100-ib", *extra]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error, error
+
+
+# ---- each call by the algorithm its library would choose (issue 33, finding 7) ---------------------------------
+
+def test_ddp_and_horovod_at_1024_gpus_of_dgx_h100_ib_are_priced_as_nccl_would_choose_by_hand(tmp_path, capsys):
+    # The committed CPU rows: DDP all-reduces S = 947,712 bytes once a step (gpt-tiny's fp32 gradients);
+    # Horovod's 52 per-tensor all-reduces go on the wire as 11 fused ones of S/11 (its note).
+    # dgx-h100-ib (harness/project/presets.py): g = 8 GPUs a node, alpha_i = 3.4 us, B_i = 450 GB/s;
+    # alpha_e = 14 us, B_e = 400 GB/s a node. 1024 GPUs are m = 128 nodes.
+    s = 947_712
+    # Ring (Thakur, Rabenseifner and Gropp 2005: 2(p-1) steps of S/p; NCCL tuning.cc: 2(m-1) of them cross
+    # a node; the slower link, B_e, paces the 2(p-1)/p S bytes):
+    #   2 (1024 - 128) x 3.4 us + 2 x 127 x 14 us + 2 x 1023/1024 x S / 400 GB/s
+    #   = 6092.8 us + 3556 us + 4.734 us = 9653.534 us
+    ring = 2 * 896 * 3.4e-6 + 2 * 127 * 14e-6 + 2 * 1023 / 1024 * s / 400e9
+    assert ring == pytest.approx(9653.534e-6, abs=1e-9)
+    # NCCL's tree as collectives.py models it (a chain through a node's 8 GPUs, a double binary tree over
+    # the 128 nodes, up and down; 2S through the slower link; Sanders, Speck and Traeff 2009):
+    #   2 x (7 x 3.4 us + log2(128) x 14 us) + 2 x S / 400 GB/s = 243.6 us + 4.739 us = 248.339 us
+    tree = 2 * (7 * 3.4e-6 + 7 * 14e-6) + 2 * s / 400e9
+    assert tree == pytest.approx(248.339e-6, abs=1e-9)
+    rows = load_rows([REFERENCE / "full.jsonl"])
+    dgx = load_cluster("dgx-h100-ib")
+    points, _ = project_rows(rows, ClusterModel(dgx), [1024], [Scaling.WEAK], strategies=["ddp", "horovod"])
+    ddp = next(p for p in points if p.basis.strategy == "ddp")
+    assert [(i.collective, i.size_bytes, i.calls) for i in ddp.schedule] == [("all_reduce", s, 1)]
+    assert ddp.comm_s == pytest.approx(tree, rel=1e-9)          # NCCL's least time: the tree, not the ring
+    assert ddp.algorithms == ("tree",)
+    horovod = next(p for p in points if p.basis.strategy == "horovod")
+    # 11 tree all-reduces of S/11: 11 x (243.6 us + 2 x 86,155.6 B / 400 GB/s) = 11 x 244.031 us = 2.684 ms.
+    assert horovod.comm_s == pytest.approx(11 * (243.6e-6 + 2 * s / 11 / 400e9), rel=1e-9)
+    assert horovod.comm_s == pytest.approx(2.684e-3, abs=1e-6)
+    assert horovod.algorithms == ("tree",)
+    # --algorithm all_reduce=ring still forces the ring: DDP's 9.654 ms, and its weak efficiency with f as
+    # the rows measured it: compute / (compute + f x ring) (f x ring is above ring - 2/3 compute).
+    forced, _ = project_rows(rows, ClusterModel(dgx, {"all_reduce": "ring"}), [1024], [Scaling.WEAK],
+                             strategies=["ddp"])
+    assert forced[0].comm_s == pytest.approx(ring, rel=1e-9)
+    assert forced[0].algorithms == ("ring",)
+    f, compute = forced[0].basis.exposed_fraction, forced[0].basis.compute_s
+    assert forced[0].efficiency == pytest.approx(compute / (compute + f * ring), rel=1e-9)
+    # The printed table and the projected rows name the algorithm of each collective.
+    out = tmp_path / "projected.jsonl"
+    assert main(["project", str(REFERENCE / "full.jsonl"), "--comm", str(REFERENCE / "comm-ws2.jsonl"),
+                 "--cluster", "dgx-h100-ib", "--world-sizes", "8,1024", "--scaling", "weak", "--strategies", "ddp",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "library nccl: each call by its least modelled time" in printed
+    assert printed.count("all_reduce=ring") == 1 and printed.count("all_reduce=tree") == 1   # 8 GPUs: one node
+    written = {row["world_size"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert [e["algorithm"] for e in written[1024]["schedule"]] == ["tree"]
+    assert [e["algorithm"] for e in written[8]["schedule"]] == ["ring"]
+    assert written[1024]["inputs"]["target"]["library"] == "nccl"
+
+
+def test_mpi_prices_an_all_reduce_by_halving_doubling_at_1024_gpus_by_hand():
+    # Rabenseifner's all-reduce (Thakur et al. 2005, sec. 4.4), the larger halves kept inside the node:
+    # 2 x (lg 8 x 3.4 us + 7/8 x S / 450 GB/s + lg 128 x 14 us + 127/128 x S / 400 GB/s)
+    # = 2 x (10.2 + 1.843 + 98 + 2.351) us = 224.787 us, below NCCL's tree (248.339 us).
+    s = 947_712
+    expected = 2 * (3 * 3.4e-6 + 7 / 8 * s / 450e9 + 7 * 14e-6 + 127 / 128 * s / 400e9)
+    assert expected == pytest.approx(224.787e-6, abs=1e-9)
+    model = ClusterModel(load_cluster("dgx-h100-ib"), library="mpi")
+    assert model.choose("all_reduce", s, 1024) == ("halving_doubling", pytest.approx(expected, rel=1e-9))
+
+
+def test_a_library_or_algorithm_with_a_calibrated_target_is_one_line(capsys):
+    for extra in (["--library", "mpi"], ["--algorithm", "all_reduce=tree"]):
+        assert main(["project", "--params", "1B", "--compute-ms", "10", "--comm",
+                     str(REFERENCE / "comm-ws2.jsonl"), *extra]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "a calibration was fitted with its own" in error, error

@@ -26,6 +26,10 @@ of a node cross the node boundary at once, they share B_e (each gets B_e / g); a
 a node's GPUs in turn crosses its boundary once per channel, and NCCL gives each channel its own NIC, so
 the node's crossing traffic (the same bytes each GPU sends inside the node) goes at B_e. Each formula below
 says which case it is. docs/projection.md states the model's limits.
+
+**Which algorithm** (ClusterModel): a call gets the algorithm of least modelled time among those its
+library runs for the collective (LIBRARY_ALGORITHMS: NCCL's ring or tree for all-reduce, MPI's ring or
+halving-doubling, ...), as NCCL's tuner and MPICH's size thresholds choose; a forced algorithm overrides it.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class Algorithm(enum.StrEnum):
     RING = "ring"                   # all-reduce, all-gather, reduce-scatter: NCCL's ring
     TREE = "tree"                   # all-reduce: NCCL's double binary tree (chain inside a node)
     HIERARCHICAL = "hierarchical"   # all-reduce: reduce-scatter in the node, all-reduce across, all-gather
+    HALVING_DOUBLING = "halving_doubling"   # reduce-scatter by recursive halving, all-gather by recursive
+                                            # doubling, all-reduce both (Rabenseifner): power-of-two ranks
     CHAIN = "chain"                 # broadcast, reduce: a pipelined chain (NCCL's "ring" for these)
     PAIRWISE = "pairwise"           # all-to-all: p - 1 rounds of pairwise exchange
 
@@ -66,9 +72,68 @@ DEFAULT_ALGORITHMS: dict[str, Algorithm] = {
 # pipeline's stages sit, which a cluster description does not say.
 
 
+class Library(enum.StrEnum):
+    """The collective library that runs on the target: it decides which algorithms a call can get."""
+
+    NCCL = "nccl"       # GPUs: what DDP, FSDP2, DeepSpeed and Horovod (built with NCCL) reduce with
+    GLOO = "gloo"       # CPUs under PyTorch's or Horovod's gloo
+    MPI = "mpi"         # MPICH-style MPI (Horovod on MPI)
+
+
+# The algorithms each library can run per collective; a call gets the one of least modelled time, as NCCL's
+# tuner picks by its own model (enqueue.cc: the algorithm and protocol of least predicted time) and MPICH
+# picks by message size from the same alpha-beta costs (Thakur et al. 2005, sec. 4). Ties go to the first.
+LIBRARY_ALGORITHMS: dict[Library, dict[str, tuple[Algorithm, ...]]] = {
+    # NCCL: the tree is for all-reduce only (tuning.cc at 01afd20: "if (coll != ncclFuncAllReduce && a !=
+    # NCCL_ALGO_RING) continue;"). CollNet, NVLS and PAT, which later versions add, are not modelled
+    # (docs/projection.md, Limits), nor is Horovod's hierarchical all-reduce, which is opt-in
+    # (HOROVOD_HIERARCHICAL_ALLREDUCE): `--algorithm all_reduce=hierarchical` forces it.
+    Library.NCCL: {Collective.ALL_REDUCE: (Algorithm.RING, Algorithm.TREE),
+                   Collective.ALL_GATHER: (Algorithm.RING,), Collective.REDUCE_SCATTER: (Algorithm.RING,),
+                   Collective.BROADCAST: (Algorithm.CHAIN,), Collective.REDUCE: (Algorithm.CHAIN,),
+                   Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,)},
+    # gloo: gloo::allreduce is a ring (gloo/allreduce.cc; PyTorch's ProcessGroupGloo sets
+    # Algorithm::RING, Horovod's GlooAllreduce takes the default), gloo::allgather a ring. A reduce-scatter
+    # is priced as the ring's; PyTorch's gloo runs it as an all-reduce of the whole buffer and a slice
+    # (ProcessGroupGloo::reduce_scatter_tensor_coalesced), about twice that, and Horovod's as
+    # gloo::ReduceScatterHalvingDoubling (horovod/common/ops/gloo_operations.cc; `--algorithm
+    # reduce_scatter=halving_doubling`). No strategy here issues Horovod's.
+    Library.GLOO: {Collective.ALL_REDUCE: (Algorithm.RING,), Collective.ALL_GATHER: (Algorithm.RING,),
+                   Collective.REDUCE_SCATTER: (Algorithm.RING,),
+                   Collective.BROADCAST: (Algorithm.CHAIN,), Collective.REDUCE: (Algorithm.CHAIN,),
+                   Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,)},
+    # MPI as MPICH (Thakur et al. 2005): all-reduce by Rabenseifner's halving-doubling for long messages
+    # (its reduce-scatter exchanges the larger halves with the nearer ranks, its all-gather in reverse); where
+    # p is not a power of two MPICH folds the extra ranks in first, which is not modelled: the ring then.
+    # Long all-gathers by the ring and long reduce-scatters by pairwise exchange (the ring's alpha-beta
+    # cost); their short-message recursive doubling and halving, which send the larger halves to the
+    # farther ranks, are not modelled.
+    Library.MPI: {Collective.ALL_REDUCE: (Algorithm.RING, Algorithm.HALVING_DOUBLING),
+                  Collective.ALL_GATHER: (Algorithm.RING,), Collective.REDUCE_SCATTER: (Algorithm.RING,),
+                  Collective.BROADCAST: (Algorithm.CHAIN,), Collective.REDUCE: (Algorithm.CHAIN,),
+                  Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,)},
+}
+
+
 def _floor_log2(p: int) -> int:
     """Depth of a binary tree of p vertices (NCCL's log2i)."""
     return int(p).bit_length() - 1
+
+
+def _is_power_of_two(p: int) -> bool:
+    return p >= 1 and p & (p - 1) == 0
+
+
+def applies(algorithm: Algorithm, ranks: int) -> bool:
+    """Whether the model holds `algorithm` at `ranks`: halving-doubling only at a power of two (elsewhere
+    MPICH and gloo add steps to fold the extra ranks in, which are not modelled)."""
+    return algorithm is not Algorithm.HALVING_DOUBLING or _is_power_of_two(ranks)
+
+
+def check_applies(algorithm: Algorithm, ranks: int) -> None:
+    if not applies(algorithm, ranks):
+        raise SpecError(f"algorithm {algorithm.value!r} is modelled for a power-of-two number of ranks, got {ranks}; "
+                        "allowed: 1, 2, 4, 8, ...")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +168,16 @@ ONE_LINK_FORMS: dict[tuple[str, Algorithm], Form] = {
     # At p = 2 the tree is a chain that moves n each way, so 2n overstates it there.
     (Collective.ALL_REDUCE, Algorithm.TREE): Form(
         lambda p: 2 * _floor_log2(p), lambda p: 2.0, f"Sanders, Speck and Traeff 2009; {NCCL_TUNING}"),
+    # Recursive halving reduce-scatter (Thakur et al., sec. 4.2): lg p steps, the k-th exchanging n/2^k
+    # bytes with one partner: lg p alpha + (p-1)/p n beta. Recursive doubling all-gather is the same steps
+    # in reverse (sec. 4.1). Rabenseifner's all-reduce is the one then the other (sec. 4.4):
+    # 2 lg p alpha + 2(p-1)/p n beta. p a power of two.
+    (Collective.ALL_REDUCE, Algorithm.HALVING_DOUBLING): Form(
+        lambda p: 2 * _floor_log2(p), BUSBW_FACTORS[Collective.ALL_REDUCE], f"Rabenseifner's algorithm; {THAKUR_2005}"),
+    (Collective.ALL_GATHER, Algorithm.HALVING_DOUBLING): Form(
+        _floor_log2, BUSBW_FACTORS[Collective.ALL_GATHER], f"recursive doubling; {THAKUR_2005}"),
+    (Collective.REDUCE_SCATTER, Algorithm.HALVING_DOUBLING): Form(
+        _floor_log2, BUSBW_FACTORS[Collective.REDUCE_SCATTER], f"recursive halving; {THAKUR_2005}"),
     # Pipelined chain (NCCL's ring broadcast/reduce: nccl-tests' bus factor 1, NCCL ratio nRanks/nsteps = 1
     # with nsteps = nRanks): with many small chunks the last rank has the data after p-1 hops' latency
     # plus n beta. NCCL charges nsteps = p latencies; p-1 is the hop count of a chain of p ranks.
@@ -141,7 +216,9 @@ def resolve_algorithm(collective: str, algorithm: str | None,
 def one_link_time(collective: str, size_bytes: float, ranks: int, link: Link, algorithm: str | None = None) -> float:
     """Seconds for one collective of `size_bytes` among `ranks` ranks all joined by `link` (one level)."""
     _check(collective, size_bytes, ranks)
-    form = ONE_LINK_FORMS[(collective, resolve_algorithm(collective, algorithm, ONE_LINK_FORMS))]
+    chosen = resolve_algorithm(collective, algorithm, ONE_LINK_FORMS)
+    check_applies(chosen, ranks)
+    form = ONE_LINK_FORMS[(collective, chosen)]
     if ranks == 1:
         return 0.0
     return form.steps(ranks) * link.latency_s + form.bytes_factor(ranks) * size_bytes * link.seconds_per_byte
@@ -207,6 +284,27 @@ def _hierarchical_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> 
     return in_node + between
 
 
+def _halving_doubling_half(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # Recursive halving reduce-scatter with the larger halves exchanged with the nearer ranks (MPICH's
+    # Rabenseifner all-reduce and gloo's ReduceScatterHalvingDoubling, whose last step putting the chunks
+    # in rank order is left out: partner at distance 1, 2, 4, ...):
+    # step k (k = 1 .. lg p) sends n/2^k to the rank 2^(k-1) away. Packed ranks: the first lg g steps stay
+    # inside the node, n/2 + ... + n/g = (g-1)/g n bytes; the last lg m cross it with all g GPUs of a node
+    # at once, each at B_e / g, n/(2g) + ... + n/p = (m-1)/(m g) n bytes each:
+    #     lg g alpha_i + (g-1)/g n / B_i + lg m alpha_e + (m-1)/m n / B_e
+    # (the one-link lg p alpha + (p-1)/p n beta at m = 1 or g = 1). Recursive doubling all-gather, the same
+    # steps in reverse, costs the same.
+    g, m = layout.ranks_per_node, layout.nodes
+    inside = _floor_log2(g) * cluster.intra_node.latency_s + (g - 1) / g * n * cluster.intra_node.seconds_per_byte
+    across = _floor_log2(m) * cluster.inter_node.latency_s + (m - 1) / m * n * cluster.inter_node.seconds_per_byte
+    return inside + across
+
+
+def _halving_doubling_all_reduce(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # Rabenseifner: the reduce-scatter above, then its all-gather in reverse (Thakur et al., sec. 4.4).
+    return 2 * _halving_doubling_half(n, layout, cluster)
+
+
 def _chain(n: float, layout: NodeLayout, cluster: Cluster) -> float:
     # A pipelined chain through the nodes' GPUs in turn: p-1 hops, m-1 across nodes; n bytes through each
     # GPU's link and each node boundary.
@@ -231,8 +329,11 @@ TWO_LEVEL: dict[tuple[str, Algorithm], Callable[[float, NodeLayout, Cluster], fl
     (Collective.ALL_REDUCE, Algorithm.RING): _ring_all_reduce,
     (Collective.ALL_REDUCE, Algorithm.TREE): _tree_all_reduce,
     (Collective.ALL_REDUCE, Algorithm.HIERARCHICAL): _hierarchical_all_reduce,
+    (Collective.ALL_REDUCE, Algorithm.HALVING_DOUBLING): _halving_doubling_all_reduce,
     (Collective.ALL_GATHER, Algorithm.RING): _ring_all_gather,
     (Collective.REDUCE_SCATTER, Algorithm.RING): _ring_all_gather,
+    (Collective.ALL_GATHER, Algorithm.HALVING_DOUBLING): _halving_doubling_half,
+    (Collective.REDUCE_SCATTER, Algorithm.HALVING_DOUBLING): _halving_doubling_half,
     (Collective.BROADCAST, Algorithm.CHAIN): _chain,
     (Collective.REDUCE, Algorithm.CHAIN): _chain,
     (Collective.ALL_TO_ALL, Algorithm.PAIRWISE): _pairwise_all_to_all,
@@ -244,47 +345,78 @@ def collective_time(collective: str, size_bytes: float, ranks: int, cluster: Clu
     """Seconds for one collective of `size_bytes` among `ranks` ranks packed onto `cluster`'s nodes, by
     `algorithm` (DEFAULT_ALGORITHMS[collective] when None)."""
     _check(collective, size_bytes, ranks)
-    model = TWO_LEVEL[(collective, resolve_algorithm(collective, algorithm, TWO_LEVEL))]
+    chosen = resolve_algorithm(collective, algorithm, TWO_LEVEL)
+    check_applies(chosen, ranks)
+    model = TWO_LEVEL[(collective, chosen)]
     layout = cluster.layout(ranks)
     return 0.0 if ranks == 1 else model(float(size_bytes), layout, cluster)
 
 
-def fastest_algorithm(collective: str, size_bytes: float, ranks: int, cluster: Cluster) -> tuple[Algorithm, float]:
-    """The modelled algorithm with the least time and that time, as NCCL's tuner picks by its own model
-    (enqueue.cc: the algorithm and protocol of least predicted time); ties go to the default."""
+def parse_library(name: str) -> Library:
+    allowed = [library.value for library in Library]
+    if name not in allowed:
+        raise SpecError(f"library {name!r} is not one of: {', '.join(allowed)}")
+    return Library(name)
+
+
+def fastest_algorithm(collective: str, size_bytes: float, ranks: int, cluster: Cluster,
+                      library: str = Library.NCCL) -> tuple[Algorithm, float]:
+    """The algorithm `library` can run for `collective` with the least modelled time, and that time: as
+    NCCL's tuner picks by its own model (enqueue.cc: the algorithm and protocol of least predicted time);
+    ties go to the one listed first in LIBRARY_ALGORITHMS (the ring)."""
     _check(collective, size_bytes, ranks)
-    best = DEFAULT_ALGORITHMS[collective]
-    seconds = collective_time(collective, size_bytes, ranks, cluster, best)
-    for (c, algorithm) in TWO_LEVEL:
-        if c == collective and algorithm != best:
-            candidate = collective_time(collective, size_bytes, ranks, cluster, algorithm)
-            if candidate < seconds:
-                best, seconds = algorithm, candidate
+    # Where none holds (halving-doubling alone, at a rank count not a power of two) the ring stands in.
+    candidates = [a for a in LIBRARY_ALGORITHMS[parse_library(library)][collective] if applies(a, ranks)] or [
+        DEFAULT_ALGORITHMS[collective]]
+    timed = [(collective_time(collective, size_bytes, ranks, cluster, a), i, a) for i, a in enumerate(candidates)]
+    seconds, _, best = min(timed)
     return best, seconds
 
 
 class CommModel(Protocol):
     """Anything that prices one collective: a described cluster (ClusterModel) or a calibration
-    (harness.project.fit.Calibration)."""
+    (harness.project.fit.Calibration), and names the algorithm it prices it by."""
 
     def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float: ...
+
+    def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterModel:
-    """A described cluster with one algorithm per collective: DEFAULT_ALGORITHMS, with `algorithms`
-    replacing some of them (e.g. {"all_reduce": "hierarchical"})."""
+    """A described cluster driven by `library`: each call priced by the least modelled time among the
+    library's algorithms for its collective (fastest_algorithm), except where `algorithms` forces one
+    (e.g. {"all_reduce": "hierarchical"})."""
 
     cluster: Cluster
     algorithms: Mapping[str, str] = field(default_factory=dict)
+    library: str = Library.NCCL
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.algorithms) - set(DEFAULT_ALGORITHMS))
         if unknown:
             raise SpecError(f"collective {unknown[0]!r} is not modelled; modelled: {', '.join(DEFAULT_ALGORITHMS)}")
-        chosen = {c: resolve_algorithm(c, self.algorithms.get(c), TWO_LEVEL) for c in DEFAULT_ALGORITHMS}
-        object.__setattr__(self, "algorithms", chosen)
+        forced = {c: resolve_algorithm(c, a, TWO_LEVEL) for c, a in self.algorithms.items()}
+        object.__setattr__(self, "algorithms", forced)
+        object.__setattr__(self, "library", parse_library(str(self.library)))
+
+    def choose(self, collective: str, size_bytes: float, ranks: int) -> tuple[Algorithm, float]:
+        """(algorithm, seconds) of one call: the forced algorithm, else the library's fastest."""
+        _check(collective, size_bytes, ranks)
+        forced = self.algorithms.get(collective)
+        if forced is None:
+            return fastest_algorithm(collective, size_bytes, ranks, self.cluster, self.library)
+        return forced, collective_time(collective, size_bytes, ranks, self.cluster, forced)
 
     def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
-        _check(collective, size_bytes, ranks)
-        return collective_time(collective, size_bytes, ranks, self.cluster, self.algorithms[collective])
+        return self.choose(collective, size_bytes, ranks)[1]
+
+    def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
+        return self.choose(collective, size_bytes, ranks)[0].value
+
+    def check_ranks(self, ranks: int) -> None:
+        """A one-line error where `ranks` do not fill the cluster's nodes or a forced algorithm does not
+        hold at `ranks`, before anything is priced."""
+        self.cluster.layout(ranks)
+        for algorithm in self.algorithms.values():
+            check_applies(algorithm, ranks)

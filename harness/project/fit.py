@@ -39,7 +39,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from harness.project.cluster import Link
-from harness.project.collectives import DEFAULT_ALGORITHMS, ONE_LINK_FORMS, Algorithm, resolve_algorithm
+from harness.project.collectives import (DEFAULT_ALGORITHMS, ONE_LINK_FORMS, Algorithm, check_applies,
+                                         resolve_algorithm)
 from harness.spec import SpecError
 
 
@@ -84,6 +85,7 @@ class LinkFit:
         """The fitted model's time for one collective of `size_bytes` among `ranks` ranks on this link."""
         if ranks == 1:
             return 0.0
+        check_applies(self.algorithm, ranks)
         form = ONE_LINK_FORMS[(self.collective, self.algorithm)]
         return (self.fixed_s + form.steps(ranks) * self.latency_s
                 + form.bytes_factor(ranks) * size_bytes * self.seconds_per_byte)
@@ -116,6 +118,7 @@ def fit_link(points: Sequence[Point], collective: str, algorithm: str | None = N
         if point.world_size < 2:
             raise SpecError(f"{point.source or collective}: world size {point.world_size} moves nothing; "
                             "calibration rows need world size >= 2")
+        check_applies(chosen, point.world_size)
         if not (math.isfinite(point.seconds) and point.seconds > 0):
             raise SpecError(f"{point.source or collective}: time must be a finite number of seconds > 0, "
                             f"got {point.seconds!r}")
@@ -210,6 +213,10 @@ class Calibration:
 
     def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
         return self.fit(collective).seconds(size_bytes, ranks)
+
+    def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
+        """The algorithm the collective's fit assumed, at any size and rank count."""
+        return self.fit(collective).algorithm.value
 
     def link(self, collective: str) -> Link:
         return self.fit(collective).link

@@ -26,9 +26,11 @@ The model, end to end (docs/projection.md says where each part comes from and wh
   Counted calls are what the strategy hands its library; where the library fuses them (Horovod's tensor
   fusion: one all-reduce per cycle in which gradients arrived), they are priced as the wire carries them
   (`on_the_wire`, Strategy.wire_calls), with a note.
-- **time(collective)**: harness.project.collectives on a described cluster, or a Calibration fitted to
-  `harness comm` rows (harness.project.fit), which then is the target: a one-level network like the host
-  it was measured on.
+- **time(collective)**: harness.project.collectives on a described cluster, each call by the least modelled
+  time among the algorithms of the cluster's library (NCCL: ring or tree for an all-reduce) unless one is
+  forced, named per collective in the table and the rows; or a Calibration fitted to `harness comm` rows
+  (harness.project.fit), which then is the target: a one-level network like the host it was measured on,
+  each collective by the algorithm it was fitted with.
 - **overlap**: f = exposed_m / comm_m, the exposed time over the priced communication, with exposed_m the
   measured exposed communication at >= 2 ranks and comm_m the same schedule priced on the measuring
   host's calibration (`--comm`); >= 0 (a step measured faster than its compute exposes nothing) and not
@@ -71,7 +73,7 @@ from harness.derive.exposed import exposed_communication, slowest_rank_per_step,
 from harness.derive.memory import ModelStatePlan, plan_bytes
 from harness.derive.rows import is_ok, measurements, options_text, shared_device, spec
 from harness.project.cluster import Cluster
-from harness.project.collectives import DEFAULT_ALGORITHMS, ClusterModel, CommModel
+from harness.project.collectives import DEFAULT_ALGORITHMS, LIBRARY_ALGORITHMS, ClusterModel, CommModel, Library
 from harness.project.fit import Calibration
 from harness.record import PROJECTION_KIND
 from harness.spec import SpecError
@@ -177,6 +179,7 @@ class Projected:
     model_state_bytes_per_rank: float
     wire_bytes_per_rank: float
     schedule: tuple[Scheduled, ...]
+    algorithms: tuple[str, ...] = ()    # the algorithm each schedule entry is priced by, in its order
     notes: tuple[str, ...] = ()
 
 
@@ -322,12 +325,13 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
     plan = facts.model_state_plan(basis.strategy, basis.options, n, basis.recipe)
     memory = plan_bytes(plan, basis.parameters, basis.kept_whole)["total"]
     wire = sum(item.calls * wire_bytes(item.collective, item.size_bytes, item.ranks(n)) for item in schedule)
+    algorithms = tuple(model.algorithm(item.collective, item.size_bytes, item.ranks(n)) for item in schedule)
     return Projected(basis=basis, scaling=scaling, world_size=n, global_batch=global_batch, per_device_batch=per_device,
                      micro_batches=micro_batches, compute_s=compute, comm_s=comm, exposed_s=exposed, step_s=step,
                      step_low_s=low, step_high_s=high, samples_per_s=samples,
                      tokens_per_s=samples * basis.tokens_per_sample if basis.tokens_per_sample else None,
                      efficiency=efficiency, exposed_share=exposed / step, model_state_bytes_per_rank=memory,
-                     wire_bytes_per_rank=wire, schedule=schedule, notes=notes)
+                     wire_bytes_per_rank=wire, schedule=schedule, algorithms=algorithms, notes=notes)
 
 
 def above_one_note(fraction: float) -> tuple[str, ...]:
@@ -346,7 +350,7 @@ def check_world_sizes(world_sizes: Sequence[int], model: CommModel) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise SpecError(f"world size {n!r} must be a whole number >= 1")
         if isinstance(model, ClusterModel):
-            model.cluster.layout(n)
+            model.check_ranks(n)
 
 
 # ---- bases from measured rows ---------------------------------------------------------------------------
@@ -572,7 +576,10 @@ def describe_model(model: CommModel) -> dict[str, Any]:
                 "intra_node_latency_us": cluster.intra_node.latency_s * 1e6,
                 "inter_node_bandwidth_GBps": cluster.inter_node.bandwidth_bytes_per_s / 1e9,
                 "inter_node_latency_us": cluster.inter_node.latency_s * 1e6, "sources": dict(cluster.sources),
-                "algorithms": {k: str(v) for k, v in model.algorithms.items()}}
+                "library": str(model.library), "forced_algorithms": {k: str(v) for k, v in model.algorithms.items()},
+                "algorithm_choice": "least modelled time per call among the library's algorithms, where not forced",
+                "library_algorithms": {c: [str(a) for a in algorithms]
+                                       for c, algorithms in LIBRARY_ALGORITHMS[model.library].items()}}
     if isinstance(model, Calibration):
         return {"kind": "calibration", "backend": model.backend, "device": model.device,
                 "fits": {name: {"algorithm": str(f.algorithm), "latency_s": f.latency_s,
@@ -588,6 +595,8 @@ ASSUMPTIONS = {
     "schedule": "collectives as counted per step; calls and sizes follow the strategy's expected traffic "
                 "from the measured to the target world size; data-parallel groups span all ranks",
     "overlap": f"exposed = max(f x comm, comm - {BACKWARD_SHARE:.3g} x compute), f measured at >= 2 ranks",
+    "algorithm": "on a described cluster, each call by the least modelled time among its library's algorithms "
+                 "(NCCL: ring or tree for all-reduce), unless --algorithm forces one; a calibration's own",
     "memory": "the strategy's model_state_plan at the target (ZeRO paper, sec. 5.1)",
     "interval": f"percentiles {INTERVAL_PERCENTILES} of measured/fitted over each collective's calibration rows",
 }
@@ -609,7 +618,8 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
         f"{point.scaling.value}_efficiency_vs_1_device": point.efficiency,
         "exposed_comm_share": point.exposed_share, "model_state_bytes_per_rank": point.model_state_bytes_per_rank,
         "wire_bytes_per_step_per_rank": point.wire_bytes_per_rank,
-        "schedule": [asdict(item) | {"ranks": item.ranks(point.world_size)} for item in point.schedule],
+        "schedule": [asdict(item) | {"ranks": item.ranks(point.world_size), "algorithm": algorithm}
+                     for item, algorithm in zip(point.schedule, point.algorithms, strict=True)],
         "notes": list(b.notes + point.notes),
         "inputs": {"rows": list(b.run_ids), "comm_rows": list(comm_sources), "target": describe_model(model),
                    "basis": {"world_size": b.world_size, "per_device_batch": b.per_device_batch,
@@ -628,7 +638,7 @@ def format_table(points: Sequence[Projected]) -> str:
     lines: list[str] = []
     header = (f"{'scaling':<7} {'N':>5} {'global batch':>12} {'compute ms':>11} {'comm ms':>10} {'exposed ms':>11} "
               f"{'step ms':>10} {'step ms band':>19} {'samples/s':>11} {'efficiency':>10} {'exposed':>8} "
-              f"{'states GiB/rank':>15}")
+              f"{'states GiB/rank':>15}  algorithms")
     by_basis: dict[int, list[Projected]] = {}
     for point in points:
         by_basis.setdefault(id(point.basis), []).append(point)
@@ -642,20 +652,28 @@ def format_table(points: Sequence[Projected]) -> str:
             lines.append(f"{p.scaling.value:<7} {p.world_size:>5} {p.global_batch:>12g} {p.compute_s * 1e3:>11.4g} "
                          f"{p.comm_s * 1e3:>10.4g} {p.exposed_s * 1e3:>11.4g} {p.step_s * 1e3:>10.4g} {band:>19} "
                          f"{p.samples_per_s:>11.4g} {p.efficiency:>10.1%} {p.exposed_share:>8.1%} "
-                         f"{p.model_state_bytes_per_rank / 2 ** 30:>15.4g}")
+                         f"{p.model_state_bytes_per_rank / 2 ** 30:>15.4g}  {algorithms_text(p)}")
         for note in dict.fromkeys(n for p in group for n in b.notes + p.notes):
             lines.append(f"  note: {note}")
     return "\n".join(lines).lstrip("\n")
 
 
+def algorithms_text(point: Projected) -> str:
+    """`collective=algorithm` for each schedule entry (once each), e.g. `all_reduce=tree all_gather=ring`."""
+    return " ".join(dict.fromkeys(f"{item.collective}={algorithm}"
+                                  for item, algorithm in zip(point.schedule, point.algorithms, strict=True)))
+
+
 def default_model(cluster: Cluster | None, calibration: Calibration | None,
-                  algorithms: Mapping[str, str] | None = None) -> CommModel:
-    """The target's pricing: the described cluster where given, else the calibration (one level)."""
+                  algorithms: Mapping[str, str] | None = None, library: str | None = None) -> CommModel:
+    """The target's pricing: the described cluster where given, driven by `library` (default NCCL), else the
+    calibration (one level)."""
     if cluster is not None:
-        return ClusterModel(cluster, dict(algorithms or {}))
+        return ClusterModel(cluster, dict(algorithms or {}), library or Library.NCCL)
     if calibration is not None:
-        if algorithms:
-            raise SpecError("--algorithm chooses among a cluster's algorithms; a calibration was fitted with its own")
+        if algorithms or library is not None:
+            raise SpecError(f"{'--algorithm' if algorithms else '--library'} chooses among a cluster's algorithms; "
+                            "a calibration was fitted with its own")
         return calibration
     raise SpecError("a projection needs a target: --cluster PRESET|FILE.toml, or --comm COMM_ROWS to project "
                     f"onto the calibrated host's network (modelled collectives: {', '.join(DEFAULT_ALGORITHMS)})")

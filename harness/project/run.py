@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from harness.project.cluster import load_cluster
-from harness.project.collectives import CommModel
+from harness.project.collectives import ClusterModel, CommModel
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, load_calibration
 from harness.project.projection import (DEFAULT_WORLD_SIZES, Projected, Scaling, StrategyFacts, bases_from_rows,
@@ -54,6 +54,13 @@ def parse_algorithms(pairs: Sequence[str]) -> dict[str, str]:
             raise SpecError(f"--algorithm {pair!r} must be COLLECTIVE=ALGORITHM, e.g. all_reduce=hierarchical")
         chosen[collective.strip()] = algorithm.strip()
     return chosen
+
+
+def describe_choice(model: ClusterModel) -> str:
+    """How a cluster model picks each call's algorithm, in words."""
+    forced = ", ".join(f"{c}={a}" for c, a in model.algorithms.items())
+    return (f"library {model.library}: each call by its least modelled time among the library's algorithms"
+            + (f", except {forced} (forced)" if forced else ""))
 
 
 def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
@@ -111,7 +118,8 @@ def validation_from_arguments(args: argparse.Namespace) -> str:
         raise SpecError("--validate needs measured ROWS and the --comm rows of the same settings")
     extra = [flag for flag, given in (("--cluster", args.cluster), ("--params", args.params is not None),
                                       ("--out", args.out), ("--world-sizes", args.world_sizes),
-                                      ("--strategies", args.strategies is not None)) if given]
+                                      ("--strategies", args.strategies is not None), ("--library", args.library),
+                                      ("--algorithm", args.algorithm)) if given]
     if extra:
         raise SpecError(f"--validate predicts the measured cells on their own settings: {', '.join(extra)} "
                         "has no meaning with it")
@@ -143,7 +151,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
     cluster = load_cluster(args.cluster, args.set) if args.cluster else None
     if cluster is None and args.set:
         raise SpecError("--set changes a cluster: give --cluster PRESET|FILE.toml")
-    model = default_model(cluster, calibration, parse_algorithms(args.algorithm))
+    model = default_model(cluster, calibration, parse_algorithms(args.algorithm), args.library)
     if described:
         given = {key: getattr(args, key) for key in DESCRIPTION_DEFAULTS if getattr(args, key) is not None}
         chosen = {**DESCRIPTION_DEFAULTS, **given}
@@ -162,7 +170,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
     if args.out:
         for point in points:
             append_line(args.out, projected_record(point, model, comm_sources))
-    target = (f"cluster {cluster.name}" if cluster is not None else
+    target = (f"cluster {cluster.name}, {describe_choice(model)}" if cluster is not None else
               f"the calibrated {calibration.backend}/{calibration.device} host's network, one level")
     lines = [f"parbench: projection onto {target} (predictions, not measurements)", format_table(points)]
     lines += [f"left out: {note}" for note in skipped]
