@@ -211,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--out", type=Path, help="append the projected rows (kind projection) to this JSONL")
     project.add_argument("--validate", action="store_true", help="predict every measured multi-rank cell of ROWS "
                          "from its setting's world-size-1 cells and --comm rows, without it, and print the errors")
+    project.add_argument("--design", default="interpolate", help="with --validate: which cells predict which: "
+                         "interpolate (the nearest other world size; default), larger (cells above "
+                         "--largest-source ranks from the largest at or below it), across-settings (each cell from "
+                         "the same world size at another link rate)")
+    project.add_argument("--largest-source", type=int, default=2, help="with --validate --design larger: the "
+                         "largest world size a prediction may start from (default 2)")
     project.add_argument("--params", type=_count, help="a description instead of rows: parameters, e.g. 1.5B")
     project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device")
     project.add_argument("--grad-bytes", type=float, help="with --params: bytes per gradient element "

@@ -8,7 +8,7 @@ import pytest
 
 from harness.cli import main
 from harness.project.projection import Scaling
-from harness.project.validate import Checked, Validation, validate
+from harness.project.validate import Checked, Design, Validation, term_errors, validate
 from harness.record import COMMBENCH_KIND, append_line
 from one_line import assert_one_line_error
 from test_projection import _counted, _row
@@ -31,9 +31,9 @@ def _cell(strategy, world_size, step_s, *, compute_only_s=0.05, rate=RATE):
     return _emulated(row, rate)
 
 
-def _comm(rate=RATE):
+def _comm(rate=RATE, beta=BETA):
     # A 2-rank ring all-reduce: 2(p-1) = 2 steps and 2(p-1)/p = 1 byte through a link per byte reduced.
-    rows = [{"collective": "all_reduce", "size_bytes": n, "time_s": 2 * ALPHA + n * BETA}
+    rows = [{"collective": "all_reduce", "size_bytes": n, "time_s": 2 * ALPHA + n * beta}
             for n in (1e3, 1e4, 1e5, 1e6, 4e6)]
     return {"kind": COMMBENCH_KIND, "world_size": 2, "backend": "gloo", "device": "cpu", "rows": rows,
             "environment": {"emulated_network": {"link_rate_bits_per_s": rate}}}
@@ -139,7 +139,8 @@ def test_validate_from_the_command_line_and_its_bad_input(tmp_path, capsys):
     append_line(comm, _comm())
     assert main(["project", "--validate", str(cells), "--comm", str(comm)]) == 0
     printed = capsys.readouterr().out
-    assert "80 Mbit/s      ddp        4    2 strong         1       700.0        639.3   -8.7%" in printed, printed
+    assert ("80 Mbit/s      ddp        4 2 ranks                strong         1       700.0        639.3   -8.7%   -42.9%"
+            in printed), printed
     for argv, message in ((["project", "--validate", str(cells)], "--validate needs measured ROWS and the --comm"),
                           (["project", "--validate", str(cells), "--comm", str(comm), "--cluster", "aws-p5"],
                            "--cluster has no meaning")):
@@ -181,3 +182,92 @@ def test_the_table_in_the_docs_is_the_committed_rows_validated():
     earlier = root / "results" / "reference" / "emulated-repeats"
     bbr = validate(load_rows([earlier / "cells.jsonl"]), read_rows([earlier / "comm.jsonl"], kind=COMMBENCH_KIND))
     assert f"`emulated-repeats` gives median {bbr.median_abs_error:.1%}, p90 {bbr.p90_abs_error:.1%}" in clusters_doc
+
+
+# ---- the baseline, and the designs that extrapolate (issue 33) ---------------------------------------------
+
+
+def test_the_baseline_copies_the_source_cells_measured_step_by_hand():
+    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7),
+            _cell("horovod", 1, 0.3), _cell("horovod", 2, 0.45), _cell("horovod", 4, 0.65)]
+    result = validate(rows, [_comm()])
+    # Each cell's baseline is its source cell's measured step: 4 ranks from 2 and 2 from 4.
+    ddp4, ddp2 = _by(result, "ddp", 4), _by(result, "ddp", 2)
+    assert ddp4.baseline_s == pytest.approx(0.4) and ddp4.baseline_error == pytest.approx(0.4 / 0.7 - 1)
+    assert ddp2.baseline_error == pytest.approx(0.7 / 0.4 - 1)
+    # |errors| of the copies: ddp 3/7 = 0.4286 and 0.75, horovod 0.2/0.65 = 0.3077 and 0.2/0.45 = 0.4444;
+    # median of four = (0.4286 + 0.4444) / 2.
+    assert result.baseline_median_abs_error == pytest.approx((0.2 / 0.45 + 0.3 / 0.7) / 2)
+    # The copies keep each world size's order of its source: at 2 ranks DDP (copied 0.7) below Horovod
+    # (copied 0.65) where DDP was measured faster (0.4 < 0.45): tau -1; at 4 ranks copied 0.4 < 0.45 and
+    # measured 0.7 > 0.65: tau -1.
+    assert result.baseline_taus == {("80 Mbit/s", 2): pytest.approx(-1.0), ("80 Mbit/s", 4): pytest.approx(-1.0)}
+
+
+def test_larger_predicts_8_ranks_from_2_and_never_from_a_larger_cell_by_hand():
+    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7), _cell("ddp", 8, 1.0)]
+    result = validate(rows, [_comm()], design=Design.LARGER)
+    # Held out: the cells above 2 ranks, each from the 2-rank cell (never from 4 for 8, nor 8 for 4).
+    assert sorted((c.world_size, c.source_world_size) for c in result.cells) == [(4, 2), (8, 2)]
+    # At 8 ranks: compute = 0.2 s x (16 / 8) / 16 samples x max(1, 8 x 1 thread / 2 cores) = 0.1 s; the
+    # ring all-reduce of 4 MB among 8: 2 x 7 alpha + 2 x (7/8) x 4 MB x beta = 0.014 + 0.7 = 0.714 s; f from
+    # the 2-rank cell = (0.4 - 0.1) / 0.402; exposed = max(f x 0.714, 0.714 - 2/3 x 0.1) = 0.6473.
+    comm8 = 14 * ALPHA + 2 * 7 / 8 * GRADIENTS * BETA
+    assert comm8 == pytest.approx(0.714)
+    ws8 = _by(result, "ddp", 8)
+    assert ws8.compute_s == pytest.approx(0.1)
+    assert ws8.predicted_s == pytest.approx(0.1 + comm8 - 2 / 3 * 0.1)
+    assert ws8.baseline_s == pytest.approx(0.4)
+    assert_one_line_error(lambda: validate(rows[:1] + rows[2:], [_comm()], design=Design.LARGER),
+                          ["nothing to validate (larger)", "no multi-rank cell at or below 2 ranks"])
+    assert_one_line_error(lambda: validate(rows, [_comm()], design=Design.LARGER, max_source_world_size=1),
+                          ["largest source world size", ">= 2"])
+
+
+def test_across_settings_takes_f_on_the_source_network_and_prices_on_the_target_by_hand():
+    slow, fast = 80e6, 800e6
+    rows = [_cell("ddp", 1, 0.2, rate=slow), _cell("ddp", 2, 0.4, rate=slow),
+            _cell("ddp", 1, 0.21, rate=fast), _cell("ddp", 2, 0.15, rate=fast)]
+    comm = [_comm(slow), _comm(fast, beta=BETA / 10)]
+    result = validate(rows, comm, design=Design.ACROSS_SETTINGS)
+    assert sorted((c.setting, c.source_setting) for c in result.cells) == [("80 Mbit/s", "800 Mbit/s"),
+                                                                            ("800 Mbit/s", "80 Mbit/s")]
+    [to_fast] = [c for c in result.cells if c.setting == "800 Mbit/s"]
+    # From the slow network: compute from its world-size-1 step, 0.2 x 8/16 = 0.1 s; f against the slow
+    # calibration, (0.4 - 0.1) / (2 alpha + 4 MB x beta) = 0.3 / 0.402. Priced on the fast one: 2 alpha +
+    # 4 MB x beta / 10 = 0.042 s; exposed = max(f x 0.042, 0.042 - 2/3 x 0.1) = 0.3 / 0.402 x 0.042.
+    assert to_fast.predicted_s == pytest.approx(0.1 + 0.3 / 0.402 * 0.042)
+    assert to_fast.baseline_error == pytest.approx(0.4 / 0.15 - 1)
+    assert to_fast.source == "2 ranks at 80 Mbit/s"
+    # Pricing on the source's network instead would give 0.4 s; on the target's with f from it, 0.15 s.
+    assert abs(to_fast.predicted_s - 0.4) > 0.1 and abs(to_fast.predicted_s - 0.15) > 0.01
+
+
+def test_term_errors_split_an_error_into_compute_and_exposed_by_hand():
+    rows = [_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7)]
+    ws4 = _by(validate(rows, [_comm()]), "ddp", 4)
+    # The compute rule carries the world-size-1 compute-only pass (0.05 s at 16 samples) to 4 ranks:
+    # 0.05 x 4/16 x max(1, 4/2) = 0.025 s, where the cell's own pass took 0.05: r_c = -0.5. The model's
+    # compute (0.1 s, from the world-size-1 step) corrected: 0.1 / 0.5 = 0.2 s, leaving 0.7 - 0.2 = 0.5 s
+    # of exposed time to predict, against the 0.606 - 2/3 x 0.1 = 0.5393 s predicted.
+    assert ws4.rule_compute_s == pytest.approx(0.025) and ws4.measured_compute_s == pytest.approx(0.05)
+    terms = term_errors([ws4])
+    assert terms["compute"] == pytest.approx(-0.5)
+    assert terms["exposed"] == pytest.approx((0.606 - 0.2 / 3) / 0.5 - 1)
+
+
+def test_design_from_the_command_line_and_its_bad_input(tmp_path, capsys):
+    cells, comm = tmp_path / "cells.jsonl", tmp_path / "comm.jsonl"
+    for row in (_cell("ddp", 1, 0.2), _cell("ddp", 2, 0.4), _cell("ddp", 8, 1.0)):
+        append_line(cells, row)
+    append_line(comm, _comm())
+    assert main(["project", "--validate", "--design", "larger", str(cells), "--comm", str(comm)]) == 0
+    printed = capsys.readouterr().out
+    assert "(larger)" in printed and "baseline (the source cell's step copied): median |error| 60.0%" in printed
+    for argv, message in ((["project", "--validate", "--design", "bigger", str(cells), "--comm", str(comm)],
+                           "--design 'bigger' is not one of: interpolate, larger, across-settings"),
+                          (["project", "--design", "larger", str(cells), "--comm", str(comm)],
+                           "--design chooses how --validate predicts")):
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and message in error, error

@@ -124,17 +124,25 @@ def validation_from_arguments(args: argparse.Namespace) -> str:
         raise SpecError(f"--validate predicts the measured cells on their own settings: {', '.join(extra)} "
                         "has no meaning with it")
     from harness.derive.rows import load_rows
-    from harness.project.validate import format_validation, validate
+    from harness.project.validate import Design, format_validation, validate
     from harness.record import COMMBENCH_KIND, read_rows
 
+    designs = [design.value for design in Design]
+    if args.design not in designs:
+        raise SpecError(f"--design {args.design!r} is not one of: {', '.join(designs)}")
     comm = read_rows([Path(p) for p in args.comm], kind=COMMBENCH_KIND)
-    return format_validation(validate(load_rows(args.rows), comm))
+    return format_validation(validate(load_rows(args.rows), comm, design=Design(args.design),
+                                      max_source_world_size=args.largest_source))
 
 
 def projection_from_arguments(args: argparse.Namespace) -> str:
     """Check the command line, project, append the rows to --out; returns the text to print."""
     if args.validate:
         return validation_from_arguments(args)
+    changed = [flag for flag, given in (("--design", args.design != "interpolate"),
+                                        ("--largest-source", args.largest_source != 2)) if given]
+    if changed:
+        raise SpecError(f"{changed[0]} chooses how --validate predicts measured cells: give --validate with it")
     described = args.params is not None or args.compute_ms is not None
     if described and args.rows:
         raise SpecError("give measured ROWS or a description (--params, --compute-ms), not both")

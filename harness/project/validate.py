@@ -26,20 +26,44 @@ noise and its source cell's.
 The cell's own step time is used only to measure the error. The ranking check is Kendall's tau
 (scipy.stats.kendalltau, tau-b) between predicted and measured step times of the strategies at each
 setting and world size.
+
+Which cells predict which (`Design`):
+- **interpolate**: each multi-rank cell from its strategy's nearest other multi-rank world size of the same
+  setting (2 <-> 4 ranks on the committed runs). The two cells of a pair predict each other, so their errors
+  are not independent (they correlate at -0.84 on results/reference/emulated-reno), and the source cell's
+  measured step already holds most of the answer;
+- **larger**: each cell above `max_source_world_size` ranks (default 2) from its strategy's largest cell at or
+  below it, in the same setting: 8 ranks on 8 emulated nodes from 2 ranks on 2, an extrapolation;
+- **across-settings**: each multi-rank cell from its strategy's cell of the same world size at another
+  setting: the schedule, f and compute measured at one link rate, priced on the other's `harness comm` rows
+  (what a user does who measures on one network and asks about another).
+
+**The baseline** beside every prediction: copy the source cell's measured step time (the median of its
+launches). Whatever error and tau the model reaches, the baseline's say how much of it the source cell
+already gave; the model earns only the difference.
+
+**Terms** (`term_errors`): each held-out cell also has its own compute-only pass (harness.derive.exposed), the
+same work with no communication, on the same time-sliced cores. The model's compute rule (the per-device
+share of the samples, times the shared-cores factor) carries the world-size-1 cell's compute-only pass to N;
+against the held-out cell's own pass that gives the compute term's error r_c. The model's compute (from the
+world-size-1 *step*) corrected by it, C / (1 + r_c), leaves measured step - C / (1 + r_c) as the exposed time
+the model should have predicted: against it, the exposed term's error.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from harness.derive.rows import is_ok, measurements, spec
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, fit_calibration
-from harness.project.projection import Scaling, StrategyFacts, bases_from_rows, project, unstalled_median_step_s
+from harness.project.projection import (Scaling, StrategyFacts, bases_from_rows, compute_only_seconds, project,
+                                        unstalled_median_step_s)
 from harness.record import COMMBENCH_KIND
 from harness.spec import SpecError
 
@@ -47,6 +71,17 @@ NOT_EMULATED = "not emulated"
 # Issue 20's bar for the emulated cluster: median and p90 absolute error of predicted step time, and the
 # smallest Kendall tau of the strategies' ranking at any setting and world size.
 MEDIAN_ERROR_BAR, P90_ERROR_BAR, TAU_BAR = 0.10, 0.20, 0.8
+# Issue 33: an extrapolation whose median |error| exceeds this must say which term of the model is wrong.
+EXTRAPOLATION_NOTE_BAR = 0.15
+DEFAULT_MAX_SOURCE_WORLD_SIZE = 2
+
+
+class Design(enum.StrEnum):
+    """Which measured cells predict which (the module docstring)."""
+
+    INTERPOLATE = "interpolate"
+    LARGER = "larger"
+    ACROSS_SETTINGS = "across-settings"
 
 
 def setting_of(row: Mapping[str, Any]) -> str:
@@ -86,11 +121,27 @@ class Checked:
     exposed_s: float
     exposed_fraction: float
     launches: int = 1                 # launches of the held-out cell whose median step is `measured_s`
+    source_setting: str = ""          # the setting the source cells were measured on ("" = `setting`)
+    baseline_s: float | None = None   # the baseline: the source cell's measured step (median of its launches)
+    measured_compute_s: float | None = None   # the held-out cell's own compute-only pass (median of launches)
+    rule_compute_s: float | None = None       # the world-size-1 cell's compute-only pass carried to N by the
+                                              # model's compute rule (per-device share x shared cores)
 
     @property
     def error(self) -> float:
         """predicted / measured - 1."""
         return self.predicted_s / self.measured_s - 1.0
+
+    @property
+    def baseline_error(self) -> float | None:
+        """The baseline's: the source cell's measured step / this cell's measured step - 1."""
+        return None if self.baseline_s is None else self.baseline_s / self.measured_s - 1.0
+
+    @property
+    def source(self) -> str:
+        """Where the prediction came from, in words: "2 ranks", or "2 ranks at 100 Mbit/s"."""
+        where = f" at {self.source_setting}" if self.source_setting and self.source_setting != self.setting else ""
+        return f"{self.source_world_size} ranks{where}"
 
 
 @dataclass(frozen=True)
@@ -98,6 +149,8 @@ class Validation:
     cells: tuple[Checked, ...]
     taus: dict[tuple[str, int], float]        # (setting, world size): Kendall's tau of the strategies' ranking
     left_out: tuple[str, ...]
+    design: Design = Design.INTERPOLATE
+    baseline_taus: dict[tuple[str, int], float] | None = None   # the same, for the baseline's predictions
 
     @property
     def median_abs_error(self) -> float:
@@ -106,6 +159,18 @@ class Validation:
     @property
     def p90_abs_error(self) -> float:
         return float(np.percentile([abs(c.error) for c in self.cells], 90))
+
+    @property
+    def baseline_errors(self) -> list[float]:
+        return [abs(c.baseline_error) for c in self.cells if c.baseline_error is not None]
+
+    @property
+    def baseline_median_abs_error(self) -> float | None:
+        return float(np.median(self.baseline_errors)) if self.baseline_errors else None
+
+    @property
+    def baseline_p90_abs_error(self) -> float | None:
+        return float(np.percentile(self.baseline_errors, 90)) if self.baseline_errors else None
 
     @property
     def passes(self) -> bool:
@@ -127,61 +192,103 @@ def _strategy_key(row: Mapping[str, Any]) -> tuple:
             s["micro_batch"])
 
 
-def _basis_key(basis: Basis) -> tuple:
-    return (basis.workload, basis.strategy, tuple(sorted(basis.options.items())), basis.precision, basis.micro_batch)
-
-
 def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[str, Any]],
-             facts: StrategyFacts = REGISTRY_FACTS) -> Validation:
-    """Every ok multi-rank cell of `rows` predicted without it: from its setting's comm rows, its strategy's
-    world-size-1 cell, and its strategy's other multi-rank cells of the setting."""
+             facts: StrategyFacts = REGISTRY_FACTS, design: Design = Design.INTERPOLATE,
+             max_source_world_size: int = DEFAULT_MAX_SOURCE_WORLD_SIZE) -> Validation:
+    """Every ok multi-rank cell of `rows` that `design` gives a source for, predicted without it: from the
+    comm rows of its own setting, and its strategy's world-size-1 cell and source cell (module docstring)."""
+    design = Design(design)
+    if isinstance(max_source_world_size, bool) or not isinstance(max_source_world_size, int) \
+            or max_source_world_size < 2:
+        raise SpecError(f"the largest source world size must be a whole number >= 2, got {max_source_world_size!r}")
     calibrations = calibrations_by_setting(comm_records)
     by_setting: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
-        by_setting.setdefault(setting_of(row), []).append(row)
+        if is_ok(row):
+            by_setting.setdefault(setting_of(row), []).append(row)
+    # {(setting, strategy key, world size, global batch): the launches of that cell}
+    cells: dict[tuple, list[Mapping[str, Any]]] = {}
+    for setting, members in by_setting.items():
+        for row in members:
+            cells.setdefault((setting, _strategy_key(row), spec(row)["world_size"], spec(row)["global_batch"]),
+                             []).append(row)
     checked: list[Checked] = []
     left_out: list[str] = []
-    for setting, members in sorted(by_setting.items(), key=lambda kv: _rate(kv[0])):
+    for (setting, key, world_size, _), launches in sorted(cells.items(), key=lambda kv: (_rate(kv[0][0]), kv[0][2])):
+        if world_size < 2:
+            continue
+        what = f"{setting}: {key[1]} at world size {world_size}"
+        if design is Design.LARGER and world_size <= max_source_world_size:
+            continue
         calibration = calibrations.get(setting)
         if calibration is None:
             left_out.append(f"{setting}: no `harness comm` rows of this setting to calibrate on")
             continue
-        multi = [r for r in members if is_ok(r) and spec(r)["world_size"] >= 2]
-        launches: dict[tuple, list[Mapping[str, Any]]] = {}
-        for row in multi:
-            launches.setdefault((_strategy_key(row), spec(row)["world_size"], spec(row)["global_batch"]), []).append(row)
-        for (key, world_size, _), cell in launches.items():
-            row = cell[0]
-            what = f"{setting}: {spec(row)['strategy']} at world size {world_size}"
-            others = [r for r in multi if _strategy_key(r) == key and spec(r)["world_size"] != world_size]
-            steps = [t for t in (unstalled_median_step_s(measurements(r)) for r in cell) if t is not None]
-            measured = float(np.median(steps)) if steps else None
-            ones = [r for r in members if is_ok(r) and spec(r)["world_size"] == 1
-                    and _strategy_key(r) == _strategy_key(row)]
-            if not ones or not others or measured is None:
-                left_out.append(f"{what}: " + ("no ok world-size-1 cell" if not ones
-                                               else "no other multi-rank cell to take its schedule from"
-                                               if not others else "no unstalled step"))
+        sources = _sources(design, setting, key, world_size, cells, max_source_world_size)
+        if not sources:
+            left_out.append(f"{what}: {_no_source(design, max_source_world_size)}")
+            continue
+        for source_setting, source in sources:
+            ones = [r for (s_, k, n, _), group in cells.items() if s_ == source_setting and k == key and n == 1
+                    for r in group]
+            measuring_host = calibrations.get(source_setting)
+            where = what + (f" from {source_setting}" if source_setting != setting else "")
+            if not ones or measuring_host is None:
+                left_out.append(f"{where}: " + ("no ok world-size-1 cell" if not ones else
+                                                "no `harness comm` rows of the source's setting"))
                 continue
             try:
-                checked.append(replace(_check(setting, row, others, ones, calibration, facts, measured),
-                                       launches=len(steps)))
+                checked.append(_check(setting, launches, source_setting, source, ones, measuring_host,
+                                      calibration, facts))
             except SpecError as error:
-                left_out.append(f"{what}: {error}")
+                left_out.append(f"{where}: {error}")
     if not checked:
-        raise SpecError("nothing to validate: no ok multi-rank cell with a world-size-1 cell, another multi-rank "
-                        "cell and comm rows of its setting; " + ("; ".join(left_out) or "no cell rows in the files"))
-    return Validation(cells=tuple(checked), taus=_taus(checked), left_out=tuple(left_out))
+        raise SpecError(f"nothing to validate ({design.value}): no ok multi-rank cell with a source cell, a "
+                        "world-size-1 cell and comm rows of its setting; "
+                        + ("; ".join(dict.fromkeys(left_out)) or "no cell rows in the files"))
+    return Validation(cells=tuple(checked), taus=_taus(checked, lambda c: c.predicted_s),
+                      left_out=tuple(dict.fromkeys(left_out)),
+                      design=design, baseline_taus=_taus(checked, lambda c: c.baseline_s))
 
 
-def _check(setting: str, row: Mapping[str, Any], others: Sequence[Mapping[str, Any]],
-           ones: Sequence[Mapping[str, Any]], calibration: Calibration, facts: StrategyFacts,
-           measured: float) -> Checked:
-    """The module docstring's prediction of `row` from `others` (its strategy at another world size M) and
-    `ones` (its strategy at world size 1), as harness.project.projection projects measured rows."""
-    nearest = min(spec(r)["world_size"] for r in others)
-    source = [r for r in others if spec(r)["world_size"] == nearest]
-    [basis], skipped = bases_from_rows([*ones, *source], facts, calibration, compute_factor=shared_cores_factor)
+def _sources(design: Design, setting: str, key: tuple, world_size: int, cells: Mapping[tuple, list],
+             max_source_world_size: int) -> list[tuple[str, list[Mapping[str, Any]]]]:
+    """[(source setting, the source cell's launches)] for one held-out cell under `design`."""
+    same = {n: group for (s_, k, n, _), group in cells.items() if s_ == setting and k == key and n >= 2}
+    if design is Design.INTERPOLATE:
+        others = [n for n in same if n != world_size]
+        return [(setting, same[min(others)])] if others else []
+    if design is Design.LARGER:
+        below = [n for n in same if n <= max_source_world_size]
+        return [(setting, same[max(below)])] if below else []
+    return [(s_, group) for (s_, k, n, _), group in sorted(cells.items(), key=lambda kv: _rate(kv[0][0]))
+            if s_ != setting and k == key and n == world_size]
+
+
+def _no_source(design: Design, max_source_world_size: int) -> str:
+    return {Design.INTERPOLATE: "no other multi-rank cell to take its schedule from",
+            Design.LARGER: f"no multi-rank cell at or below {max_source_world_size} ranks to take its schedule from",
+            Design.ACROSS_SETTINGS: "no cell of the same world size at another setting"}[design]
+
+
+def _median_step(launches: Sequence[Mapping[str, Any]]) -> float | None:
+    """The median over launches of each launch's median unstalled step."""
+    steps = [t for t in (unstalled_median_step_s(measurements(r)) for r in launches) if t is not None]
+    return float(np.median(steps)) if steps else None
+
+
+def _check(setting: str, launches: Sequence[Mapping[str, Any]], source_setting: str,
+           source: Sequence[Mapping[str, Any]], ones: Sequence[Mapping[str, Any]], measuring_host: Calibration,
+           target: Calibration, facts: StrategyFacts) -> Checked:
+    """The module docstring's prediction of the held-out cell (`launches`) from `source` (its strategy at
+    world size M, measured on `source_setting`) and `ones` (its strategy at world size 1 there), as
+    harness.project.projection projects measured rows: f is judged on the source's own network
+    (`measuring_host`), the held-out cell's collectives priced on its own (`target`)."""
+    row = launches[0]
+    measured = _median_step(launches)
+    if measured is None:
+        raise SpecError("no unstalled step")
+    [basis], skipped = bases_from_rows([*ones, *source], facts, measuring_host, compute_factor=shared_cores_factor)
     if skipped:
         raise SpecError(skipped[0])
     n = int(spec(row)["world_size"])
@@ -191,61 +298,127 @@ def _check(setting: str, row: Mapping[str, Any], others: Sequence[Mapping[str, A
                         f"({basis.global_batch}) nor {n} x its per-device batch")
     # project() scales compute_s by the per-device share at N; the shared cores stretch it at N.
     at_n = replace(basis, compute_s=basis.compute_s * shared_cores_factor(row, n))
-    [point], _ = project(at_n, [n], calibration, facts, [scaling])
+    [point], _ = project(at_n, [n], target, facts, [scaling])
+    computes = [c for c in (compute_only_seconds(measurements(r)) for r in launches) if c is not None]
+    one_device = [c for c in (compute_only_seconds(measurements(r)) for r in ones) if c is not None]
+    rule_compute = (float(np.median(one_device)) * (spec(row)["global_batch"] / n) / spec(ones[0])["global_batch"]
+                    * shared_cores_factor(row, n)) if one_device else None
     return Checked(setting=setting, strategy=spec(row)["strategy"], label=basis.label, world_size=n,
                    source_world_size=int(basis.world_size), scaling=scaling, measured_s=measured,
                    predicted_s=point.step_s, compute_s=point.compute_s, exposed_s=point.exposed_s,
-                   exposed_fraction=basis.exposed_fraction)
+                   exposed_fraction=basis.exposed_fraction, launches=len(launches), source_setting=source_setting,
+                   baseline_s=_median_step(source),
+                   measured_compute_s=float(np.median(computes)) if computes else None, rule_compute_s=rule_compute)
 
 
-def _taus(checked: Sequence[Checked]) -> dict[tuple[str, int], float]:
+def _taus(checked: Sequence[Checked], predicted: Callable[[Checked], float | None]) -> dict[tuple[str, int], float]:
+    """Kendall's tau between measured and `predicted` step times of the strategies at each (setting, world
+    size); where a cell was predicted from several source settings, from each of them in turn (by source)."""
     from scipy.stats import kendalltau
 
     groups: dict[tuple[str, int], list[Checked]] = {}
     for cell in checked:
-        groups.setdefault((cell.setting, cell.world_size), []).append(cell)
+        if predicted(cell) is not None:
+            groups.setdefault((_pair(cell), cell.world_size), []).append(cell)
     taus = {}
     for key, cells in groups.items():
         if len(cells) >= 2:
-            taus[key] = float(kendalltau([c.measured_s for c in cells], [c.predicted_s for c in cells]).statistic)
+            taus[key] = float(kendalltau([c.measured_s for c in cells], [predicted(c) for c in cells]).statistic)
     return taus
 
 
+def _pair(cell: Checked) -> str:
+    """The setting a cell was held out on, and the other one it was predicted from where they differ."""
+    if cell.source_setting and cell.source_setting != cell.setting:
+        return f"{cell.setting} from {cell.source_setting}"
+    return cell.setting
+
+
+def _pair_order(pair: str) -> tuple[float, float]:
+    target, _, source = pair.partition(" from ")
+    return (_rate(target), _rate(source) if source else 0.0)
+
+
+def term_errors(cells: Sequence[Checked]) -> dict[str, float | None]:
+    """Median error of each term of the model over `cells` (the module docstring's "Terms"): compute, r_c =
+    rule compute / the held-out cell's compute-only pass - 1; exposed, predicted exposed / (measured step -
+    predicted compute / (1 + r_c)) - 1. Cells without both compute-only passes, or with no positive exposed
+    time left, are left out of a term."""
+    compute, exposed = [], []
+    for c in cells:
+        if not (c.measured_compute_s and c.rule_compute_s):
+            continue
+        r_c = c.rule_compute_s / c.measured_compute_s - 1
+        compute.append(r_c)
+        left = c.measured_s - c.compute_s / (1 + r_c)
+        if left > 0:
+            exposed.append(c.exposed_s / left - 1)
+    return {"compute": float(np.median(compute)) if compute else None,
+            "exposed": float(np.median(exposed)) if exposed else None}
+
+
 def format_validation(result: Validation) -> str:
-    header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'from':>4} {'scaling':<7} {'launches':>8} "
-              f"{'measured ms':>11} {'predicted ms':>12} {'error':>7}   {'compute ms':>10} {'exposed ms':>10} {'f':>5}")
-    lines = ["parbench: projection validation: each multi-rank cell predicted without it, from its setting's comm "
-             "rows, its strategy's world-size-1 step and its strategy's cell at world size `from`", header,
-             "-" * len(header)]
+    header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'from':<22} {'scaling':<7} {'launches':>8} "
+              f"{'measured ms':>11} {'predicted ms':>12} {'error':>7} {'baseline':>8}   {'compute ms':>10} "
+              f"{'(measured)':>10} {'exposed ms':>10} {'(measured)':>10} {'f':>5}")
+    lines = [f"parbench: projection validation ({result.design.value}): each multi-rank cell predicted without it, "
+             "from its setting's comm rows and its strategy's world-size-1 step and source cell (`from`); "
+             "baseline: the source cell's measured step copied", header, "-" * len(header)]
     for c in result.cells:
-        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.source_world_size:>4} {c.scaling.value:<7} {c.launches:>8} "
-                     f"{c.measured_s * 1e3:>11.1f} {c.predicted_s * 1e3:>12.1f} {c.error:>+7.1%}   "
-                     f"{c.compute_s * 1e3:>10.1f} {c.exposed_s * 1e3:>10.1f} {c.exposed_fraction:>5.2f}")
+        baseline = f"{c.baseline_error:+.1%}" if c.baseline_error is not None else "-"
+        r_c = (c.rule_compute_s / c.measured_compute_s - 1) if c.measured_compute_s and c.rule_compute_s else None
+        measured_compute = f"{c.compute_s / (1 + r_c) * 1e3:.1f}" if r_c is not None else "-"
+        measured_exposed = f"{(c.measured_s - c.compute_s / (1 + r_c)) * 1e3:.1f}" if r_c is not None else "-"
+        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.source:<22} {c.scaling.value:<7} "
+                     f"{c.launches:>8} {c.measured_s * 1e3:>11.1f} {c.predicted_s * 1e3:>12.1f} {c.error:>+7.1%} "
+                     f"{baseline:>8}   {c.compute_s * 1e3:>10.1f} {measured_compute:>10} {c.exposed_s * 1e3:>10.1f} "
+                     f"{measured_exposed:>10} {c.exposed_fraction:>5.2f}")
     lines.append("")
     lines.append(f"{len(result.cells)} cells: median |error| {result.median_abs_error:.1%} (bar {MEDIAN_ERROR_BAR:.0%}), "
                  f"p90 |error| {result.p90_abs_error:.1%} (bar {P90_ERROR_BAR:.0%})")
-    for (setting, n), tau in sorted(result.taus.items(), key=lambda kv: (_rate(kv[0][0]), kv[0][1])):
-        lines.append(f"ranking at {setting}, world size {n}: Kendall tau {tau:+.2f} (bar {TAU_BAR})")
+    if result.baseline_median_abs_error is not None:
+        lines.append(f"baseline (the source cell's step copied): median |error| "
+                     f"{result.baseline_median_abs_error:.1%}, p90 |error| {result.baseline_p90_abs_error:.1%}")
+    terms = term_errors(result.cells)
+    lines.append("terms, against the held-out cells' compute-only passes ((measured) columns; median error): "
+                 + ", ".join(f"{name} {value:+.1%}" if value is not None else f"{name} -"
+                             for name, value in terms.items()))
+    baseline_taus = result.baseline_taus or {}
+    for (pair, n), tau in sorted(result.taus.items(), key=lambda kv: (_pair_order(kv[0][0]), kv[0][1])):
+        copied = baseline_taus.get((pair, n))
+        lines.append(f"ranking at {pair}, world size {n}: Kendall tau {tau:+.2f} (bar {TAU_BAR})"
+                     + (f"; baseline {copied:+.2f}" if copied is not None else ""))
     lines.append(f"verdict: {'within' if result.passes else 'outside'} the bars")
     lines += [f"left out: {note}" for note in result.left_out]
     return "\n".join(lines)
 
 
 def markdown_table(result: Validation) -> str:
-    """Per setting: each strategy's error at 2 / 4 ranks, the median and p90 |error| and the ranking's
-    tau at 2 / 4 ranks (the table docs/clusters.md shows, kept true by a test)."""
+    """Per setting (and source setting, across settings): each strategy's error at each held-out world size,
+    the median and p90 |error| and the ranking's tau, the model's and beside them the baseline's (the source
+    cell's step copied). The table README.md and docs/clusters.md show, kept true by tests."""
     strategies = list(dict.fromkeys(c.strategy for c in result.cells))
-    settings = sorted({c.setting for c in result.cells}, key=_rate)
+    pairs = sorted({_pair(c) for c in result.cells}, key=_pair_order)
     sizes = sorted({c.world_size for c in result.cells})
     per_size = " / ".join(str(n) for n in sizes)
-    lines = [f"| link | {' | '.join(strategies)} | median | p90 | tau ({per_size} ranks) |",
-             "|" + " --- |" * (len(strategies) + 4)]
-    for setting in settings:
-        cells = [c for c in result.cells if c.setting == setting]
+    sources = sorted({c.source_world_size for c in result.cells})
+    first = "link" if result.design is not Design.LARGER else \
+        f"link ({per_size} ranks from {' / '.join(str(n) for n in sources)})"
+    lines = [f"| {first} | {' | '.join(strategies)} | median | p90 | tau ({per_size} ranks) "
+             f"| baseline median | baseline p90 | baseline tau |",
+             "|" + " --- |" * (len(strategies) + 7)]
+    baseline_taus = result.baseline_taus or {}
+    for pair in pairs:
+        cells = [c for c in result.cells if _pair(c) == pair]
         errors = {(c.strategy, c.world_size): c.error for c in cells}
         shown = [" / ".join(f"{errors[s, n]:+.0%}" if (s, n) in errors else "-" for n in sizes) for s in strategies]
         magnitudes = [abs(c.error) for c in cells]
-        taus = " / ".join(f"{result.taus[setting, n]:+.2f}" if (setting, n) in result.taus else "-" for n in sizes)
-        lines.append(f"| {setting} | {' | '.join(shown)} | {np.median(magnitudes):.1%} | "
-                     f"{np.percentile(magnitudes, 90):.1%} | {taus} |")
+        copied = [abs(c.baseline_error) for c in cells if c.baseline_error is not None]
+
+        def taus(found: Mapping[tuple[str, int], float]) -> str:
+            return " / ".join(f"{found[pair, n]:+.2f}" if (pair, n) in found else "-" for n in sizes)
+
+        baseline = (f"{np.median(copied):.1%} | {np.percentile(copied, 90):.1%}" if copied else "- | -")
+        lines.append(f"| {pair} | {' | '.join(shown)} | {np.median(magnitudes):.1%} | "
+                     f"{np.percentile(magnitudes, 90):.1%} | {taus(result.taus)} | {baseline} | {taus(baseline_taus)} |")
     return "\n".join(lines)
