@@ -232,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--threshold", type=_threshold, action="append", default=[], metavar="[METRIC=]X",
                          help="override the measured thresholds: X for every metric, METRIC=X for one "
                          "(relative, e.g. 0.2; exposed_comm_share in share points, 0.05 = 5 points); repeatable")
-    compare.add_argument("--alpha", type=float, default=0.05, help="largest chance that the rule fires on "
-                         "launches of unchanged software; sets the launches needed (0.05: 3 a side)")
+    compare.add_argument("--alpha", type=float, default=0.05, help="largest chance that a comparison of "
+                         "unchanged software names any regression (Holm over its metrics); with their number "
+                         "it sets the launches needed (0.05: 3 a side for 1 metric, 5 for up to 12)")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
