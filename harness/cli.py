@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--stages", type=int, default=2, help="pipeline stages (for the pipeline row)")
     memory.add_argument("--largest-layer", type=_count, help="the most parameters one module holds itself "
                         "(DeepSpeed's largest_layer_params, for its ZeRO-3 estimate; default: params / 20)")
-    memory.add_argument("--gpus-per-node", type=int, help="for DeepSpeed's estimator (default: --dp)")
+    memory.add_argument("--gpus-per-node", type=int, help="for DeepSpeed's estimator: the --dp GPUs lie on "
+                        "dp / gpus-per-node nodes (default: --dp, one node)")
     memory.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed's estimator")
 
     comm = commands.add_parser("comm", help="collective microbenchmark: time, algbw, busbw per size")
@@ -242,8 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--threshold", type=_threshold, action="append", default=[], metavar="[METRIC=]X",
                          help="override the measured thresholds: X for every metric, METRIC=X for one "
                          "(relative, e.g. 0.2; exposed_comm_share in share points, 0.05 = 5 points); repeatable")
-    compare.add_argument("--alpha", type=float, default=0.05, help="largest chance that the rule fires on "
-                         "launches of unchanged software; sets the launches needed (0.05: 3 a side)")
+    compare.add_argument("--alpha", type=float, default=0.05, help="largest chance that a comparison of "
+                         "unchanged software names any regression (Holm over its metrics); with their number "
+                         "it sets the launches needed (0.05: 3 a side for 1 metric, 5 for up to 12)")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
@@ -370,9 +372,15 @@ def command_memory(args: argparse.Namespace) -> int:
         raise SpecError(f"recipe {args.recipe!r} is not one of: {', '.join(recipes)}")
     if args.dp < 1 or args.stages < 1:
         raise SpecError(f"--dp and --stages must be >= 1, got {args.dp} and {args.stages}")
+    gpus_per_node = args.dp if args.gpus_per_node is None else args.gpus_per_node
+    if gpus_per_node < 1 or args.dp % gpus_per_node:
+        raise SpecError(f"--dp {args.dp} must be a whole number of nodes of --gpus-per-node {gpus_per_node} "
+                        f"(DeepSpeed's estimate is for nodes x GPUs per node = --dp GPUs)")
+    nodes = args.dp // gpus_per_node
     use_deepspeed = not args.no_deepspeed and importlib.util.find_spec("deepspeed") is not None
     recipe = PrecisionRecipe(args.recipe)
     gib = float(1 << 30)
+    largest_layer = args.largest_layer or args.params // 20
     print(f"model states per rank, {args.params:,} parameters, {args.dp} data-parallel ranks, recipe "
           f"{args.recipe}: each strategy's own bytes per parameter and sharding (Rajbhandari et al. 2020, "
           f"sec. 5.1)")
@@ -390,12 +398,16 @@ def command_memory(args: argparse.Namespace) -> int:
                                                                                         "optimizer"))
         estimate = None
         if use_deepspeed:
-            estimate = strategy.deepspeed_estimate_bytes(args.params, args.largest_layer or args.params // 20,
-                                                         args.gpus_per_node or args.dp, 1,
+            # DeepSpeed divides the sharded states by num_nodes x num_gpus_per_node: all --dp GPUs, so the
+            # estimate is for the same cluster as the columns beside it.
+            estimate = strategy.deepspeed_estimate_bytes(args.params, largest_layer, gpus_per_node, nodes,
                                                          strategy.resolve_options({}))
         shown = f"{estimate / gib:>19.3f}" if estimate is not None else f"{'-':>19}"
         print(f"{name:<13} {per_parameter:>11} {states['weights'] / gib:>12.3f} {states['gradients'] / gib:>10.3f} "
               f"{states['optimizer'] / gib:>10.3f} {states['total'] / gib:>10.3f} {shown}")
+    if use_deepspeed:
+        print(f"DeepSpeed est.: its estimate_zero{{2,3}}_model_states_mem_needs without offload for {args.dp} GPUs "
+              f"({nodes} node(s) x {gpus_per_node} GPUs), largest layer {largest_layer:,} parameters")
     if args.stages > 1:
         print(f"pipeline: {args.stages} stages, each holding 1/{args.stages} of the parameters here; a stage that "
               f"holds a tied weight's copy holds more")

@@ -9,7 +9,9 @@ the thresholds) lives in harness/derive/gate.py; this module only reads the file
 shows a metric's per-launch values on both sides as median [min-max], the change of the medians, the
 separation of the two sets of launches (how far the closest launches of the two sides lie apart; "overlap"
 when they interleave) against the threshold, and the verdict. Regressions, improvements and everything not
-judged are always listed; `--all` lists unchanged metrics too.
+judged are always listed; `--all` lists unchanged metrics too. The last line says what the verdicts are
+worth together: the chance of any false regression in the comparison, the family it is held over and the
+launches a side that let every metric of it be judged.
 """
 
 from __future__ import annotations
@@ -73,4 +75,6 @@ def format_result(result: GateResult, show_all: bool = False) -> str:
     lines.append(f"{judged} metrics judged: {result.count(Verdict.REGRESSION)} regressions, "
                  f"{result.count(Verdict.IMPROVEMENT)} improvements, {result.count(Verdict.SAME)} same; "
                  f"{result.count(Verdict.NOT_JUDGED)} not judged; {len(result.not_compared)} cells not compared")
+    lines.append(f"chance of any false regression <= {result.alpha:g} over a family of {result.family} metrics "
+                 f"(Holm): {result.launches_needed_a_side} launches a side judge each")
     return "\n".join(lines)

@@ -3,7 +3,9 @@
     python scripts/measure_gate_noise.py results/fp --runs 8         # ~1 min per run on a quiet 2-core VM
     python scripts/measure_gate_noise.py results/fp results/fp-check # analyse the files of both, pooled
 
-Runs the smoke matrix (plain loop and DDP at 2 ranks on gpt-tiny) with 3 launches per cell into
+Runs the smoke matrix (plain loop and DDP at 2 ranks on gpt-tiny) with --repeats launches per cell (5 by
+default: the gate judges its 5 metrics as one family, and 1 / C(10, 5) = 1/252 <= 0.05 / 5; at 3 it judges
+none) into
 DIR/run1.jsonl .. DIR/runK.jsonl, skipping files already there, and logs /proc/loadavg before and after
 each run in DIR/machine.log (other users of a shared machine are part of what is measured). Then, from the
 files alone, it prints:
@@ -12,8 +14,9 @@ files alone, it prints:
   separation between two files' launches (how far every launch of one file lay beyond every launch of
   another: the smallest threshold that would have kept every pair of these files quiet);
 - the gate run on every ordered pair of distinct files (identical software, so every exit 1 is a false
-  positive), at the gate's default thresholds and at threshold 0 (where the rule's chance rate per judged
-  metric is 1 / C(6, 3) = 1/20 for exchangeable launches), and on the disjoint pairs (1, 2), (3, 4), ...
+  positive), at the gate's default thresholds and at threshold 0 (where the rule fires on a metric with
+  chance 1 / C(n + m, n) for exchangeable launches, and a comparison exits 1 with chance at most alpha),
+  and on the disjoint pairs (1, 2), (3, 4), ...
   (independent of each other, unlike the ordered pairs, which reuse every file);
 - the gate on run1 against copies of it with every step time, or every peak memory figure, 1.3 times
   larger: whether a planted 30% regression is caught.
@@ -33,13 +36,13 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.derive.cells import launch_record  # noqa: E402
-from harness.derive.gate import METRICS, Margin, Verdict, gate, separation  # noqa: E402
+from harness.derive.gate import DEFAULT_ALPHA, METRICS, Margin, Verdict, gate, separation  # noqa: E402
 from harness.derive.rows import load_rows  # noqa: E402
 from harness.derive.throughput import Basis  # noqa: E402
 from harness.spec import DeviceKind  # noqa: E402
 
 
-def run(folder: Path, runs: int) -> None:
+def run(folder: Path, runs: int, repeats: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for k in range(1, runs + 1):
         out = folder / f"run{k}.jsonl"
@@ -47,7 +50,7 @@ def run(folder: Path, runs: int) -> None:
             continue
         _log(folder, f"run{k} before")
         with open(folder / f"run{k}.out", "w") as log:
-            subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", "smoke", "--repeats", "3",
+            subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", "smoke", "--repeats", str(repeats),
                             "--out", str(out)], check=True, stdout=log, stderr=subprocess.STDOUT)
         _log(folder, f"run{k} after")
 
@@ -134,8 +137,9 @@ def analyse(folders: list[Path]) -> None:
                     if j.verdict is Verdict.REGRESSION:
                         key = f"{j.label.split('/')[1]} {j.metric.name}"
                         by_metric[key] = by_metric.get(key, 0) + 1
-            print(f"  {what}: {exits}/{len(pairs)} pairs exit 1; {fired}/{judged} judged metrics called a "
-                  f"regression ({fired / max(judged, 1):.3f}; 1/20 = 0.05 expected at threshold 0): "
+            print(f"  {what}: {exits}/{len(pairs)} pairs exit 1 (at most {DEFAULT_ALPHA:g} expected); {fired}/"
+                  f"{judged} judged metrics called a regression ({fired / max(judged, 1):.3f}; at threshold 0 "
+                  f"1 / C(n + m, n) a metric): "
                   + (", ".join(f"{k} {v}" for k, v in sorted(by_metric.items())) or "none"))
 
     first = names[0]
@@ -173,11 +177,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", type=Path, nargs="+", help="where the runs are (made in the first)")
     parser.add_argument("--runs", type=int, default=0, help="make run1..runN in the first folder (those missing)")
+    parser.add_argument("--repeats", type=int, default=5, help="launches per cell in each run (default 5)")
     args = parser.parse_args()
     # Ranks started by torchrun import the harness of this checkout, not an installed one.
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-    run(args.folders[0], args.runs)
+    run(args.folders[0], args.runs, args.repeats)
     analyse(args.folders)
 
 

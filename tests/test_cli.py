@@ -79,7 +79,30 @@ def test_memory_prints_the_zero_predictions_without_running(capsys):
     assert rows["zero3"][5] == "1.746"          # 1.875e9 bytes in GiB
 
 
+def test_memory_asks_deepspeed_for_the_cluster_of_dp_gpus_not_one_node_of_gpus_per_node(capsys):
+    pytest.importorskip("deepspeed")
+    # DeepSpeed 0.19.8 without offload, total_gpus = num_nodes x num_gpus_per_node = 8 x 8 = 64:
+    #   ZeRO-2 (stage_1_and_2.py): 2 P + int(18 P / 64) = 15,000,000,000 + 2,109,375,000 = 17,109,375,000 B
+    #          = 17,109,375,000 / 2^30 = 15.934 GiB
+    #   ZeRO-3 (stage3.py): 4 L + int(18 P / 64), L = P / 20 = 375,000,000 (the default largest layer)
+    #          = 1,500,000,000 + 2,109,375,000 = 3,609,375,000 B = 3.361 GiB
+    # One node of 8 GPUs would give 15e9 + 16.875e9 B = 29.686 GiB and 1.5e9 + 16.875e9 B = 17.113 GiB.
+    code, out, _ = run_cli(capsys, "memory", "--params", "7.5B", "--dp", "64", "--recipe", "deepspeed-bf16",
+                           "--gpus-per-node", "8")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.split()}
+    assert (rows["zero2"][6], rows["zero3"][6]) == ("15.934", "3.361")
+    assert "for 64 GPUs (8 node(s) x 8 GPUs)" in out
+    # Left out, --gpus-per-node is --dp: one node of 64 GPUs, the same 64-way division.
+    code, out, _ = run_cli(capsys, "memory", "--params", "7.5B", "--dp", "64", "--recipe", "deepspeed-bf16")
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.split()}
+    assert (rows["zero2"][6], rows["zero3"][6]) == ("15.934", "3.361")
+
+
 @pytest.mark.parametrize("args, fragment", [
+    (["memory", "--params", "7.5B", "--dp", "64", "--gpus-per-node", "7"], "--dp 64 must be a whole number of "
+                                                                           "nodes of --gpus-per-node 7"),
+    (["memory", "--params", "7.5B", "--dp", "64", "--gpus-per-node", "0"], "of --gpus-per-node 0"),
     (["comm", "--timeout", "0"], "argument --timeout: expected a positive, finite number of seconds, got '0'"),
     (["reproduce", "3f2a9c", "--timeout", "-5"], "argument --timeout: expected a positive, finite number of "
                                                  "seconds, got '-5'"),

@@ -20,29 +20,44 @@ when every new launch is beyond every base launch by more than the metric's thre
     relative margin:  min(a) > max(b) * (1 + t)        absolute margin:  min(a) > max(b) + t,
 and IMPROVED under the same rule with the sides swapped. Anything else is SAME.
 
-False-positive probability. If the software did not change and the n + m launch values are exchangeable
-(any order of them equally likely, e.g. independent draws from one continuous distribution), then with
-t = 0 the rule fires exactly when the m largest of the n + m values are the new ones, which is one of
-C(n + m, n) equally likely ways to choose which values are new:
+False-positive probability of one metric. If the software did not change and the n + m launch values are
+exchangeable (any order of them equally likely, e.g. independent draws from one continuous distribution),
+then with t = 0 the rule fires exactly when the m largest of the n + m values are the new ones, which is one
+of C(n + m, n) equally likely ways to choose which values are new:
     P(regression | no change) = 1 / C(n + m, n)      (3 vs 3: 1/C(6, 3) = 1/20 = 0.05; 4 vs 4: 1/70;
                                                         5 vs 5: 1/252)
-This is the one-sided exact Mann-Whitney test at its most extreme outcome (U = 0; Mann & Whitney 1947), so
-unlike a test at level 0.01 it CAN fire at 3 launches a side. A margin t > 0 only removes outcomes, so the
-probability is at most that figure; the thresholds below, set from measured launch-to-launch variation,
-make it much smaller in practice, and they also cover what exchangeability misses: the load of a shared
-machine drifts between the base run and the new one. The bound is per metric of a cell: a file of k
-judged metrics can false-alarm with probability up to k times it (union bound) at t = 0.
+This is the one-sided exact Mann-Whitney test at its most extreme outcome (U = 0; Mann & Whitney 1947). A
+margin t > 0 only removes outcomes, so the probability is at most that figure; the thresholds below, set
+from measured launch-to-launch variation, make it much smaller in practice, and they also cover what
+exchangeability misses: the load of a shared machine drifts between the base run and the new one.
 
-Minimum launches. A metric is judged only when 1 / C(n + m, n) <= alpha (default 0.05): with fewer
-launches, even "every new launch above every base launch" happens by chance too often to be evidence.
-3 a side is the smallest even split for alpha 0.05 (2 vs 2 gives 1/6); alpha 0.01 needs 5 a side (4 vs 4
-gives 1/70 > 0.01). A metric with too few launches is reported NOT_JUDGED with the counts and what it
-needs, never dropped; so is a metric recorded on one side only, and step time where launches had every
+The family: one chance for the whole comparison. `compare` fails if ANY metric of any cell regressed, so
+the rate that matters is the chance that a comparison of unchanged software names at least one regression.
+Judged one by one at alpha, k independent metrics false-alarm with probability 1 - (1 - 1/C(n + m, n))^k
+(the smoke matrix's 5 metrics at 3 vs 3: 22.6%). The family is every metric of every compared cell that has
+values on both sides (everything the comparison could call), k of them, fixed by what was compared before
+any value is looked at (a metric with too few launches to be judged still counts; compare fewer cells for
+a smaller family), and Holm's step-down (Holm 1979) holds the chance of any false regression in it to alpha
+whatever the dependence between metrics: sort the p-values, reject the j-th smallest while each up to it is
+<= alpha / (k - j + 1). A metric's p-value is 1 / C(n + m, n) when the rule fired and 1 when it did not.
+Why not the exact Mann-Whitney p of any configuration: the rule's margin has a meaning only when every new
+launch is beyond every base launch (U = 0), so that is the one outcome the gate can call, and its exact p is
+that figure. Improvements are judged the same way, as a second family of the same k one-sided tests, so the
+chance of naming any false improvement is also at most alpha. tests/test_gate.py checks both by simulation.
+
+What a family needs. A metric is judged only when 1 / C(n + m, n) <= alpha / k, Holm's first step: then
+the rule firing is a regression whatever the other metrics did, and the rule not firing is SAME. A metric
+with fewer launches is NOT_JUDGED, with the counts and what it needs (`launches_needed_a_side(alpha / k)`:
+an even split for alpha 0.05 needs 3 a side for 1 metric, 4 for 2 or 3, 5 for up to 12, 6 for up to 46, 7
+for up to 171), unless Holm's step-down reaches it after other rejections. A metric whose launches fired
+the rule but whose chance is too large is NOT_JUDGED too, and says so: it is not evidence at this family
+size, nor is it "same". So is a metric recorded on one side only, and step time where launches had every
 timed step stalled (the count of such launches is named). A cell with no ok launch on a side, or on one
 side only, is listed as not compared, with why. NOT_JUDGED and not compared do not fail the gate (too few
 launches is no evidence of a regression, and a gate that failed on it would fail every single-launch
-run), but both are counted in the closing line. A metric that neither side records (GPU memory on CPU,
-exposed share of the plain loop) is not a metric of that cell and is not listed.
+run), but both are counted in the closing line, which also names alpha, k and the launches a side that
+judge every metric of the family. A metric that neither side records (GPU memory on CPU, exposed share of
+the plain loop) is not a metric of that cell and is not listed.
 """
 
 from __future__ import annotations
@@ -143,6 +158,20 @@ def chance_of_firing(n_base: int, n_new: int) -> float:
     return 1.0 / comb(n_base + n_new, n_base)
 
 
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down (Holm 1979, "A simple sequentially rejective multiple test procedure"): which
+    hypotheses to reject so that the chance of rejecting any true one is at most alpha, for any dependence
+    between the tests. Sorted ascending, the j-th smallest p (j = 1..k) is rejected while every p up to it
+    is <= alpha / (k - j + 1)."""
+    k = len(p_values)
+    rejected = [False] * k
+    for j, i in enumerate(sorted(range(k), key=p_values.__getitem__)):
+        if p_values[i] > alpha / (k - j):
+            break
+        rejected[i] = True
+    return rejected
+
+
 def launches_needed_a_side(alpha: float) -> int:
     """The smallest k with 1 / C(2k, k) <= alpha: how many launches a side an even split needs."""
     k = 1
@@ -195,6 +224,13 @@ def judge(base: Sequence[float], new: Sequence[float], metric: GateMetric, thres
 class GateResult:
     judgements: list[Judgement]
     not_compared: list[tuple[str, str]]    # (cell label, why): no ok launch on a side
+    alpha: float = DEFAULT_ALPHA           # the chance of any false regression in the comparison, at most
+    family: int = 0                        # metrics with values on both sides: Holm's k
+
+    @property
+    def launches_needed_a_side(self) -> int:
+        """Launches a side that judge every metric of this family (1 / C(2N, N) <= alpha / k)."""
+        return launches_needed_a_side(self.alpha / max(self.family, 1))
 
     def count(self, verdict: Verdict) -> int:
         return sum(j.verdict is verdict for j in self.judgements)
@@ -230,7 +266,7 @@ def gate(base: Sequence[Row], new: Sequence[Row], thresholds: Mapping[str, float
     overrides = check_thresholds(thresholds)
     sides = {"base": _by_cell(base), "new": _by_cell(new)}
     labels = {cell: rows[0]["label"] for cells in sides.values() for cell, rows in cells.items()}
-    judgements, not_compared = [], []
+    values, not_compared = [], []
     for cell in sorted(labels, key=labels.__getitem__):
         rows = {side: cells.get(cell, []) for side, cells in sides.items()}
         ok = {side: [r for r in launches if r["status"] == "ok"] for side, launches in rows.items()}
@@ -240,11 +276,11 @@ def gate(base: Sequence[Row], new: Sequence[Row], thresholds: Mapping[str, float
             continue
         device = DeviceKind(ok["base"][0]["device"])   # part of the cell's identity: the same on both sides
         for metric in METRICS:
-            judgement = _judge_metric(labels[cell], metric, ok["base"], ok["new"],
-                                      threshold_for(metric, device, overrides), alpha)
-            if judgement is not None:
-                judgements.append(judgement)
-    return GateResult(judgements, not_compared)
+            found = _metric_values(labels[cell], metric, ok["base"], ok["new"],
+                                   threshold_for(metric, device, overrides))
+            if found is not None:
+                values.append(found)
+    return GateResult(judge_metrics(values, alpha), not_compared, alpha, _family_size(values))
 
 
 def _by_cell(rows: Sequence[Row]) -> dict[str, list[Launch]]:
@@ -264,23 +300,66 @@ def _describe_missing(rows: list[Launch]) -> str:
     return f"no ok launch ({len(rows)} {statuses})"
 
 
-def _judge_metric(label: str, metric: GateMetric, base_ok: list[Launch], new_ok: list[Launch],
-                  threshold: float, alpha: float) -> Judgement | None:
+@dataclass(frozen=True)
+class MetricValues:
+    """One metric of one compared cell before any judgement: one value per launch that has one."""
+    label: str
+    metric: GateMetric
+    threshold: float
+    base: tuple[float, ...]
+    new: tuple[float, ...]
+    unrecorded_side: str = ""       # "base" or "new" when that side did not record the metric at all
+    lost: tuple[str, ...] = ()      # launches that recorded the metric but have no value, and why
+
+    @property
+    def in_family(self) -> bool:
+        return bool(self.base) and bool(self.new) and not self.unrecorded_side
+
+
+def _family_size(values: Sequence[MetricValues]) -> int:
+    return sum(v.in_family for v in values)
+
+
+def judge_metrics(values: Sequence[MetricValues], alpha: float) -> list[Judgement]:
+    """Every metric's verdict, the family (the metrics with values on both sides) held to alpha by Holm's
+    step-down in each direction (the module's docstring says why)."""
+    family = [i for i, v in enumerate(values) if v.in_family]
+    k = len(family)
+    needed = launches_needed_a_side(alpha / max(k, 1))
+    rule = {i: judge(values[i].base, values[i].new, values[i].metric, values[i].threshold) for i in family}
+    chance = {i: chance_of_firing(len(values[i].base), len(values[i].new)) for i in family}
+    called: dict[int, Verdict] = {}
+    for direction in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+        rejected = holm([chance[i] if rule[i] is direction else 1.0 for i in family], alpha)
+        called.update((i, direction) for i, r in zip(family, rejected) if r)
+    judgements = []
+    for i, v in enumerate(values):
+        counts = f"{len(v.base)} vs {len(v.new)} launches"
+        lost = "".join(f"; {text}" for text in v.lost)
+        if v.unrecorded_side:
+            verdict, reason = Verdict.NOT_JUDGED, f"not recorded on the {v.unrecorded_side} side"
+        elif not v.in_family:
+            verdict, reason = Verdict.NOT_JUDGED, f"{counts} (needs {needed} a side){lost}"
+        elif i in called:
+            verdict, reason = called[i], ""
+        elif chance[i] <= alpha / k:
+            verdict, reason = Verdict.SAME, ""   # had the rule fired, Holm's first step would have rejected it
+        else:
+            fired = " apart beyond the threshold, not evidence" if rule[i] is not Verdict.SAME else ""
+            verdict, reason = Verdict.NOT_JUDGED, (f"{counts}{fired} (chance {chance[i]:.2g} > alpha {alpha:g} / "
+                                                   f"{k} metrics; needs {needed} a side){lost}")
+        judgements.append(Judgement(v.label, v.metric, v.threshold, v.base, v.new, verdict, reason))
+    return judgements
+
+
+def _metric_values(label: str, metric: GateMetric, base_ok: list[Launch], new_ok: list[Launch],
+                   threshold: float) -> MetricValues | None:
     recorded = {"base": [r for r in base_ok if metric.recorded(r)], "new": [r for r in new_ok if metric.recorded(r)]}
     if not recorded["base"] and not recorded["new"]:
         return None    # not a metric of this cell (GPU memory on CPU, exposed share of the plain loop)
     values = {side: tuple(v for v in map(metric.per_launch, rows) if v is not None) for side, rows in recorded.items()}
-    base, new = values["base"], values["new"]
-
     unrecorded = [side for side, rows in recorded.items() if not rows]
-    if unrecorded:
-        return Judgement(label, metric, threshold, base, new, Verdict.NOT_JUDGED,
-                         f"not recorded on the {unrecorded[0]} side")
-    if not base or not new or chance_of_firing(len(base), len(new)) > alpha:
-        lost = [f"{len(recorded[side]) - len(values[side])} {side} launch(es): {metric.missing_because}"
-                for side in recorded if len(recorded[side]) > len(values[side])]
-        chance = f"chance {chance_of_firing(len(base), len(new)):.2g} > alpha {alpha:g}; " if base and new else ""
-        return Judgement(label, metric, threshold, base, new, Verdict.NOT_JUDGED,
-                         f"{len(base)} vs {len(new)} launches ({chance}needs {launches_needed_a_side(alpha)} a side)"
-                         + "".join(f"; {text}" for text in lost))
-    return Judgement(label, metric, threshold, base, new, judge(base, new, metric, threshold))
+    lost = tuple(f"{len(recorded[side]) - len(values[side])} {side} launch(es): {metric.missing_because}"
+                 for side in recorded if len(recorded[side]) > len(values[side]))
+    return MetricValues(label, metric, threshold, values["base"], values["new"],
+                        unrecorded[0] if unrecorded else "", lost)

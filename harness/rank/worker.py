@@ -296,7 +296,9 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
         if context.device.type == "cuda":
             figures["model_state_bytes_measured_by_rank"] = [r["allocated"] for r in readings]
             figures["model_state_bytes_measured_excludes"] = "the step's input and target tensors, still referenced"
-    estimate = strategy.deepspeed_estimate_bytes(parameters, largest_module, context.local_world_size, spec.nnodes,
+    # The cell's own cluster, from its spec rather than a launcher's environment variable: DeepSpeed divides
+    # by num_nodes x num_gpus_per_node, which must be the world it shards over.
+    estimate = strategy.deepspeed_estimate_bytes(parameters, largest_module, spec.ranks_per_node, spec.nnodes,
                                                  spec.resolved_options)
     if estimate is not None:
         figures["model_state_bytes_deepspeed_estimate"] = estimate
