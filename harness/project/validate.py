@@ -3,8 +3,9 @@ data that excludes it, and the errors.
 
     scripts/validate-projection.sh results/validation 50mbit 100mbit 200mbit      # measures, then validates
 
-Rows are grouped by network setting: the emulated link rate a row records (environment.emulated_network,
-harness.emulate), or "not emulated". Within a setting, a cell of strategy S at world size N is predicted by
+Rows are grouped by network setting: the conditions a row was measured under (harness.derive.identity: the
+emulated network it records, environment.emulated_network, its placement and host type), named by the link
+rate, or "not emulated"; each is calibrated by the comm rows of its own network. Within a setting, a cell of strategy S at world size N is predicted by
 harness.project.projection exactly as it projects measured rows, from:
 
 - the **calibration**: the `harness comm` rows of that setting (collectives among 2 ranks, one per node),
@@ -30,12 +31,14 @@ setting and world size.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from harness.derive.identity import conditions_id, distinguishing_suffixes, network_of, network_tag, row_conditions
 from harness.derive.rows import is_ok, measurements, spec
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, fit_calibration
@@ -113,12 +116,29 @@ class Validation:
                 and all(tau >= TAU_BAR for tau in self.taus.values()))
 
 
-def calibrations_by_setting(comm_records: Iterable[Mapping[str, Any]]) -> dict[str, Calibration]:
+def _network_key(record: Mapping[str, Any]) -> str:
+    return json.dumps(network_of(record), sort_keys=True)
+
+
+def calibrations_by_network(comm_records: Iterable[Mapping[str, Any]]) -> dict[str, Calibration]:
+    """A calibration per network the comm rows ran on (harness.derive.identity: its rate, shaping, TCP)."""
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for record in comm_records:
         if record.get("kind") == COMMBENCH_KIND:
-            grouped.setdefault(setting_of(record), []).append(record)
-    return {setting: fit_calibration(records) for setting, records in grouped.items()}
+            grouped.setdefault(_network_key(record), []).append(record)
+    return {network: fit_calibration(records) for network, records in grouped.items()}
+
+
+def _settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The rows by the conditions they were measured under (harness.derive.identity), each named by its
+    link rate, with the conditions that tell it from another setting of the same rate where there is one."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(conditions_id(row), []).append(row)
+    firsts = [members[0] for members in groups.values()]
+    suffixes = distinguishing_suffixes([(setting_of(row), row_conditions(row)) for row in firsts])
+    return {setting_of(row) + suffix[len(network_tag(row_conditions(row))):]: members
+            for row, suffix, members in zip(firsts, suffixes, groups.values())}
 
 
 def _strategy_key(row: Mapping[str, Any]) -> tuple:
@@ -135,14 +155,11 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
              facts: StrategyFacts = REGISTRY_FACTS) -> Validation:
     """Every ok multi-rank cell of `rows` predicted without it: from its setting's comm rows, its strategy's
     world-size-1 cell, and its strategy's other multi-rank cells of the setting."""
-    calibrations = calibrations_by_setting(comm_records)
-    by_setting: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        by_setting.setdefault(setting_of(row), []).append(row)
+    calibrations = calibrations_by_network(comm_records)
     checked: list[Checked] = []
     left_out: list[str] = []
-    for setting, members in sorted(by_setting.items(), key=lambda kv: _rate(kv[0])):
-        calibration = calibrations.get(setting)
+    for setting, members in sorted(_settings(rows).items(), key=lambda kv: _rate(kv[0])):
+        calibration = calibrations.get(_network_key(members[0]))
         if calibration is None:
             left_out.append(f"{setting}: no `harness comm` rows of this setting to calibrate on")
             continue
