@@ -263,7 +263,7 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     specs = [placement.place(spec, machine.devices_per_node) for spec in build_matrix(args.matrix, machine, select)]
     if emulated is not None and not args.dry_run:
         check_emulation(emulated, specs)
-    warning = oversubscription_warning(specs, machine, threads_per_rank)
+    warning = oversubscription_warning(specs, machine, threads_per_rank, placement.ranks_sharing_a_machine)
     if warning:
         print(f"parbench: warning: {warning}", file=sys.stderr)
     return specs, placement

@@ -27,7 +27,7 @@ import pandas as pd
 
 from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
-from harness.derive.hosts import cell_host_load, host_load
+from harness.derive.hosts import cell_host_load, row_host_load
 from harness.derive.identity import cell_identity, conditions_id, distinguishing_suffixes, emulation_text, row_conditions
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
@@ -60,7 +60,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(_communication(m))
     record.update(_exposed(m))
     record.update(_mfu(row, record))
-    record.update(host_load(measurements(row)))
+    record.update(row_host_load(row))
     return record
 
 

@@ -118,10 +118,16 @@ def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
     conditions = first.get("conditions") if isinstance(first.get("conditions"), str) else ""
     heading = (f"{workload} at {_plural(int(world_size), 'rank')}{nodes} ({device}, {precision}, "
                f"global batch {int(global_batch)})" + (f" {conditions}" if conditions else ""))
+    emulation = first.get("emulation") if isinstance(first.get("emulation"), str) else ""
+    # Not a cluster's result: the nodes took turns on one machine's cores (issue 33, finding 11).
+    emulated = ([f"Measured on {emulation}: these figures are the emulation's, not a scaling result of "
+                 f"{_plural(int(nnodes), 'node')}; where the ranks outnumber the cores, their compute is "
+                 "time-sliced."] if emulation and nnodes and nnodes > 1 else [])
     ok = group[group["status"].isin(["ok", "partial"])]
     if ok.empty:
-        return GroupVerdict(heading=heading, lines=["No cell here ran (see 'Failed or skipped cells')."])
+        return GroupVerdict(heading=heading, lines=emulated + ["No cell here ran (see 'Failed or skipped cells')."])
     lines, fastest = _fastest(ok)
+    lines = emulated + lines
     memory_line, lowest = _memory(ok, device)
     exposed_line, dominated = _exposed(ok)
     lines += [memory_line, exposed_line]
@@ -143,8 +149,8 @@ def _fastest(ok: pd.DataFrame) -> tuple[list[str], Fastest | None]:
     lines = [fastest.sentence()]
     crowded = [cell_name(line) for line in timed.to_dict("records") if line.get("host_oversubscribed") is True]
     if crowded:
-        lines.append(f"The ranks outnumbered the host's cores for {', '.join(crowded)}: their step times measure "
-                     "the cores' sharing.")
+        lines.append(f"The ranks outnumbered the machine's cores for {', '.join(crowded)}: their step times "
+                     "measure the cores' sharing.")
     return lines, fastest
 
 

@@ -65,6 +65,10 @@ class Placement(abc.ABC):
         harness.derive.identity)."""
         return {"placement": self.name}
 
+    def ranks_sharing_a_machine(self, spec: RunSpec) -> int:
+        """How many of a cell's ranks share one machine's cores: those of one node."""
+        return spec.ranks_per_node
+
     @abc.abstractmethod
     def describe(self) -> str:
         """One line: where cells go."""

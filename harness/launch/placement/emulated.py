@@ -36,6 +36,10 @@ class EmulatedPlacement(HostfilePlacement):
     def recorded(self) -> dict[str, Any]:
         return {**super().recorded(), **({"emulated_network": self.network.record()} if self.network else {})}
 
+    def ranks_sharing_a_machine(self, spec: RunSpec) -> int:
+        # Every node is a namespace of this one machine: all the cell's ranks share its cores.
+        return spec.world_size
+
     def nodes_for(self, spec: RunSpec, ranks_per_node: int | None) -> int:
         if not launcher_of(spec).spans_nodes or self.network is None:
             return 1
