@@ -110,6 +110,27 @@ def test_resume_relaunches_a_cell_recorded_only_at_another_rate(tmp_path, monkey
     assert [row.environment["emulated_network"]["link_rate_bits_per_s"] for row in read_results([out])] == [50e6, 100e6]
 
 
+def test_resuming_the_reno_file_at_one_of_its_rates_reuses_that_rate_s_57_launches_alone(tmp_path, monkeypatch,
+                                                                                         reno_rows):
+    out = tmp_path / "cells.jsonl"
+    out.write_text((RENO / "cells.jsonl").read_text())
+    specs = list({row["cell_id"]: RunSpec.from_dict(row["spec"]) for row in reno_rows}.values())
+    assert len(specs) == 19 and {spec.repeats for spec in specs} == {3}
+    launched, plans = [], []
+    monkeypatch.setattr(runner, "run_cell", lambda spec, *, repeat, **kwargs: launched.append(spec) or RunResult(
+        spec=spec, status=Status.FAILED, message="not launched in a test", run_id=uuid.uuid4().hex, repeat=repeat))
+    # The machine the reno rows were measured on (environment.cpu_model, cpu_count and gpus of every row).
+    monkeypatch.setattr(runner, "capture_environment",
+                        lambda freeze_dir: {"cpu_model": "AMD EPYC", "cpu_count": 2, "gpus": []})
+    for rate in ("100mbit", "400mbit"):
+        network = EmulatedNetwork.planned(rate)
+        run_specs(specs, RunOptions(results=out, resume=True, placement=EmulatedPlacement.of(network),
+                                    emulated_network=network.record()), on_plan=plans.append)
+    # At 100 Mbit/s the file holds every launch (19 cells x 3); at 400 Mbit/s, which it never ran, none.
+    assert [(plan.recorded, plan.launches) for plan in plans] == [(57, 0), (0, 57)]
+    assert len(launched) == 57
+
+
 def test_the_projection_takes_one_basis_per_strategy_and_rate(reno_rows):
     bases, _ = bases_from_rows(reno_rows, REGISTRY_FACTS)
     # 6 data-parallel strategies x 4 rates (the plain loop has nothing to project).

@@ -28,7 +28,8 @@ import pandas as pd
 from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
 from harness.derive.hosts import cell_host_load, row_host_load
-from harness.derive.identity import cell_identity, conditions_id, distinguishing_suffixes, emulation_text, row_conditions
+from harness.derive.identity import (cell_identity, conditions_id, distinguishing_suffixes, emulation_text,
+                                     row_conditions)
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
 from harness.derive.parity import judge

@@ -236,12 +236,13 @@ def gate(base: Sequence[Row], new: Sequence[Row], thresholds: Mapping[str, float
     shown = condition_labels(raw["base"] + raw["new"])
     labels = {cell: shown[cell]["label"] for cells in sides.values() for cell in cells}
     elsewhere = {side: _conditions_by_spec(rows) for side, rows in raw.items()}
+    first_row = {cell_identity(row): row for row in reversed(raw["base"] + raw["new"])}
     judgements, not_compared = [], []
     for cell in sorted(labels, key=labels.__getitem__):
         rows = {side: cells.get(cell, []) for side, cells in sides.items()}
         ok = {side: [r for r in launches if r["status"] == "ok"] for side, launches in rows.items()}
         missing = [f"{_describe_missing(rows[side])} on the {side} side"
-                   + _other_conditions(cell, raw, elsewhere[side]) for side in sides if not ok[side]]
+                   + _other_conditions(first_row[cell], elsewhere[side]) for side in sides if not ok[side]]
         if missing:
             not_compared.append((labels[cell], "; ".join(missing)))
             continue
@@ -276,10 +277,10 @@ def _conditions_by_spec(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _other_conditions(cell: str, raw: Mapping[str, Sequence[Row]], side: Mapping[str, dict[str, Any]]) -> str:
-    """Where a side has the cell's spec under other conditions only, which ones, so that the reader sees
-    why its launches were not matched."""
-    row = next(r for rows in raw.values() for r in rows if cell_identity(r) == cell)
+def _other_conditions(row: Row, side: Mapping[str, dict[str, Any]]) -> str:
+    """Where a side has the spec of `row`'s cell under other conditions only, which ones, so that the reader
+    sees why its launches were not matched."""
+    cell = cell_identity(row)
     others = [conditions for other, conditions in side.get(spec_id(row), {}).items() if other != cell]
     if not others:
         return ""

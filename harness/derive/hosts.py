@@ -22,7 +22,8 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def host_load(measurements: Mapping[str, Any], emulated_nodes: int = 0, world_size: int | None = None) -> dict[str, Any]:
+def host_load(measurements: Mapping[str, Any], emulated_nodes: int = 0,
+              world_size: int | None = None) -> dict[str, Any]:
     """`host_oversubscribed` (any rank's machine ran more rank threads than it has cores; None where not
     recorded) and `host_load`, the most loaded machine relative to its cores as text ("2 ranks x 1 thread on
     1 core", with "(4 emulated nodes, one machine)" where the cell's `emulated_nodes` > 1 were one machine's

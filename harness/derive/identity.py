@@ -98,11 +98,6 @@ def network_of(record: Mapping[str, Any]) -> dict[str, Any] | None:
     return measuring_conditions(record.get("environment"))["network"]
 
 
-def measuring_id(record: Mapping[str, Any]) -> str:
-    """The network and host type alone: a cell row and the `harness comm` rows of the same link share it."""
-    return _digest(measuring_conditions(record.get("environment")))
-
-
 def spec_id(row: Mapping[str, Any]) -> str:
     """The spec alone: rows of one spec under different conditions share it (to say why they do not match)."""
     return _digest(spec_identity(row["spec"]))
