@@ -42,7 +42,7 @@ from harness.spec import RunResult, RunSpec, SpecError
 
 
 if TYPE_CHECKING:
-    from harness.runner import RunOptions
+    from harness.runner import Planned, RunOptions
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -276,7 +276,7 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     specs = [placement.place(spec, machine.devices_per_node) for spec in build_matrix(args.matrix, machine, select)]
     if emulated is not None and not args.dry_run:
         check_emulation(emulated, specs)
-    warning = oversubscription_warning(specs, machine, threads_per_rank)
+    warning = oversubscription_warning(specs, machine, threads_per_rank, placement.ranks_sharing_a_machine)
     if warning:
         print(f"parbench: warning: {warning}", file=sys.stderr)
     return specs, placement
@@ -321,14 +321,18 @@ def command_run(args: argparse.Namespace) -> int:
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     check_results_file(out, "--out" if args.out else "results file")
-    launches = sum(spec.repeats for spec in specs)
-    print(f"parbench: {len(specs)} cells, {launches} launches -> {out}", file=sys.stderr)
     peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
     options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume,
                          placement=placement)
     # The bar shows the cell being launched and tqdm's ETA (mean time per launch so far x launches left);
     # off when stderr is not a terminal, where the per-launch lines below are the log.
-    with tqdm(total=launches, unit="launch", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+    with tqdm(total=sum(spec.repeats for spec in specs), unit="launch", file=sys.stderr, disable=None,
+              dynamic_ncols=True) as bar:
+        def planned(plan: "Planned") -> None:
+            bar.write(run_header(plan, out), file=sys.stderr)
+            bar.total = plan.launches + plan.recovered
+            bar.refresh()
+
         def started(spec: RunSpec, repeat: int) -> None:
             bar.set_description(f"{spec.label} r{repeat}")
 
@@ -338,10 +342,23 @@ def command_run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
             bar.update(1)
 
-        results = run_placed(specs, options, on_result=finished, on_start=started)
+        results = run_placed(specs, options, on_result=finished, on_start=started, on_plan=planned)
     print(summary_table([result.to_dict() for result in results], results_file=out))
     print(f"\nrows appended to {out}")
     return 0
+
+
+def run_header(plan: "Planned", out: Path) -> str:
+    """The run's first line: what it will launch, and what a resumed run found already recorded."""
+    def launches(count: int) -> str:
+        return f"{count} launch{'' if count == 1 else 'es'}"
+
+    text = f"parbench: {plan.cells} cells, {launches(plan.launches)} -> {out}"
+    if plan.recorded:
+        text += f"; {launches(plan.recorded)} already recorded there, not launched again"
+    if plan.recovered:
+        text += f"; {launches(plan.recovered)} recorded from their cell folders without launching"
+    return text
 
 
 def command_list(args: argparse.Namespace) -> int:

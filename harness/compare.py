@@ -57,7 +57,9 @@ def _change(judgement: Judgement) -> str:
 
 
 def format_result(result: GateResult, show_all: bool = False) -> str:
-    header = (f"{'cell':<48} {'metric':<34} {'launches':>8} {'base':>24} {'new':>24} {'change':>9} "
+    # Wide enough for every label whole: its tail says the conditions ("@50Mbit/s") that tell cells apart.
+    width = max([48] + [len(j.label) for j in result.judgements] + [len(label) for label, _ in result.not_compared])
+    header = (f"{'cell':<{width}} {'metric':<34} {'launches':>8} {'base':>24} {'new':>24} {'change':>9} "
               f"{'separation':>11} {'threshold':>10}  verdict")
     lines = [header, "-" * len(header)]
     for j in result.judgements:
@@ -66,11 +68,11 @@ def format_result(result: GateResult, show_all: bool = False) -> str:
         threshold = (f"{j.threshold * j.metric.scale:.1f} pt" if j.metric.margin is Margin.ABSOLUTE
                      else f"{j.threshold:.0%}")
         verdict = j.verdict.value + (f": {j.reason}" if j.reason else "")
-        lines.append(f"{j.label[:48]:<48} {j.metric.name + ' (' + j.metric.unit + ')':<34} "
+        lines.append(f"{j.label:<{width}} {j.metric.name + ' (' + j.metric.unit + ')':<34} "
                      f"{len(j.base):>3} v {len(j.new):<3}{_values(j, j.base):>24} {_values(j, j.new):>24} "
                      f"{_change(j):>9} {_relative(j, j.separation):>11} {threshold:>10}  {verdict}")
     for label, why in result.not_compared:
-        lines.append(f"{label[:48]:<48} not compared: {why}")
+        lines.append(f"{label:<{width}} not compared: {why}")
     judged = len(result.judgements) - result.count(Verdict.NOT_JUDGED)
     lines.append(f"{judged} metrics judged: {result.count(Verdict.REGRESSION)} regressions, "
                  f"{result.count(Verdict.IMPROVEMENT)} improvements, {result.count(Verdict.SAME)} same; "

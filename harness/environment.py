@@ -48,12 +48,15 @@ def capture_environment(freeze_dir: Path | None = None) -> dict[str, Any]:
         "git_dirty": git_dirty,
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "gpus": gpu_names(),
+        **host_type(),
         "gpu_driver": gpu_driver(),
         "env": {k: v for k, v in sorted(os.environ.items()) if RECORDED_ENV_PATTERN.match(k)},
     }
+
+
+def host_type() -> dict[str, Any]:
+    """The hardware a cell's identity includes (harness.derive.identity): CPU model and cores, GPU names."""
+    return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "gpus": gpu_names()}
 
 
 def _version(distribution: str) -> str | None:

@@ -98,18 +98,23 @@ def host_cores() -> int:
 
 
 def oversubscription_warning(specs: Sequence[RunSpec], machine: Machine,
-                             threads_per_rank: Callable[[RunSpec], int]) -> str | None:
-    """One line naming the CPU cells whose ranks on a node, times each rank's threads, outnumber the node's
+                             threads_per_rank: Callable[[RunSpec], int],
+                             ranks_on_a_machine: Callable[[RunSpec], int] | None = None) -> str | None:
+    """One line naming the CPU cells whose ranks on one machine (a node's, or every rank of the cell where
+    the placement's nodes share one machine: `ranks_on_a_machine`), times each rank's threads, outnumber its
     cores, or None. Such cells still run (a 2-rank smoke test on one core is a valid check of the
     machinery), but their step times measure the cores' sharing, not the strategy."""
     if machine.device is not DeviceKind.CPU:
         return None
     cores = machine.devices_per_node
-    over = [(spec.ranks_per_node * threads_per_rank(spec), spec) for spec in specs
-            if spec.ranks_per_node * threads_per_rank(spec) > cores]
+    sharing = ranks_on_a_machine or (lambda spec: spec.ranks_per_node)
+    over = [(sharing(spec) * threads_per_rank(spec), spec) for spec in specs
+            if sharing(spec) * threads_per_rank(spec) > cores]
     if not over:
         return None
     threads, worst = max(over, key=lambda pair: pair[0])
-    return (f"{len(over)} CPU cell(s) run more rank threads on a node than its {cores} core(s), up to {threads} "
-            f"({worst.label}: {worst.ranks_per_node} rank(s) per node x {threads_per_rank(worst)} thread(s)); "
+    shared = sharing(worst) != worst.ranks_per_node     # nodes that are one machine (an emulated cluster)
+    where, each = ("this machine", "rank(s) on its nodes together") if shared else ("a node", "rank(s) per node")
+    return (f"{len(over)} CPU cell(s) run more rank threads on {where} than its {cores} core(s), up to {threads} "
+            f"({worst.label}: {sharing(worst)} {each} x {threads_per_rank(worst)} thread(s)); "
             f"their step times measure the sharing of the cores, not the strategy")

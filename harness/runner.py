@@ -3,8 +3,10 @@
     python -m harness run --matrix smoke
 
 Each row is appended as soon as its cell ends, so an interrupted run keeps everything already measured,
-and `resume` picks it up again: launches already recorded `ok` in the results file are not repeated, and
-a launch whose measurements reached its cell folder but whose row never reached the results file (the
+and `resume` picks it up again: launches already recorded `ok` in the results file under the same
+conditions (harness.derive.identity: the link rate, placement and host type are part of a cell) are not
+repeated, nor are those recorded `skipped` while the reason still holds (their row is not appended again),
+and a launch whose measurements reached its cell folder but whose row never reached the results file (the
 append failed, or the harness was killed first) is recorded from its folder without running it again.
 A failed append ends the run with AppendError, naming the folder that keeps the cell's measurements.
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from harness.derive.identity import cell_identity, identity_of
 from harness.environment import capture_environment
 from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
 from harness.launch.placement import LocalPlacement, Placement
@@ -47,46 +50,99 @@ class RunOptions:
             raise SpecError(f"timeout_s must be a positive, finite number of seconds, got {self.timeout_s!r}")
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What a run will do, known before its first launch: the header's counts."""
+
+    cells: int
+    launches: int                 # launches to run now
+    recorded: int                 # launches a resumed run finds already recorded (ok, or skipped and still so)
+    recovered: int                # launches a resumed run records from their cell folders without running
+
+
+def run_environment(options: RunOptions) -> dict[str, Any]:
+    """The environment every row of the run records: versions, hardware, and where its cells run (the
+    placement's name and an emulated cluster's record), which are part of each cell's identity."""
+    environment = {**capture_environment(freeze_dir=options.results.parent), "placement": options.placement.name}
+    if options.emulated_network is not None:
+        environment["emulated_network"] = options.emulated_network
+    return environment
+
+
 def run_specs(specs: Sequence[RunSpec], options: RunOptions,
               on_result: Callable[[RunResult], None] | None = None,
-              on_start: Callable[[RunSpec, int], None] | None = None) -> list[RunResult]:
+              on_start: Callable[[RunSpec, int], None] | None = None,
+              on_plan: Callable[[Planned], None] | None = None) -> list[RunResult]:
     """Launch every repeat of every cell in order; returns the rows of this call, with the rows a resumed
-    run found already recorded (or recovered from cell folders) in their place. Raises AppendError, naming
-    where the launch's own record is kept, when its row cannot be appended."""
-    environment = capture_environment(freeze_dir=options.results.parent)
-    if options.emulated_network is not None:
-        environment = {**environment, "emulated_network": options.emulated_network}
+    run found already recorded in their place. `on_plan` hears what will run before anything does,
+    `on_start` each launch as it starts, `on_result` each row appended (a launch's, or one recovered from its
+    cell folder), never a row that was already recorded. Raises AppendError, naming where the launch's own
+    record is kept, when its row cannot be appended."""
+    environment = run_environment(options)
     existing = read_results([options.results]) if options.results.exists() else []
-    with_row = {(r.spec.cell_id, r.repeat) for r in existing}
-    recorded = {(r.spec.cell_id, r.repeat): r for r in existing if options.resume and r.status is Status.OK}
-    results = []
+    # A cell is its spec under the run's conditions (harness.derive.identity): a row of the same spec at
+    # another link rate, placement or host type is another cell's, never reused.
+    with_row = {(_identity(r.spec, r.environment), r.repeat) for r in existing}
+    kept = _kept_on_resume(existing) if options.resume else {}
+    steps = []
     for spec in specs:
+        identity = _identity(spec, environment)
         for repeat in range(spec.repeats):
-            if (spec.cell_id, repeat) in recorded:
-                results.append(recorded[spec.cell_id, repeat])
-                if on_result is not None:
-                    on_result(recorded[spec.cell_id, repeat])
-                continue
-            cell_dir = launch_dir(options.results, spec, repeat)
+            cell_dir = launch_dir(options.results, spec, repeat, environment=environment)
+            recorded = kept.get((identity, repeat))
+            if recorded is not None and recorded.status is Status.SKIPPED and not _skip_reason(spec):
+                recorded = None            # what made it skip is gone (a library installed): run it now
+            recovered = None
             # A launch with a row of any status keeps its verdict: only a missing row is recovered.
-            result = None
-            if options.resume and (spec.cell_id, repeat) not in with_row:
-                result = recover_from_cell_dir(spec, repeat, cell_dir, environment)
-            if result is None:
-                if on_start is not None:
-                    on_start(spec, repeat)
-                _clear_outcome(cell_dir)
-                result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
-                                  environment=environment, placement=options.placement)
-            result = _with_user_peak(result, options.peak_flops_per_s)
-            try:
-                append_row(options.results, result)
-            except AppendError as error:
-                raise AppendError(f"{error}. {_where_kept(result, cell_dir)}") from error
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+            if recorded is None and options.resume and (identity, repeat) not in with_row:
+                recovered = recover_from_cell_dir(spec, repeat, cell_dir, environment)
+            steps.append((spec, repeat, cell_dir, recorded, recovered))
+    if on_plan is not None:
+        on_plan(Planned(cells=len(specs), launches=sum(r is None and v is None for *_, r, v in steps),
+                        recorded=sum(r is not None for *_, r, _ in steps),
+                        recovered=sum(v is not None for *_, v in steps)))
+    results = []
+    for spec, repeat, cell_dir, recorded, result in steps:
+        if recorded is not None:
+            results.append(recorded)
+            continue
+        if result is None:
+            if on_start is not None:
+                on_start(spec, repeat)
+            _clear_outcome(cell_dir)
+            result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
+                              environment=environment, placement=options.placement)
+        result = _with_user_peak(result, options.peak_flops_per_s)
+        try:
+            append_row(options.results, result)
+        except AppendError as error:
+            raise AppendError(f"{error}. {_where_kept(result, cell_dir)}") from error
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
     return results
+
+
+def _identity(spec: RunSpec, environment: dict[str, Any]) -> str:
+    return identity_of(spec.to_dict(), environment)
+
+
+def _kept_on_resume(existing: Sequence[RunResult]) -> dict[tuple[str, int], RunResult]:
+    """The row each launch (cell, repeat) keeps on resume: its ok row, else its skipped row (a skip is the
+    machine's answer, which launching again would only append a second time); failed, oom and timeout
+    launches run again."""
+    kept: dict[tuple[str, int], RunResult] = {}
+    for row in existing:
+        key = (_identity(row.spec, row.environment), row.repeat)
+        if row.status is Status.OK or (row.status is Status.SKIPPED and key not in kept):
+            kept[key] = row
+    return kept
+
+
+def _skip_reason(spec: RunSpec) -> str | None:
+    from harness.strategies import get_strategy
+
+    return get_strategy(spec.strategy).skip_reason(spec)
 
 
 def recover_from_cell_dir(spec: RunSpec, repeat: int, cell_dir: Path,
@@ -106,6 +162,7 @@ def recover_from_cell_dir(spec: RunSpec, repeat: int, cell_dir: Path,
         started = datetime.fromtimestamp((cell_dir / SPEC_FILE).stat().st_mtime, timezone.utc)
     except (OSError, ValueError, KeyError, TypeError, SpecError):   # not a whole launch's folder: run it
         return None
+    # The folder is named by the cell's identity under the run's conditions; its spec must be this one too.
     if recorded_spec.cell_id != spec.cell_id or not isinstance(measurements, dict):
         return None
     return RunResult(spec=recorded_spec, status=Status.OK, run_id=uuid.uuid4().hex, repeat=repeat,
@@ -176,7 +233,7 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
     header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'stalled':>8} "
               f"{'exposed':>8} {'loss first->last':>18} {'parity':>12}  samples/s interval")
     lines = [header, "-" * len(header)]
-    losses = {row["cell_id"]: row["measurements"]["loss_per_step"] for row in rows if row.get("status") == "ok"}
+    losses = {cell_identity(row): row["measurements"]["loss_per_step"] for row in rows if row.get("status") == "ok"}
     for cell in cells.to_dict("records"):
         label = cell["label"][:52]
         if not cell["ok"]:

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from harness.derive.identity import identity_of
+
 # Bump when a row's meaning changes; readers refuse rows from a newer schema. 2: rows hold measurements and
 # the strategy's facts only; every derived figure is computed when rows are read (harness.derive), and rows
 # of schema 1 (which also stored figures derived in the rank) still read.
@@ -156,7 +158,8 @@ class RunSpec:
 
     @property
     def cell_id(self) -> str:
-        """Stable identity of the cell: every field but `repeats` (rows of one cell are its repeats)."""
+        """Stable identity of the spec: every field but `repeats` (rows of one cell are its repeats). A row's
+        cell is this spec under its conditions (network, placement, host type): harness.derive.identity."""
         identity = self.to_dict()
         identity.pop("repeats")
         canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
@@ -194,14 +197,15 @@ class RunResult:
         object.__setattr__(self, "status", _choice(Status, self.status, "status"))
 
     def to_dict(self) -> dict[str, Any]:
+        spec = self.spec.to_dict()
         return {
             "schema_version": self.schema_version,
             "run_id": self.run_id,
-            "cell_id": self.spec.cell_id,
+            "cell_id": identity_of(spec, self.environment),
             "repeat": self.repeat,
             "status": self.status.value,
             "message": self.message,
-            "spec": self.spec.to_dict(),
+            "spec": spec,
             "measurements": self.measurements,
             "environment": self.environment,
             "launch_command": self.launch_command,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.derive.identity import cell_identity
 from harness.emulate.network import EmulatedNetwork, burst_bytes, check_can_emulate, emulated_network, parse_rate
 from harness.record import COMMBENCH_KIND, read_results, read_rows
 from harness.spec import SpecError, Status
@@ -145,6 +146,10 @@ def test_a_ddp_cell_and_the_collective_benchmark_run_across_the_nodes_and_record
     assert network["link_rate_bits_per_s"] == 400e6 and network["nodes"] == 2 and network["shaper"] == "tc tbf"
     assert network["tcp_congestion_control"] == "reno"
     assert row.spec.nnodes == 2
+    # One rank on each node's namespace, both on this machine (one kernel): its cores carry the two of them.
+    assert row.environment["placement"] == "emulated"
+    assert row.measurements["ranks_on_host_by_rank"] == [1, 1]
+    assert row.measurements["ranks_on_machine_by_rank"] == [2, 2]
     nodes = [command[3] for command in row.to_dict()["node_launch_commands"]]
     assert len(set(nodes)) == 2 and all(name.startswith("pb") for name in nodes)
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(nodes[0]) == 0
@@ -155,6 +160,7 @@ def test_a_ddp_cell_and_the_collective_benchmark_run_across_the_nodes_and_record
     again = read_results([out])[-1]
     assert again.status is Status.OK and again.run_id != row.run_id and again.spec == row.spec
     assert again.environment["emulated_network"]["link_rate_bits_per_s"] == 400e6
+    assert cell_identity(again.to_dict()) == cell_identity(row.to_dict())     # the same cell, launched again
     assert {command[3] for command in again.to_dict()["node_launch_commands"]}.isdisjoint(nodes)
 
     comm = tmp_path / "comm.jsonl"

@@ -16,7 +16,7 @@ import pytest
 
 from harness.cli import main
 from harness.launch.cell import launch_dir
-from harness.launch.dry_run import describe_plan
+from harness.launch.dry_run import describe_plan, planned_environment
 from harness.launch.placement import Host, HostfilePlacement, LocalPlacement, SlurmPlacement, make_placement
 from harness.launch.placement.base import free_port
 from harness.launch.plan import LaunchError
@@ -127,7 +127,8 @@ def test_horovodrun_runs_once_on_the_first_host_and_every_host_is_swept(tmp_path
     assert (np, hosts) == ("32", "gpu-a:8,gpu-b:8,gpu-c:8,gpu-d:8")
     # Clean-up reaches the hosts horovodrun reached over ssh, not only the one it was started on.
     assert [c[0] for c in cell.cleanup] == [f"node {i} ({host})" for i, host in enumerate(HOSTS)]
-    spec_file = launch_dir(tmp_path / "rows.jsonl", HOSTFILE.place(SPECS["horovodrun"]), 0) / "spec.json"
+    spec_file = launch_dir(tmp_path / "rows.jsonl", HOSTFILE.place(SPECS["horovodrun"]), 0,
+                           environment=planned_environment(HOSTFILE)) / "spec.json"
     for host, (_, argv) in zip(HOSTS, cell.cleanup):
         assert argv[:4] == ["ssh", "-p", "2222", host] and argv[4].startswith("pkill -KILL -f ")
         assert re.escape(str(spec_file)) in argv[4]

@@ -37,6 +37,8 @@ def plain_spec():
 # The environment a run captures, as a stand-in: capture_environment asks git for the checkout's state in a
 # subprocess, and these tests start no process (tests/launch_guard.py).
 ENVIRONMENT_NOW = {"python": "captured by this run"}
+# What the run's rows record: the capture and where the cells ran (part of each cell's identity).
+RUN_ENVIRONMENT = {**ENVIRONMENT_NOW, "placement": "local"}
 
 
 def test_an_append_cut_short_by_the_file_size_limit_leaves_the_file_byte_identical(tmp_path):
@@ -133,7 +135,7 @@ def write_cell_folder(cell_dir: Path, spec, measurements: dict) -> None:
 def test_resume_records_a_row_from_its_cell_folder_without_launching(tmp_path, monkeypatch):
     spec = plain_spec()
     out = tmp_path / "rows with space.jsonl"
-    cell_dir = launch_dir(out, spec, 0)
+    cell_dir = launch_dir(out, spec, 0, environment=RUN_ENVIRONMENT)
     measured = {"loss_per_step": [4.5, 4.25], "samples_per_s": 100.0, "samples_per_s_per_device": 100.0,
                 "train_flops_per_sample": 1e6, "device_name": "cpu"}
     write_cell_folder(cell_dir, spec, measured)
@@ -151,7 +153,7 @@ def test_resume_records_a_row_from_its_cell_folder_without_launching(tmp_path, m
     assert {k: recorded.measurements[k] for k in measured} == measured
     assert recorded.launch_command == ["OMP_NUM_THREADS=1", "/usr/bin/python3", "-m", "harness.rank.worker",
                                        "--spec", f"{cell_dir}/spec.json", "--out", str(cell_dir)]
-    assert recorded.environment == ENVIRONMENT_NOW      # the resuming run's, not the folder's
+    assert recorded.environment == RUN_ENVIRONMENT      # the resuming run's, not the folder's
 
 
 @pytest.mark.parametrize("recorded, error_report", [
@@ -162,7 +164,7 @@ def test_resume_relaunches_a_cell_whose_folder_does_not_hold_a_missing_ok_row(tm
                                                                                recorded, error_report):
     spec = plain_spec()
     out = tmp_path / "rows.jsonl"
-    cell_dir = launch_dir(out, spec, 0)
+    cell_dir = launch_dir(out, spec, 0, environment=RUN_ENVIRONMENT)
     write_cell_folder(cell_dir, spec, {"loss_per_step": [4.5, 4.25]})
     if error_report:
         (cell_dir / "rank1.error.json").write_text('{"status": "failed", "message": "rank 1: boom"}')

@@ -11,7 +11,8 @@ from harness.derive.rows import load_rows;
 
 `launch_table` gives one line per launch (any status) with its spec, step-time medians and throughput on
 the basis chosen for the whole set (harness.derive.throughput), memory, communication, exposed time and
-MFU. `cell_table` folds the launches of each cell: the median across ok launches, the interval of the
+MFU. `cell_table` folds the launches of each cell (its spec under its conditions, harness.derive.identity:
+the same spec at another link rate, placement or host type is another cell, labelled apart): the median across ok launches, the interval of the
 throughput that their number supports, the parity verdict judged over every row given, and the scaling efficiencies. The console
 summary (`harness run`), `harness report` and the asv suite read these tables and nothing else, so a
 figure means the same wherever it is shown.
@@ -26,7 +27,9 @@ import pandas as pd
 
 from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
-from harness.derive.hosts import cell_host_load, host_load
+from harness.derive.hosts import cell_host_load, row_host_load
+from harness.derive.identity import (cell_identity, conditions_id, distinguishing_suffixes, emulation_text,
+                                     row_conditions)
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
 from harness.derive.parity import judge
@@ -42,7 +45,8 @@ CELL_FIELDS = ["workload", "strategy", "options", "world_size", "nnodes", "globa
 def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     s, m = spec(row), measurements(row)
     record: dict[str, Any] = {
-        "run_id": row.get("run_id"), "cell_id": row.get("cell_id"), "label": label(row),
+        "run_id": row.get("run_id"), "cell_id": cell_identity(row), "conditions_id": conditions_id(row),
+        "label": label(row),
         "repeat": row.get("repeat", 0), "status": row.get("status"), "message": row.get("message", ""),
         "schema_version": row.get("schema_version"), "started_at": row.get("started_at"),
         "wall_time_s": row.get("wall_time_s"), "options": options_text(row), "shared_device": shared_device(row),
@@ -57,7 +61,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(_communication(m))
     record.update(_exposed(m))
     record.update(_mfu(row, record))
-    record.update(host_load(measurements(row)))
+    record.update(row_host_load(row))
     return record
 
 
@@ -67,13 +71,28 @@ def launch_table(rows: Sequence[Row], basis: Basis | None = None, context: Seque
     basis = basis or throughput_basis(rows)
     shown_ids = {row.get("run_id") for row in rows}
     verdicts = judge(list(rows) + [row for row in context if row.get("run_id") not in shown_ids])
+    shown = condition_labels(rows)
     records = []
     for row, parity in zip(rows, verdicts):
         record = launch_record(row, basis)
+        record.update(shown[record["cell_id"]])
         record.update({"parity_verdict": parity.verdict.value, "parity_failed": ",".join(parity.failed),
                        "parity_note": parity.note})
         records.append(record)
     return pd.DataFrame(records)
+
+
+def condition_labels(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
+    """Per cell (harness.derive.identity): its label with the conditions a reader must see to tell it from
+    the other cells of `rows` ("@50Mbit/s" on an emulated cluster's; the host type or placement where cells
+    of one spec differ in them), those conditions alone (`conditions`), and `emulation`, what an emulated
+    cell's figures are (None on real hosts)."""
+    cells: dict[str, tuple[str, dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault(cell_identity(row), (label(row), row_conditions(row)))
+    suffixes = distinguishing_suffixes(list(cells.values()))
+    return {identity: {"label": name + suffix, "conditions": suffix.strip(), "emulation": emulation_text(conditions)}
+            for (identity, (name, conditions)), suffix in zip(cells.items(), suffixes)}
 
 
 def _memory(m: dict) -> dict[str, Any]:
@@ -136,7 +155,9 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
         first = group.iloc[0]
         ok = group[group["status"] == "ok"]
         line = {name: first[name] for name in CELL_FIELDS}
-        line.update({"cell_id": cell_id, "label": first["label"], "launches": len(group), "ok": len(ok),
+        line.update({"cell_id": cell_id, "label": first["label"], "conditions_id": first["conditions_id"],
+                     "conditions": first["conditions"], "emulation": first["emulation"],
+                     "launches": len(group), "ok": len(ok),
                      "status": ("ok" if len(ok) == len(group) else str(first["status"]) if ok.empty else "partial"),
                      "message": "" if not ok.empty else first["message"], "throughput_basis": basis.value})
         for column in MEDIAN_COLUMNS:

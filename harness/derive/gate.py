@@ -68,7 +68,8 @@ from dataclasses import dataclass
 from math import comb
 from typing import Any, Callable, Mapping, Sequence
 
-from harness.derive.cells import launch_record
+from harness.derive.cells import condition_labels, launch_record
+from harness.derive.identity import cell_identity, describe_differences, row_conditions, spec_id
 from harness.derive.rows import Row
 from harness.derive.throughput import Basis
 from harness.spec import DeviceKind
@@ -259,18 +260,25 @@ def threshold_for(metric: GateMetric, device: DeviceKind, overrides: Mapping[str
 def gate(base: Sequence[Row], new: Sequence[Row], thresholds: Mapping[str, float] | None = None,
          alpha: float = DEFAULT_ALPHA) -> GateResult:
     """Judge every metric of every cell that has ok launches in both `base` and `new` (raw rows; cells
-    matched by spec identity, the rows' `cell_id`: everything but the repeat count); `thresholds` overrides
-    by metric name."""
+    matched by identity, harness.derive.identity: the spec but its repeat count, and the link rate,
+    placement and host type it was measured under); `thresholds` overrides by metric name."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     overrides = check_thresholds(thresholds)
-    sides = {"base": _by_cell(base), "new": _by_cell(new)}
-    labels = {cell: rows[0]["label"] for cells in sides.values() for cell, rows in cells.items()}
+    raw = {"base": [_as_row(row) for row in base], "new": [_as_row(row) for row in new]}
+    sides = {side: _by_cell(rows) for side, rows in raw.items()}
+    # A cell is its spec under its conditions (harness.derive.identity): launches at another link rate,
+    # placement or host type are never matched, and the label says which conditions a line is.
+    shown = condition_labels(raw["base"] + raw["new"])
+    labels = {cell: shown[cell]["label"] for cells in sides.values() for cell in cells}
+    elsewhere = {side: _conditions_by_spec(rows) for side, rows in raw.items()}
+    first_row = {cell_identity(row): row for row in reversed(raw["base"] + raw["new"])}
     values, not_compared = [], []
     for cell in sorted(labels, key=labels.__getitem__):
         rows = {side: cells.get(cell, []) for side, cells in sides.items()}
         ok = {side: [r for r in launches if r["status"] == "ok"] for side, launches in rows.items()}
-        missing = [f"{_describe_missing(rows[side])} on the {side} side" for side in sides if not ok[side]]
+        missing = [f"{_describe_missing(rows[side])} on the {side} side"
+                   + _other_conditions(first_row[cell], elsewhere[side]) for side in sides if not ok[side]]
         if missing:
             not_compared.append((labels[cell], "; ".join(missing)))
             continue
@@ -283,14 +291,37 @@ def gate(base: Sequence[Row], new: Sequence[Row], thresholds: Mapping[str, float
     return GateResult(judge_metrics(values, alpha), not_compared, alpha, _family_size(values))
 
 
+def _as_row(row: Any) -> Row:
+    return row.to_dict() if hasattr(row, "to_dict") else row      # a RunResult in hand is a row too
+
+
 def _by_cell(rows: Sequence[Row]) -> dict[str, list[Launch]]:
-    """Each row's derived launch record, by cell. The step-time metric uses the unstalled median whatever
-    the basis, so the basis given here only fixes which throughput the record also carries."""
+    """Each row's derived launch record, by cell (its identity, recomputed from the row). The step-time
+    metric uses the unstalled median whatever the basis, so the basis given here only fixes which
+    throughput the record also carries."""
     cells: dict[str, list[Launch]] = {}
     for row in rows:
-        row = row.to_dict() if hasattr(row, "to_dict") else row      # a RunResult in hand is a row too
-        cells.setdefault(row["cell_id"], []).append(launch_record(row, Basis.UNSTALLED))
+        cells.setdefault(cell_identity(row), []).append(launch_record(row, Basis.UNSTALLED))
     return cells
+
+
+def _conditions_by_spec(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
+    """spec -> {cell: its conditions} of one side's rows."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        found.setdefault(spec_id(row), {})[cell_identity(row)] = row_conditions(row)
+    return found
+
+
+def _other_conditions(row: Row, side: Mapping[str, dict[str, Any]]) -> str:
+    """Where a side has the spec of `row`'s cell under other conditions only, which ones, so that the reader
+    sees why its launches were not matched."""
+    cell = cell_identity(row)
+    others = [conditions for other, conditions in side.get(spec_id(row), {}).items() if other != cell]
+    if not others:
+        return ""
+    return (f" (it has this spec measured under other conditions, never compared across them: "
+            f"{describe_differences(row_conditions(row), others[0])})")
 
 
 def _describe_missing(rows: list[Launch]) -> str:

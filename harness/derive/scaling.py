@@ -11,6 +11,9 @@ default), and the plain single-device loop with no wrapper (what scaling buys ov
 all, so a wrapper's own overhead shows). One exception: a pipeline's `stages` grows with the world size
 by construction (a 1-rank pipeline has one stage), so it is not part of the reference's identity.
 1.0 is perfect; rows on a shared device and cells without a reference get NaN (no figure), never 0.
+A reference is measured under the cell's own conditions (`conditions_id`, harness.derive.identity: link
+rate, placement, host type): a world-size-1 cell on another machine, or beside another emulated link,
+never serves.
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ def scaling_efficiency(cells: pd.DataFrame) -> pd.DataFrame:
     references."""
     cells = cells.copy()
     cells["_reference_options"] = cells["options"].fillna("").map(reference_options)
+    # Tables built without identities (one set of conditions) have no column: one value for all.
+    cells["_conditions"] = cells["conditions_id"] if "conditions_id" in cells else ""
+    same_computation = SAME_COMPUTATION + ["_conditions"]
     usable = cells[~cells["shared_device"].astype(bool) & cells["samples_per_s"].notna()]
     ws1 = usable[usable["world_size"] == 1]
-    same = ws1.groupby(SAME_COMPUTATION + ["strategy", "_reference_options", "global_batch"])["samples_per_s"].median()
-    plain = ws1[ws1["strategy"] == "plain"].groupby(SAME_COMPUTATION + ["global_batch"])["samples_per_s"].median()
+    same = ws1.groupby(same_computation + ["strategy", "_reference_options", "global_batch"])["samples_per_s"].median()
+    plain = ws1[ws1["strategy"] == "plain"].groupby(same_computation + ["global_batch"])["samples_per_s"].median()
 
     def efficiency(row: pd.Series, reference: pd.Series, with_strategy: bool, weak: bool) -> float:
         if row["shared_device"] or pd.isna(row["samples_per_s"]):
@@ -44,7 +50,7 @@ def scaling_efficiency(cells: pd.DataFrame) -> pd.DataFrame:
         batch = row["global_batch"] // row["world_size"] if weak else row["global_batch"]
         if weak and batch * row["world_size"] != row["global_batch"]:
             return float("nan")
-        key = (tuple(row[k] for k in SAME_COMPUTATION)
+        key = (tuple(row[k] for k in same_computation)
                + ((row["strategy"], row["_reference_options"]) if with_strategy else ()) + (batch,))
         base = reference.get(key)
         if base is None or not base:
@@ -54,4 +60,4 @@ def scaling_efficiency(cells: pd.DataFrame) -> pd.DataFrame:
     for weak, kind in ((False, "strong"), (True, "weak")):
         cells[f"{kind}_efficiency_vs_ws1"] = cells.apply(efficiency, axis=1, args=(same, True, weak))
         cells[f"{kind}_efficiency_vs_plain"] = cells.apply(efficiency, axis=1, args=(plain, False, weak))
-    return cells.drop(columns="_reference_options")
+    return cells.drop(columns=["_reference_options", "_conditions"])

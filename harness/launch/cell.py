@@ -16,8 +16,9 @@ import signal
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from harness.derive.identity import conditions_of, identity_of, network_tag
 from harness.launch.launcher import Launcher
 from harness.launch.placement import LocalPlacement, Placement
 from harness.launch.plan import CELL_TOKEN_ENV, SPEC_FILE, LaunchError, launch_environment, launcher_of, plan_launch
@@ -36,10 +37,14 @@ def cells_dir(results: Path) -> Path:
     return results.with_name(results.stem + "-cells")
 
 
-def launch_dir(results: Path, spec: RunSpec, repeat: int) -> Path:
-    """The folder of one launch of a cell, beside the results file its row goes to."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.label)[:80]
-    return cells_dir(results) / f"{slug}-{spec.cell_id}-r{repeat}"
+def launch_dir(results: Path, spec: RunSpec, repeat: int, *, environment: Mapping[str, Any]) -> Path:
+    """The folder of one launch of a cell, beside the results file its row goes to: named by the cell's
+    identity under the run's `environment` (harness.derive.identity), so that the same spec run at another
+    link rate, placement or host type gets folders of its own instead of overwriting these."""
+    spec_fields = spec.to_dict()
+    tag = network_tag(conditions_of(spec_fields, environment))
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.label + tag)[:80]
+    return cells_dir(results) / f"{slug}-{identity_of(spec_fields, environment)}-r{repeat}"
 
 
 def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, environment: dict[str, Any],

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
+from harness.environment import host_type
 from harness.launch.cell import launch_dir
 from harness.launch.placement import Placement
 from harness.launch.placement.base import PORT_AT_LAUNCH
@@ -26,6 +27,11 @@ from harness.strategies import get_strategy
 
 TOKEN_AT_LAUNCH = "<token>"
 FILE_LINE = "    | "      # prefix of each line of a file the launch would write
+
+
+def planned_environment(placement: Placement) -> dict:
+    """What a run here would record of its conditions (harness.derive.identity), which name its folders."""
+    return {**host_type(), **placement.recorded()}
 
 
 def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Path, timeout_s: float) -> str:
@@ -41,9 +47,10 @@ def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Pa
     lines.append("clean-up: when a launch ends, every process here that carries its marker is killed, then its "
                  "clean-up commands run")
     skipped: Counter[str] = Counter()
+    environment = planned_environment(placement)
     for spec in specs:
         launcher = launcher_of(spec)
-        cell_dir = launch_dir(results, spec, 0)
+        cell_dir = launch_dir(results, spec, 0, environment=environment)
         plan = plan_launch(spec, placement, cell_dir=cell_dir, port=port if launcher.uses_port else "",
                            environment=launch_environment(spec, TOKEN_AT_LAUNCH), timeout_s=timeout_s)
         lines += ["", f"{spec.label} x{spec.repeats}: {launcher.name}, {spec.nnodes} node(s) x "

@@ -70,6 +70,7 @@ import numpy as np
 
 from harness.derive.comm import wire_bytes
 from harness.derive.exposed import exposed_communication, slowest_rank_per_step, stalled_steps
+from harness.derive.identity import conditions_id, distinguishing_suffixes, row_conditions
 from harness.derive.memory import ModelStatePlan, plan_bytes
 from harness.derive.rows import is_ok, measurements, options_text, shared_device, spec
 from harness.project.cluster import Cluster
@@ -149,11 +150,13 @@ class Basis:
     compute_source: str = "given"      # where compute_s came from
     run_ids: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    conditions: str = ""               # what tells it from a basis of the same cell measured elsewhere ("@50Mbit/s")
 
     @property
     def label(self) -> str:
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
-        return f"{self.workload}/{self.strategy}" + (f"[{options}]" if options else "") + f"/{self.precision}"
+        return (f"{self.workload}/{self.strategy}" + (f"[{options}]" if options else "") + f"/{self.precision}"
+                + self.conditions)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,8 +413,11 @@ def _traffic_bytes(m: Mapping[str, Any], parameters: int) -> tuple[int, int]:
 
 
 def _group_key(row: Mapping[str, Any]) -> tuple:
+    # The conditions (harness.derive.identity: link rate, placement, host type) keep a strategy measured at
+    # 50 Mbit/s from being merged with the same strategy at 1 Gbit/s into one basis.
     s = spec(row)
-    return (s["workload"], s["strategy"], options_text(row), s["precision"], s["micro_batch"], s["device"])
+    return (s["workload"], s["strategy"], options_text(row), s["precision"], s["micro_batch"], s["device"],
+            conditions_id(row))
 
 
 def one_device_step(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -433,8 +439,8 @@ ComputeFactor = Callable[[Mapping[str, Any], int], float]
 def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
                     measuring_host: Calibration | None = None,
                     compute_factor: ComputeFactor | None = None) -> tuple[list[Basis], list[str]]:
-    """One basis per strategy cell (workload, strategy, options, precision, micro-batch, device): its ok,
-    unshared rows at the largest world size measured, where the counted schedule and the overlap are
+    """One basis per strategy cell (workload, strategy, options, precision, micro-batch, device) and set of
+    conditions it was measured under: its ok, unshared rows at the largest world size measured, where the counted schedule and the overlap are
     nearest the targets, and its world-size-1 rows where there are some (they give the compute). 
     `measuring_host` (a calibration of the host the rows ran on) prices the measured schedule for f.
     Returns the bases and one note per cell left out."""
@@ -444,12 +450,15 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
         if is_ok(row) and not shared_device(row):
             groups.setdefault(_group_key(row), []).append(row)
     bases = []
+    tags = dict(zip(groups, distinguishing_suffixes([(str(key[:-1]), row_conditions(members[0]))
+                                                      for key, members in groups.items()])))
     for key, members in groups.items():
         top = max(spec(r)["world_size"] for r in members)
         chosen = [r for r in members if spec(r)["world_size"] == top]
-        label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "")
+        label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "") + tags[key]
         try:
-            bases.append(_basis(chosen, facts, measuring_host, one_device_step(members), compute_factor))
+            bases.append(replace(_basis(chosen, facts, measuring_host, one_device_step(members), compute_factor),
+                                 conditions=tags[key]))
         except SpecError as error:
             skipped.append(f"{label}: {error}")
     return bases, skipped
@@ -610,6 +619,7 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
         "kind": PROJECTION_KIND, "status": PROJECTED, "projection_id": uuid.uuid4().hex,
         "created_utc": created or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "workload": b.workload, "strategy": b.strategy, "options": dict(b.options), "precision": b.precision,
+        "measured_under": b.conditions,
         "scaling": point.scaling.value, "world_size": point.world_size, "global_batch": point.global_batch,
         "per_device_batch": point.per_device_batch, "micro_batches_per_step": point.micro_batches,
         "compute_s": point.compute_s, "comm_s": point.comm_s, "exposed_comm_s": point.exposed_s,

@@ -13,9 +13,11 @@ anything is computed or written.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from harness.derive.identity import describe_differences, network_of, network_tag
 from harness.project.cluster import load_cluster
 from harness.project.collectives import ClusterModel, CommModel
 from harness.project.facts import REGISTRY_FACTS
@@ -61,6 +63,23 @@ def describe_choice(model: ClusterModel) -> str:
     forced = ", ".join(f"{c}={a}" for c, a in model.algorithms.items())
     return (f"library {model.library}: each call by its least modelled time among the library's algorithms"
             + (f", except {forced} (forced)" if forced else ""))
+
+
+def check_one_network(rows: Sequence[Mapping], comm_records: Sequence[Mapping]) -> None:
+    """The --comm rows price the measured rows' communication, for the overlap f each basis carries: they
+    must be of the network the rows ran on, and that network one (harness.derive.identity), or f would set one
+    link's measured time against another's priced time. SpecError in one line otherwise."""
+    networks = {json.dumps(network_of(row), sort_keys=True): network_of(row) for row in rows}
+    calibrated = {json.dumps(network_of(record), sort_keys=True): network_of(record) for record in comm_records}
+    if len(networks) > 1:
+        tags = ", ".join(network_tag({"network": network}) or "real hosts" for network in networks.values())
+        raise SpecError(f"ROWS were measured on {len(networks)} networks ({tags}) and --comm calibrates one for "
+                        "their overlap: project the rows of one network at a time")
+    if calibrated and set(calibrated) != set(networks):
+        [ours], [theirs] = networks.values(), list(calibrated.values())[:1]
+        raise SpecError("the --comm rows are not of the network ROWS ran on ("
+                        + describe_differences({"network": ours}, {"network": theirs}).replace(" here,", " in ROWS,")
+                        .replace(" there", " in --comm") + "): calibrate the rows' own network")
 
 
 def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
@@ -171,9 +190,13 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
             exposed_fraction=chosen["exposed_fraction"])
     else:
         from harness.derive.rows import load_rows
+        from harness.record import COMMBENCH_KIND, read_rows
 
-        points, skipped = project_rows(load_rows(args.rows), model, world_sizes, scalings,
-                                       measuring_host=calibration, strategies=args.strategies)
+        rows = load_rows(args.rows)
+        if calibration is not None:
+            check_one_network(rows, read_rows([Path(p) for p in args.comm], kind=COMMBENCH_KIND))
+        points, skipped = project_rows(rows, model, world_sizes, scalings, measuring_host=calibration,
+                                       strategies=args.strategies)
     comm_sources = [str(Path(p)) for p in args.comm]
     if args.out:
         for point in points:

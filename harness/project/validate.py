@@ -3,8 +3,10 @@ data that excludes it, and the errors.
 
     scripts/validate-projection.sh results/validation 50mbit 100mbit 200mbit      # measures, then validates
 
-Rows are grouped by network setting: the emulated link rate a row records (environment.emulated_network,
-harness.emulate), or "not emulated". Within a setting, a cell of strategy S at world size N is predicted by
+Rows are grouped by network setting: the conditions a row was measured under (harness.derive.identity: the
+emulated network it records, environment.emulated_network, its placement and host type), named by the link
+rate, or "not emulated"; each is calibrated by the comm rows of its own network. Within a setting, a cell of
+strategy S at world size N is predicted by
 harness.project.projection exactly as it projects measured rows, from:
 
 - the **calibration**: the `harness comm` rows of that setting (collectives among 2 ranks, one per node),
@@ -53,12 +55,14 @@ the model should have predicted: against it, the exposed term's error.
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from harness.derive.identity import conditions_id, distinguishing_suffixes, network_of, network_tag, row_conditions
 from harness.derive.rows import is_ok, measurements, spec
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, fit_calibration
@@ -178,12 +182,29 @@ class Validation:
                 and all(tau >= TAU_BAR for tau in self.taus.values()))
 
 
-def calibrations_by_setting(comm_records: Iterable[Mapping[str, Any]]) -> dict[str, Calibration]:
+def _network_key(record: Mapping[str, Any]) -> str:
+    return json.dumps(network_of(record), sort_keys=True)
+
+
+def calibrations_by_network(comm_records: Iterable[Mapping[str, Any]]) -> dict[str, Calibration]:
+    """A calibration per network the comm rows ran on (harness.derive.identity: its rate, shaping, TCP)."""
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for record in comm_records:
         if record.get("kind") == COMMBENCH_KIND:
-            grouped.setdefault(setting_of(record), []).append(record)
-    return {setting: fit_calibration(records) for setting, records in grouped.items()}
+            grouped.setdefault(_network_key(record), []).append(record)
+    return {network: fit_calibration(records) for network, records in grouped.items()}
+
+
+def _settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The rows by the conditions they were measured under (harness.derive.identity), each named by its
+    link rate, with the conditions that tell it from another setting of the same rate where there is one."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(conditions_id(row), []).append(row)
+    firsts = [members[0] for members in groups.values()]
+    suffixes = distinguishing_suffixes([(setting_of(row), row_conditions(row)) for row in firsts])
+    return {setting_of(row) + suffix[len(network_tag(row_conditions(row))):]: members
+            for row, suffix, members in zip(firsts, suffixes, groups.values())}
 
 
 def _strategy_key(row: Mapping[str, Any]) -> tuple:
@@ -201,14 +222,12 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
     if isinstance(max_source_world_size, bool) or not isinstance(max_source_world_size, int) \
             or max_source_world_size < 2:
         raise SpecError(f"the largest source world size must be a whole number >= 2, got {max_source_world_size!r}")
-    calibrations = calibrations_by_setting(comm_records)
-    by_setting: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        if is_ok(row):
-            by_setting.setdefault(setting_of(row), []).append(row)
+    by_network = calibrations_by_network(comm_records)
+    settings = _settings([row for row in rows if is_ok(row)])
+    calibrations = {setting: by_network.get(_network_key(members[0])) for setting, members in settings.items()}
     # {(setting, strategy key, world size, global batch): the launches of that cell}
     cells: dict[tuple, list[Mapping[str, Any]]] = {}
-    for setting, members in by_setting.items():
+    for setting, members in settings.items():
         for row in members:
             cells.setdefault((setting, _strategy_key(row), spec(row)["world_size"], spec(row)["global_batch"]),
                              []).append(row)

@@ -305,16 +305,30 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
     return figures
 
 
-def _host_load(context: RankContext) -> dict[str, int]:
+def _host_load(context: RankContext) -> dict[str, Any]:
     """What this rank's host carries: the cell's ranks on it (as its launcher told the strategy:
     LOCAL_WORLD_SIZE, LOCAL_SIZE, Horovod's local size; 1 for a single process), this rank's CPU threads,
-    and the host's cores. harness.derive.hosts says from these whether the ranks oversubscribed the host."""
-    return {"ranks": context.local_world_size, "threads": torch.get_num_threads(), "cores": os.cpu_count() or 1}
+    the host's cores, and which machine it is. harness.derive.hosts says from these whether the ranks
+    oversubscribed the machine."""
+    return {"ranks": context.local_world_size, "threads": torch.get_num_threads(), "cores": os.cpu_count() or 1,
+            "machine": _machine_id()}
+
+
+def _machine_id() -> str:
+    """The running kernel's boot id: the same in every network namespace of one machine (an emulated
+    cluster's nodes), different on another machine; the host name where Linux does not give one."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 def _host_load_figures(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
     loads = [r["host_load"] for r in by_rank]
+    machines = [load["machine"] for load in loads]
     return {"ranks_on_host_by_rank": [load["ranks"] for load in loads],
+            # Every rank of the cell on the rank's machine, whatever node its launcher counted it on.
+            "ranks_on_machine_by_rank": [machines.count(machine) for machine in machines],
             "threads_by_rank": [load["threads"] for load in loads],
             "host_cpu_cores_by_rank": [load["cores"] for load in loads]}
 

@@ -23,7 +23,7 @@ import pandas as pd  # noqa: E402
 
 from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
 from harness.derive.rows import Row, is_ok, measurements, spec  # noqa: E402
-from harness.report.verdicts import EXPOSED_DOMINATES, cell_name  # noqa: E402
+from harness.report.verdicts import EXPOSED_DOMINATES, cell_name, shown_name  # noqa: E402
 from harness.spec import DeviceKind  # noqa: E402
 
 MIB = float(1 << 20)
@@ -63,8 +63,15 @@ def _title(rows: pd.DataFrame, workload: str, what: str) -> str:
     return f"{workload} ({devices[0]}): {what}" if len(devices) == 1 else f"{workload}: {what}"
 
 
+def _with_conditions(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with the column that keeps cells measured under other conditions (another link rate, host
+    type: harness.derive.identity) on lines of their own; "" where the table has none."""
+    conditions = rows["conditions"].fillna("") if "conditions" in rows else ""
+    return rows.assign(conditions=conditions)
+
+
 def _cell_label(line) -> str:
-    return f"{cell_name(line)} ws{line['world_size']}"
+    return f"{shown_name(line)} ws{line['world_size']}"
 
 
 def _bytes(size: int) -> str:
@@ -86,12 +93,14 @@ def plot_throughput(summary: pd.DataFrame, workload: str) -> str | None:
     if rows.empty:
         return None
     fig, [[axis]] = figure()
-    for (strategy, options), group in rows.groupby(["strategy", "options"]):
+    for (strategy, options, conditions), group in _with_conditions(rows).groupby(["strategy", "options",
+                                                                                "conditions"]):
         group = group.sort_values("world_size")
         low, high = group["samples_per_s_low"], group["samples_per_s_high"]
         errors = [(group["samples_per_s"] - low).fillna(0), (high - group["samples_per_s"]).fillna(0)]
         axis.errorbar(group["world_size"], group["samples_per_s"], yerr=errors, marker="o", capsize=3,
-                      label=cell_name({"strategy": strategy, "options": options if strategy != "pipeline" else ""}))
+                      label=shown_name({"strategy": strategy, "options": options if strategy != "pipeline" else "",
+                                        "conditions": conditions}))
     axis.set_xlabel("world size")
     axis.set_ylabel("samples/s (median; bars: launches' interval)")
     axis.set_title(_title(rows, workload, "throughput"), fontsize=9)
@@ -207,10 +216,11 @@ def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
     if ok.empty or not kinds:
         return None
     columns = kinds + (["comm_expected_wire_bytes_per_step"] if "comm_expected_wire_bytes_per_step" in ok else [])
-    per_cell = ok.groupby(["strategy", "options", "world_size"], sort=False)[columns].median()
+    ok, cell = _with_conditions(ok), ["strategy", "options", "conditions", "world_size"]
+    per_cell = ok.groupby(cell, sort=False)[columns].median()
     fig, [[volume_axis, exposed_axis]] = figure(2)
     bottom = [0.0] * len(per_cell)
-    labels = [f"{cell_name({'strategy': s, 'options': o})} ws{w}" for s, o, w in per_cell.index]
+    labels = [f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}" for s, o, c, w in per_cell.index]
     for kind in kinds:
         values = (per_cell[kind].fillna(0) / MIB).tolist()
         volume_axis.bar(labels, values, bottom=bottom,
@@ -222,15 +232,16 @@ def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
     volume_axis.set_ylabel("MiB sent per step per rank (wire)")
     volume_axis.set_title(f"{workload}: bytes on the wire", fontsize=9)
     volume_axis.tick_params(axis="x", rotation=45, labelsize=7)
-    exposed = ok.groupby(["strategy", "options", "world_size"], sort=False)["exposed_comm_share"].median() \
+    exposed = ok.groupby(cell, sort=False)["exposed_comm_share"].median() \
         if "exposed_comm_share" in ok else pd.Series(dtype=float)
     exposed = exposed.dropna()
     if not exposed.empty:
-        baselines = ok.groupby(["strategy", "options", "world_size"], sort=False)["compute_only_kind"].first() \
+        baselines = ok.groupby(cell, sort=False)["compute_only_kind"].first() \
             if "compute_only_kind" in ok else pd.Series(dtype=object)
         # A baseline that is not the rank's same work bounds the figure: hatch it so it is not read as one.
         hatches = ["//" if str(baselines.get(cell, "")).startswith("bound") else "" for cell in exposed.index]
-        exposed_axis.bar([f"{cell_name({'strategy': s, 'options': o})} ws{w}" for s, o, w in exposed.index],
+        exposed_axis.bar([f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}"
+                          for s, o, c, w in exposed.index],
                          exposed * 100, hatch=hatches, edgecolor="black", linewidth=0.4, color="tab:purple")
         exposed_axis.axhline(0, color="black", linewidth=0.8)
         exposed_axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,

@@ -53,11 +53,12 @@ class Curve:
     target: str
     target_kind: str
     scaling: str
-    cell: str                   # strategy[options]
+    cell: str                   # strategy[options] and the conditions its basis was measured under
     strategy: str
     options: str
     batch: float                # strong: the global batch; weak: the batch per device
     points: list[Point]
+    measured_under: str = ""    # "@50Mbit/s": the basis's conditions (harness.derive.identity), "" where one set
 
 
 def read_projections(paths: Iterable) -> list[dict[str, Any]]:
@@ -92,19 +93,22 @@ def curves(projections: Sequence[Mapping[str, Any]]) -> list[Curve]:
     for row in projections:
         target, _ = target_label(row)
         options = ",".join(f"{k}={v}" for k, v in sorted((row.get("options") or {}).items()))
-        key = (row["workload"], row.get("precision", ""), target, row["scaling"], row["strategy"], options)
+        # A basis measured under other conditions (another link rate: harness.derive.identity) is its own curve.
+        key = (row["workload"], row.get("precision", ""), target, row["scaling"], row["strategy"], options,
+               row.get("measured_under") or "")
         latest[key + (int(row["world_size"]),)] = row
     grouped: dict[tuple, list[Mapping[str, Any]]] = {}
     for key, row in latest.items():
         grouped.setdefault(key[:-1], []).append(row)
     result = []
-    for (workload, precision, target, scaling, strategy, options), rows in grouped.items():
+    for (workload, precision, target, scaling, strategy, options, measured_under), rows in grouped.items():
         rows = sorted(rows, key=lambda r: r["world_size"])
         batch = rows[0]["global_batch"] if scaling == "strong" else rows[0]["per_device_batch"]
         result.append(Curve(workload=workload, precision=precision, target=target,
                             target_kind=target_label(rows[0])[1], scaling=scaling,
-                            cell=cell_name({"strategy": strategy, "options": options}), strategy=strategy,
-                            options=options, batch=float(batch), points=[efficiency_band(r) for r in rows]))
+                            cell=cell_name({"strategy": strategy, "options": options}) + measured_under,
+                            strategy=strategy, options=options, batch=float(batch),
+                            points=[efficiency_band(r) for r in rows], measured_under=measured_under))
     return result
 
 
@@ -118,6 +122,8 @@ def measured_points(summary: pd.DataFrame, curve: Curve) -> list[tuple[int, floa
                     & (summary["options"].fillna("") == curve.options) & (summary["precision"] == curve.precision)
                     & (summary["status"] == "ok") & ~summary["shared_device"].astype(bool)
                     & summary[column].notna()]
+    if "conditions" in cells:     # the cells measured under the conditions of the curve's basis
+        cells = cells[cells["conditions"].fillna("") == curve.measured_under]
     batch = cells["global_batch"] if curve.scaling == "strong" else cells["global_batch"] / cells["world_size"]
     cells = cells[batch == curve.batch]
     return sorted((int(ws), float(e)) for ws, e in zip(cells["world_size"], cells[column]))

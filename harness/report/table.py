@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.derive.exposed import BOUND_PREFIX
 from harness.derive.throughput import Basis
-from harness.report.verdicts import cell_name
+from harness.report.verdicts import shown_name
 
 NO_INTERVAL = "-"
 MIB = float(1 << 20)
@@ -94,7 +94,7 @@ class Column:
 
 COLUMNS = [
     Column("workload", _text("workload")),
-    Column("strategy", cell_name),
+    Column("strategy", shown_name),
     Column("ranks", _text("world_size")),
     Column("status", _text("status")),
     Column("launches", _launches),

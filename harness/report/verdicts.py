@@ -26,8 +26,9 @@ from harness.spec import DeviceKind
 # computes while waiting: communication, not compute, sets its length.
 EXPOSED_DOMINATES = 0.5
 
-# Cells whose speeds compare: the same work per step on the same kind of device.
-COMPARABLE = ["device", "workload", "precision", "global_batch", "world_size", "nnodes"]
+# Cells whose speeds compare: the same work per step on the same kind of device, under the same conditions
+# (harness.derive.identity: link rate, placement, host type).
+COMPARABLE = ["device", "workload", "precision", "global_batch", "world_size", "nnodes", "conditions_id"]
 
 MIB = float(1 << 20)
 
@@ -91,25 +92,42 @@ def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdi
     partly failed cell the reason its failed launches recorded."""
     if cells.empty:
         return Verdicts(groups=[], parity=["No cell rows."], not_run=[])
+    if "conditions_id" not in cells:      # a table built without identities: one set of conditions
+        cells = cells.assign(conditions_id="")
     groups = [_group(key, group) for key, group in cells.groupby(COMPARABLE, sort=False, dropna=False)]
     return Verdicts(groups=groups, parity=_parity(cells), not_run=_not_run(cells, launches))
 
 
 def cell_name(line: Mapping[str, Any]) -> str:
-    """strategy[options]: unique within a group of comparable cells."""
+    """strategy[options]: unique within a group of comparable cells (whose heading names their conditions)."""
     options = line.get("options") or ""
     return f"{line['strategy']}[{options}]" if options else str(line["strategy"])
 
 
+def shown_name(line: Mapping[str, Any]) -> str:
+    """cell_name and the conditions that tell the cell from others of the table ("@50Mbit/s",
+    harness.derive.identity), for the table's and the plots' lines, which have no heading to say them."""
+    conditions = line.get("conditions")
+    return cell_name(line) + (conditions if isinstance(conditions, str) else "")    # NaN: a missing value
+
+
 def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
-    device, workload, precision, global_batch, world_size, nnodes = key
+    device, workload, precision, global_batch, world_size, nnodes, _ = key
     nodes = f" on {int(nnodes)} nodes" if nnodes and nnodes > 1 else ""
+    first = group.iloc[0].to_dict()
+    conditions = first.get("conditions") if isinstance(first.get("conditions"), str) else ""
     heading = (f"{workload} at {_plural(int(world_size), 'rank')}{nodes} ({device}, {precision}, "
-               f"global batch {int(global_batch)})")
+               f"global batch {int(global_batch)})" + (f" {conditions}" if conditions else ""))
+    emulation = first.get("emulation") if isinstance(first.get("emulation"), str) else ""
+    # Not a cluster's result: the nodes took turns on one machine's cores (issue 33, finding 11).
+    emulated = ([f"Measured on {emulation}: these figures are the emulation's, not a scaling result of "
+                 f"{_plural(int(nnodes), 'node')}; where the ranks outnumber the cores, their compute is "
+                 "time-sliced."] if emulation and nnodes and nnodes > 1 else [])
     ok = group[group["status"].isin(["ok", "partial"])]
     if ok.empty:
-        return GroupVerdict(heading=heading, lines=["No cell here ran (see 'Failed or skipped cells')."])
+        return GroupVerdict(heading=heading, lines=emulated + ["No cell here ran (see 'Failed or skipped cells')."])
     lines, fastest = _fastest(ok)
+    lines = emulated + lines
     memory_line, lowest = _memory(ok, device)
     exposed_line, dominated = _exposed(ok)
     lines += [memory_line, exposed_line]
@@ -131,8 +149,8 @@ def _fastest(ok: pd.DataFrame) -> tuple[list[str], Fastest | None]:
     lines = [fastest.sentence()]
     crowded = [cell_name(line) for line in timed.to_dict("records") if line.get("host_oversubscribed") is True]
     if crowded:
-        lines.append(f"The ranks outnumbered the host's cores for {', '.join(crowded)}: their step times measure "
-                     "the cores' sharing.")
+        lines.append(f"The ranks outnumbered the machine's cores for {', '.join(crowded)}: their step times "
+                     "measure the cores' sharing.")
     return lines, fastest
 
 

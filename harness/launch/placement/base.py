@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import socket
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from harness.launch.plan import LaunchPlan, LaunchRequest, launcher_of
 from harness.spec import RunSpec, SpecError
@@ -59,6 +59,15 @@ class Placement(abc.ABC):
     def place(self, spec: RunSpec, devices_per_node: int | None = None) -> RunSpec:
         """The spec with its node count; raises SpecError where the placement cannot run it."""
         return spec.replace(nnodes=self.nodes_for(spec, self.node_capacity(devices_per_node)))
+
+    def recorded(self) -> dict[str, Any]:
+        """What every row of a run here records of where it ran (part of each cell's identity:
+        harness.derive.identity)."""
+        return {"placement": self.name}
+
+    def ranks_sharing_a_machine(self, spec: RunSpec) -> int:
+        """How many of a cell's ranks share one machine's cores: those of one node."""
+        return spec.ranks_per_node
 
     @abc.abstractmethod
     def describe(self) -> str:

@@ -11,6 +11,7 @@ and those of world size 4 two by two. A cell that no node count divides, and wor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from harness.emulate.network import EmulatedNetwork
 from harness.launch.placement.base import Host
@@ -31,6 +32,13 @@ class EmulatedPlacement(HostfilePlacement):
 
     def describe(self) -> str:
         return self.network.describe() if self.network else super().describe()
+
+    def recorded(self) -> dict[str, Any]:
+        return {**super().recorded(), **({"emulated_network": self.network.record()} if self.network else {})}
+
+    def ranks_sharing_a_machine(self, spec: RunSpec) -> int:
+        # Every node is a namespace of this one machine: all the cell's ranks share its cores.
+        return spec.world_size
 
     def nodes_for(self, spec: RunSpec, ranks_per_node: int | None) -> int:
         if not launcher_of(spec).spans_nodes or self.network is None:
