@@ -163,7 +163,8 @@ def _oversubscribed(flag: Any) -> bool:
 def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str:
     """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
     same figures `harness report` shows). Throughput is the median across ok launches on the table's
-    basis (every timed step, or the unstalled ones where the host stalled some: harness.derive.throughput);
+    basis (every timed step, or the unstalled ones where the host stalled some: harness.derive.throughput),
+    and `step ms` the step it stands for on that same basis (global batch / samples/s on every line);
     `stalled` counts the timed steps the host descheduled; the interval, last on the line, is the one the
     number of launches supports (harness.derive.intervals), with its label. Parity is judged
     (harness.derive.parity) over these rows and every row of `results_file`, so a reference recorded later
@@ -192,10 +193,10 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
         samples = cell["samples_per_s"]
         # Last on the line, like the interval: a mark that the step times measured cores taking turns.
         shared = f"  {cell['host_load']}" if _oversubscribed(cell.get("host_oversubscribed")) else ""
-        lines.append(f"{label:<52} {status:<7} {cell['step_time_median_s'] * 1e3:>8.1f} {samples:>10.1f} "
+        lines.append(f"{label:<52} {status:<7} {cell['step_time_on_basis_s'] * 1e3:>8.1f} {samples:>10.1f} "
                      f"{stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f} {cell['parity']:>12}  "
                      f"{interval}{shared}")
-    lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; docs/methodology.md, 'Host stalls')"
+    lines.append(f"(step ms and samples/s over {cells['throughput_basis'].iloc[0]}; docs/methodology.md, 'Host stalls')"
                  if len(cells) else "")
     if any(_oversubscribed(cell.get("host_oversubscribed")) for cell in cells.to_dict("records")):
         lines.append("(oversubscribed: a host ran more rank threads than it has cores, so those step times "

@@ -151,6 +151,7 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
         line["parity_failed"] = next((f for v, f in zip(ok["parity_verdict"], ok["parity_failed"]) if v == worst
                                       and f), "") if verdicts else ""
         throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
+        line["step_time_on_basis_s"] = _step_of(line["global_batch"], line["samples_per_s"])
         line.update(_interval(throughputs))
         line.update(cell_host_load(ok.to_dict("records")))
         if not ok.empty:
@@ -160,6 +161,13 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
     cells = pd.DataFrame(lines)
     cells["samples_per_s"] = cells["samples_per_s"].astype(float)
     return scaling_efficiency(cells)
+
+
+def _step_of(global_batch: Any, samples_per_s: float | None) -> float | None:
+    """The step time the cell's throughput stands for, global_batch / samples_per_s (on the set's basis), so
+    that the two agree on every line that shows both: with an odd number of launches it is the median
+    launch's median step on that basis; with an even number, the step of the middle throughputs' mean."""
+    return float(global_batch) / samples_per_s if samples_per_s else None
 
 
 def _interval(values: list[float]) -> dict[str, Any]:

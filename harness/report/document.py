@@ -182,10 +182,10 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
 
 def _basis_note(summary: pd.DataFrame) -> str:
     if "throughput_basis" not in summary or not (summary["throughput_basis"] == Basis.UNSTALLED.value).any():
-        return "Throughput (samples/s), its plot and the efficiencies use every timed step."
+        return "Step ms, throughput (samples/s), its plot and the efficiencies use every timed step."
     return ("The host stalled some timed steps (column 'host-stalled steps'; docs/methodology.md, 'Host stalls'), so "
-            "samples/s, its interval, the throughput plot and the efficiencies use the unstalled steps; "
-            "'samples/s, all steps' is the raw figure the rows carry.")
+            "step ms, samples/s, its interval, the throughput plot and the efficiencies use the unstalled steps; "
+            "'step ms, all steps' and 'samples/s, all steps' are the raw figures the rows carry.")
 
 
 def _environments(rows: Sequence[Row]) -> list[dict]:

@@ -80,9 +80,11 @@ def _stalled(line: Line) -> str:
     return str(int(stalled)) if _present(stalled) else ""
 
 
-def _all_steps(line: Line) -> str:
-    # Only a different figure where the set's basis is the unstalled steps; otherwise it repeats samples/s.
-    return _number(line.get("samples_per_s_all_steps")) if line.get("throughput_basis") == Basis.UNSTALLED.value else ""
+def _all_steps(key: str, scale: float = 1.0) -> Callable[[Line], str]:
+    # Only a different figure where the set's basis is the unstalled steps; otherwise it repeats the figure
+    # on the basis (step ms, samples/s).
+    return lambda line: (_scaled(key, scale)(line) if line.get("throughput_basis") == Basis.UNSTALLED.value
+                         else "")
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,13 @@ COLUMNS = [
     Column("ranks", _text("world_size")),
     Column("status", _text("status")),
     Column("launches", _launches),
-    Column("step ms (median)", _scaled("step_time_median_s", 1e3)),
+    # The step samples/s stands for (global batch / samples/s), on the same basis: harness.derive.throughput.
+    Column("step ms", _scaled("step_time_on_basis_s", 1e3)),
+    Column("step ms, all steps", _all_steps("step_time_median_s", 1e3)),
     Column("host-stalled steps", _stalled, frozenset({"", "0"})),
     Column("samples/s", _scaled("samples_per_s", 1)),
     Column("samples/s interval", _interval, frozenset({"", NO_INTERVAL})),
-    Column("samples/s, all steps", _all_steps),
+    Column("samples/s, all steps", _all_steps("samples_per_s_all_steps")),
     Column("strong eff. vs ws1", _scaled("strong_efficiency_vs_ws1", 1)),
     Column("strong eff. vs plain", _scaled("strong_efficiency_vs_plain", 1)),
     Column("weak eff. vs ws1", _weak("weak_efficiency_vs_ws1")),
