@@ -38,6 +38,8 @@ def test_throughput_of_a_launch_by_hand():
     # without step 2: median(0.1, 0.2, 0.1, 0.2) = 0.15 s -> 16 / 0.15 = 106.67 samples/s.
     assert math.isclose(clean["samples_per_s"], 16 / 0.15)
     assert math.isclose(clean["samples_per_s_all_steps"], 80.0) and clean["host_stalled_steps"] == 1
+    # The step shown beside each throughput is the one it came from (issue 33, finding 5).
+    assert math.isclose(clean["step_time_on_basis_s"], 0.15) and math.isclose(every["step_time_on_basis_s"], 0.2)
 
 
 def test_a_strategy_variant_is_never_merged_into_the_default_s_scaling_reference():

@@ -213,7 +213,7 @@ def _taus(checked: Sequence[Checked]) -> dict[tuple[str, int], float]:
 
 def format_validation(result: Validation) -> str:
     header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'from':>4} {'scaling':<7} {'launches':>8} "
-              f"{'measured ms':>11} {'predicted ms':>12} {'error':>7}   {'compute ms':>10} {'exposed ms':>10} {'f':>5}")
+              f"{'measured ms':>11} {'predicted ms':>12} {'error':>7}   {'compute ms':>10} {'beyond ms':>10} {'f':>5}")
     lines = ["parbench: projection validation: each multi-rank cell predicted without it, from its setting's comm "
              "rows, its strategy's world-size-1 step and its strategy's cell at world size `from`", header,
              "-" * len(header)]

@@ -25,12 +25,19 @@ from harness.record import COMMBENCH_KIND, read_rows
 from harness.report.plots import (plot_busbw, plot_communication, plot_efficiency, plot_losses, plot_memory,
                                   plot_throughput)
 from harness.report.projected import projection_figures, read_projections
-from harness.report.table import Table, tables
+from harness.report.table import BEYOND_WS1_TITLE, EXPOSED_TITLE, OVERHEAD_TITLE, Table, tables
 from harness.report.verdicts import EXPOSED_DOMINATES, RSS_CONTAINS, Verdicts, verdicts
 from harness.spec import DeviceKind
 
 HOST_LOAD_NOTE = ("'host load' is the most loaded host's rank threads against its cores, 'oversubscribed' where "
                   "they outnumber them: those step times measure the cores' sharing (docs/methodology.md, 'On CPU').")
+
+STEP_BEYOND_NOTE = (f"'{EXPOSED_TITLE}': at 2 ranks or more, the step beyond the compute-only pass (the model's "
+                    "forward, backward and optimizer step alone): communication and the strategy's own work. "
+                    f"'{BEYOND_WS1_TITLE}': the step beyond the strategy's own world-size-1 step, in proportion to "
+                    "the samples a rank runs: what running on several ranks adds, the strategy's own work left out. "
+                    f"'{OVERHEAD_TITLE}': at 1 rank, where nothing is communicated, the step beyond the compute-only "
+                    "pass: the framework's own work (docs/methodology.md, 'Exposed communication').")
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
@@ -53,7 +60,8 @@ def verdicts_html(found: Verdicts) -> str:
     parts = ["<section id='verdicts'><h2>Verdicts</h2>",
              f"<p class='note'>Per device, workload, precision, global batch and world size. Margins are between "
              f"medians across launches; a tie is called where the launches' intervals overlap. Exposed "
-             f"communication dominates where it is more than {EXPOSED_DOMINATES:.0%} of the step. Memory per "
+             f"communication dominates where more than {EXPOSED_DOMINATES:.0%} of the step lies beyond the "
+             f"strategy's own world-size-1 step. Memory per "
              f"rank: on GPU the allocator's model states at gradients_ready; on CPU peak RSS.</p>"]
     for heading, lines in _verdict_sections(found):
         parts.append(f"<h3>{e(heading)}</h3><ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>")
@@ -78,6 +86,9 @@ def _table_notes(summary: pd.DataFrame) -> list[str]:
              "95% bootstrap interval from 5; a cell of one launch has none ('-'). Efficiencies: "
              "E(N) = X(N) / (N X_ref(1)) (docs/methodology.md, 'Derived figures'). Shared-GPU rows carry no speed.",
              _basis_note(summary)]
+    if any(column in summary and summary[column].notna().any()
+           for column in ("exposed_comm_share", "framework_overhead_share", "step_beyond_ws1_share")):
+        notes.append(STEP_BEYOND_NOTE)
     if "host_load" in summary and summary["host_load"].notna().any():
         notes.append(HOST_LOAD_NOTE)
     return notes
@@ -148,7 +159,9 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
                                   "cells on top (diamonds, efficiency against its measured world size 1).")
     parts += _figures("Memory per rank", per_workload(plot_memory, by_device), caption=_memory_caption(summary),
                       anchor="memory")
-    parts += _figures("Communication", per_workload(plot_communication, table_by_device), anchor="communication")
+    communication = [(plot_communication(frame, w, summary[summary["device"] == device]), ())
+                     for device, frame in table_by_device for w in workloads]
+    parts += _figures("Communication", communication, anchor="communication")
     parts += _figures("Collective bus bandwidth", [(plot_busbw(commbench), ())], anchor="busbw")
     parts += _figures("Loss parity", [(plot_losses(raw_rows, w), ()) for w in workloads], anchor="losses")
     parts.append("<section id='cells'><h2>Cells</h2>")

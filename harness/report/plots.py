@@ -196,9 +196,21 @@ def _memory_cpu(rows: pd.DataFrame, workload: str) -> str | None:
     return svg(fig)
 
 
-def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
+# The exposed panel's bars are times, not collectives: greys, none of which the property cycle (the bytes
+# panel's collective colours, whose fifth is `send`'s tab:purple) ever gives. Two figures, each its own grey
+# (harness.derive.exposed, harness.derive.beyond_ws1).
+STEP_BEYOND = {
+    "exposed_comm_share": ("#404040", "step beyond the compute-only pass (exposed communication)"),
+    "step_beyond_ws1_share": ("#a0a0a0", "step beyond the strategy's own world-size-1 step"),
+}
+BOUND_HATCH = "//"
+
+
+def plot_communication(table: pd.DataFrame, workload: str, summary: pd.DataFrame | None = None) -> str | None:
     """Wire bytes per step per rank (harness.derive.comm: nccl-tests size x ring factor, so types add up),
-    stacked by collective type, with the strategy's expected wire bytes beside each bar; exposed share."""
+    stacked by collective type, with the strategy's expected wire bytes beside each bar (from the launch
+    `table`); beside it the step beyond the compute-only pass and beyond the strategy's own world-size-1 step,
+    per cell (from the cell `summary`)."""
     ok = table[(table["workload"] == workload) & (table["status"] == "ok") & (table["world_size"] > 1)
                & ~table["shared_device"].astype(bool)]
     kinds = sorted(c for c in ok.columns if c.startswith("comm_") and c.endswith("_wire_bytes_per_step")
@@ -213,8 +225,9 @@ def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
     labels = [f"{cell_name({'strategy': s, 'options': o})} ws{w}" for s, o, w in per_cell.index]
     for kind in kinds:
         values = (per_cell[kind].fillna(0) / MIB).tolist()
-        volume_axis.bar(labels, values, bottom=bottom,
-                        label=kind.removeprefix("comm_").removesuffix("_wire_bytes_per_step"))
+        name = kind.removeprefix("comm_").removesuffix("_wire_bytes_per_step")
+        for position, bar in enumerate(volume_axis.bar(labels, values, bottom=bottom, label=name)):
+            bar.set_gid(f"wire-{name}-{position}")
         bottom = [b + v for b, v in zip(bottom, values)]
     if "comm_expected_wire_bytes_per_step" in per_cell:
         volume_axis.scatter(labels, per_cell["comm_expected_wire_bytes_per_step"] / MIB, marker="_", s=300,
@@ -222,24 +235,47 @@ def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
     volume_axis.set_ylabel("MiB sent per step per rank (wire)")
     volume_axis.set_title(f"{workload}: bytes on the wire", fontsize=9)
     volume_axis.tick_params(axis="x", rotation=45, labelsize=7)
-    exposed = ok.groupby(["strategy", "options", "world_size"], sort=False)["exposed_comm_share"].median() \
-        if "exposed_comm_share" in ok else pd.Series(dtype=float)
-    exposed = exposed.dropna()
-    if not exposed.empty:
-        baselines = ok.groupby(["strategy", "options", "world_size"], sort=False)["compute_only_kind"].first() \
-            if "compute_only_kind" in ok else pd.Series(dtype=object)
-        # A baseline that is not the rank's same work bounds the figure: hatch it so it is not read as one.
-        hatches = ["//" if str(baselines.get(cell, "")).startswith("bound") else "" for cell in exposed.index]
-        exposed_axis.bar([f"{cell_name({'strategy': s, 'options': o})} ws{w}" for s, o, w in exposed.index],
-                         exposed * 100, hatch=hatches, edgecolor="black", linewidth=0.4, color="tab:purple")
-        exposed_axis.axhline(0, color="black", linewidth=0.8)
-        exposed_axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,
-                             label=f"dominates above {EXPOSED_DOMINATES:.0%} (verdicts)")
-    exposed_axis.set_ylabel("exposed communication, % of step")
-    exposed_axis.set_title("exposed communication (hatched: a bound)", fontsize=9)
-    exposed_axis.tick_params(axis="x", rotation=45, labelsize=7)
+    _step_beyond_panel(exposed_axis, summary, workload)
     legend_outside(fig)
     return svg(fig)
+
+
+def _step_beyond_panel(axis, summary: pd.DataFrame | None, workload: str) -> None:
+    """Per multi-rank cell, a bar for each figure of STEP_BEYOND it has; a bar whose compute-only pass only
+    bounds the rank's work is hatched, with a legend entry saying so (and none where no bar is)."""
+    cells = summary.iloc[0:0] if summary is None or summary.empty else summary[
+        (summary["workload"] == workload) & (summary["status"] == "ok") & (summary["world_size"] > 1)
+        & ~summary["shared_device"].astype(bool)]
+    present = [key for key in STEP_BEYOND if key in cells and cells[key].notna().any()]
+    cells = cells[cells[present].notna().any(axis=1)] if present else cells.iloc[0:0]
+    axis.set_title(f"{workload}: time beyond compute", fontsize=9)
+    axis.set_ylabel("% of the step (median across launches)")
+    if cells.empty:
+        axis.text(0.5, 0.5, "no figure: no compute-only pass or world-size-1 cell", ha="center", va="center",
+                  fontsize=7, transform=axis.transAxes)
+        return
+    width = 0.8 / len(present)
+    bounded = False
+    for index, key in enumerate(present):
+        colour, label = STEP_BEYOND[key]
+        for position, line in enumerate(cells.to_dict("records")):
+            value = line.get(key)
+            if value is None or value != value:
+                continue
+            bound = key == "exposed_comm_share" and str(line.get("compute_only_kind") or "").startswith("bound")
+            bounded = bounded or bound
+            [bar] = axis.bar(position + (index - (len(present) - 1) / 2) * width, float(value) * 100, width,
+                             color=colour, edgecolor="black", linewidth=0.4, hatch=BOUND_HATCH if bound else None,
+                             label=label)
+            bar.set_gid(f"{key}-{position}")
+    if bounded:
+        axis.bar(0, 0, 0, color="white", edgecolor="black", linewidth=0.4, hatch=BOUND_HATCH,
+                 label="hatched: the compute-only pass only bounds the rank's work")
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,
+                 label=f"verdicts: communication dominates above {EXPOSED_DOMINATES:.0%} beyond the own ws1 step")
+    axis.set_xticks(range(len(cells)), [_cell_label(line) for line in cells.to_dict("records")], rotation=45,
+                    ha="right", fontsize=7)
 
 
 def plot_busbw(commbench: Sequence[dict]) -> str | None:
