@@ -4,8 +4,10 @@ Verdicts and the table are checked on cell tables written out by hand; the proje
 HTML's SVG back into data coordinates (tests/svg_plots.py) against bands computed here by hand.
 """
 
+import html
 import json
 import re
+import shlex
 import statistics
 from pathlib import Path
 
@@ -277,7 +279,7 @@ def test_the_report_of_the_reference_rows_opens_with_its_verdicts(page):
     assert "No parity mismatch." in verdict_section and "None: every one of the 13 cells ran." in verdict_section
 
 
-# ---- issue 33, findings 3 and 8: the exposed plot, as it reads ----------------------------------------------
+# ---- issue 33, finding 8: the plots and sections as they read ------------------------------------------------
 
 def _fill(svg_text: str, gid: str) -> str:
     [element] = [e for e in svg_plots.svgs(svg_text)[0].iter() if e.get("id") == gid]
@@ -314,3 +316,70 @@ def test_hatching_is_claimed_only_where_a_bar_is_hatched():
     bounded = _communication(exposed_comm_share=0.3, compute_only_kind="bound: offloaded optimizer")
     assert _fill(bounded, "exposed_comm_share-0").startswith("url(#h")         # the hatch pattern
     assert ">hatched: the compute-only pass only bounds the rank's work<" in svg_plots_text(svg_plots.svgs(bounded)[0])
+
+
+def _loss_row(strategy, losses, world_size=2, run="a"):
+    return {"schema_version": 2, "run_id": f"{strategy}-{run}", "cell_id": f"{strategy}-{world_size}", "repeat": 0,
+            "status": "ok", "message": "", "started_at": run,
+            "spec": {"workload": "w", "strategy": strategy, "world_size": world_size, "global_batch": 16,
+                     "micro_batch": 4, "precision": "fp32", "warmup_steps": 1, "timed_steps": 4, "seed": 0,
+                     "device": "cpu", "nnodes": 1, "options": {}},
+            "measurements": {"loss_per_step": losses}}
+
+
+def test_the_loss_plot_shows_each_compared_step_s_deviation_against_the_tolerance():
+    # The reference moves at most 0.1 a step over steps 0-3. fp32 tolerances (harness.derive.parity): 1e-6 of
+    # the loss at step 0, 1e-3 of that 0.1 after. ddp: step 0 off by 3e-6 of 6.0 (half the tolerance), step 2 by
+    # 5e-5 (5e-5 / 0.1 = 5e-4: half); zero3 one update behind at step 1 (0.1 / 0.1 = 1000 tolerances: on the
+    # top edge, a triangle).
+    from harness.report.plots import DEVIATION_CAP, plot_losses
+
+    reference = [6.0, 5.9, 5.85, 5.82, 5.80]
+    rows = [_loss_row("plain", reference, world_size=1),
+            _loss_row("ddp", [6.0 * (1 + 5e-7), 5.9, 5.85 + 5e-5, 5.82, 5.7]),
+            _loss_row("zero3", [6.0, 6.0, 5.85, 5.82, 5.80])]
+    [drawn] = svg_plots.svgs(plot_losses(rows, "w"))
+    ddp = svg_plots.find(drawn, "loss-deviation-ddp-ws2")
+    axes = svg_plots.axes_holding(drawn, ddp)
+    y = svg_plots.mapping(svg_plots.ticks(axes, "y"))
+    assert [y(py) for _, py in svg_plots.marker_positions(ddp)] == pytest.approx([0.5, 0.0, 0.5, 0.0], abs=0.01)
+    zero3 = [y(py) for _, py in svg_plots.marker_positions(svg_plots.find(drawn, "loss-deviation-zero3-ws2"))]
+    assert zero3 == pytest.approx([0.0, DEVIATION_CAP, 0.0, 0.0], abs=0.01)
+    text = svg_plots_text(drawn)
+    assert ">parity tolerance (above: a mismatch)<" in text and f">beyond {DEVIATION_CAP:g} tolerances" in text
+
+
+def test_the_per_step_deviations_are_the_ones_parity_judges():
+    # On every judged row of the committed reference rows and on planted ones: step 0 is parity's first-loss
+    # deviation, the largest later step its later-loss one.
+    from harness.derive.loss_deviation import loss_deviations, references
+    from harness.derive.parity import Quantity, deviations, judge, reference_key
+
+    rows = [json.loads(line) for line in REFERENCE.read_text().splitlines()]
+    planted = [_loss_row("plain", [6.0, 5.9, 5.85, 5.82]), _loss_row("ddp", [6.1, 6.0, 5.95, 5.92], run="b")]
+    for group in (rows, planted):
+        found = references(group)
+        judged = [(row, parity) for row, parity in zip(group, judge(group)) if parity.deviations]
+        assert judged
+        for row, parity in judged:
+            per_step = loss_deviations(row, found[reference_key(row["spec"])])
+            assert per_step[0] == parity.deviations[Quantity.FIRST_LOSS]
+            assert max(per_step[1:]) == parity.deviations[Quantity.LATER_LOSSES]
+            assert deviations(row, found[reference_key(row["spec"])]) == parity.deviations
+
+
+def test_an_empty_bus_bandwidth_section_gives_the_command_that_fills_it(tmp_path):
+    from harness.cli import build_parser
+
+    write_report([REFERENCE], tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    section = page[page.index("<section id='busbw'>"):]
+    section = section[:section.index("</section>")]
+    assert "No rows with these figures" not in section
+    commands = re.findall(r"<code>(python -m harness [^<]+)</code>", section)
+    words = [shlex.split(html.unescape(command)) for command in commands]
+    assert [w[3] for w in words] == ["comm", "report"]
+    comm = build_parser().parse_args(words[0][3:])
+    assert (comm.world_size, comm.device, str(comm.out)) == (2, "cpu", "results/comm.jsonl")
+    report = build_parser().parse_args(words[1][3:])
+    assert [str(p) for p in report.results] == [str(REFERENCE), "results/comm.jsonl"]

@@ -243,3 +243,28 @@ def test_no_plot_claims_hatching_that_is_not_there(fresh):
     found, dom = fresh
     assert not [t for t in found["texts"] if "hatch" in t["text"].lower()]
     assert "url(#h" not in dom
+
+
+def test_the_empty_bus_bandwidth_section_says_how_to_fill_it(fresh):
+    found, _ = fresh
+    assert "No rows with these figures" not in found["busbw"]
+    assert "python -m harness comm --world-size 2 --device cpu --out results/comm.jsonl" in found["busbw"]
+    assert f"python -m harness report {REFERENCE / 'full.jsonl'} results/comm.jsonl" in found["busbw"]
+
+
+def test_the_loss_section_shows_each_cell_s_deviation_against_the_tolerance(fresh):
+    # Twelve cells held against the plain loop, each with a marker at each of parity's four steps. ddp at 2
+    # ranks, step 0, by hand: |l0 - r0| / r0 over fp32's tolerance of 1e-6.
+    found, dom = fresh
+    assert len(found["deviation"]) == 12 and all(len(series["markers"]) == 4 for series in found["deviation"])
+    rows = [json.loads(line) for line in (REFERENCE / "full.jsonl").read_text().splitlines()]
+    losses = {(r["spec"]["strategy"], r["spec"]["world_size"]): r["measurements"]["loss_per_step"] for r in rows}
+    (l0, r0) = losses[("ddp", 2)][0], losses[("plain", 1)][0]
+    expected = abs(l0 - r0) / abs(r0) / 1e-6
+    assert 0.01 < expected < 1
+    [svg] = [s for s in svg_plots.svgs(dom[dom.index('id="losses"'):]) if svg_plots.find(s, "loss-deviation-ddp-ws2")]
+    series = svg_plots.find(svg, "loss-deviation-ddp-ws2")
+    y = svg_plots.mapping(svg_plots.ticks(svg_plots.axes_holding(svg, series), "y"))
+    assert y(svg_plots.marker_positions(series)[0][1]) == pytest.approx(expected, abs=0.01)
+    assert "parity tolerance (above: a mismatch)" in {t["text"] for t in found["texts"]}
+    assert "in units of the tolerance" in found["losses"]

@@ -12,6 +12,8 @@ row or a user (labels, options, messages, environment values) is HTML-escaped.
 from __future__ import annotations
 
 import html
+import re
+import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -31,6 +33,11 @@ from harness.spec import DeviceKind
 
 HOST_LOAD_NOTE = ("'host load' is the most loaded host's rank threads against its cores, 'oversubscribed' where "
                   "they outnumber them: those step times measure the cores' sharing (docs/methodology.md, 'On CPU').")
+
+LOSS_CAPTION = ("Left: the plain loop's loss per step, the reference. Right: each other cell's deviation from it at "
+                "the steps parity compares, in units of the tolerance it is held to: step 0 relative to the loss, "
+                "later steps relative to the reference's largest step move (docs/methodology.md, 'Loss parity'). "
+                "At or below 1 it matches on its losses; first launches only.")
 
 STEP_BEYOND_NOTE = (f"'{EXPOSED_TITLE}': at 2 ranks or more, the step beyond the compute-only pass (the model's "
                     "forward, backward and optimizer step alone): communication and the strategy's own work. "
@@ -95,8 +102,9 @@ def _table_notes(summary: pd.DataFrame) -> list[str]:
 
 
 def _figures(title: str, figures: Iterable[tuple[str | None, Sequence[str]]], anchor: str,
-             caption: str = "") -> list[str]:
-    """A section of plots (those drawn; a line saying there are none otherwise), each with its notes."""
+             caption: str = "", empty: str = "No rows with these figures.") -> list[str]:
+    """A section of plots (those drawn; `empty`, saying there are none and how to get them, otherwise),
+    each with its notes."""
     e = html.escape
     drawn = [(svg, notes) for svg, notes in figures if svg]
     parts = [f"<section id='{anchor}'><h2>{e(title)}</h2>"]
@@ -107,9 +115,22 @@ def _figures(title: str, figures: Iterable[tuple[str | None, Sequence[str]]], an
         captions = "".join(f"<br>{e(note)}" for note in notes).removeprefix("<br>")
         parts.append(f"<figure>{svg}" + (f"<figcaption>{captions}</figcaption>" if notes else "") + "</figure>")
     if not drawn:
-        parts.append("<p>No rows with these figures.</p>")
+        parts.append("<p>" + re.sub(r"`([^`]+)`", r"<code>\1</code>", e(empty)) + "</p>")   # commands as code
     parts.append("</div></section>")
     return parts
+
+
+def busbw_missing(summary: pd.DataFrame, sources: Sequence[Path]) -> str:
+    """What to run for the bus-bandwidth plot: `harness comm` at the largest world size of these cells (at
+    least 2, a collective's smallest group) on their device, and this report again with its rows."""
+    world_size = max([2, *(int(n) for n in summary.get("world_size", ()) if n == n)])
+    devices = set(summary["device"]) if "device" in summary else set()
+    device = f" --device {devices.pop()}" if len(devices) == 1 else ""
+    rows = "results/comm.jsonl"
+    report = shlex.join(["python", "-m", "harness", "report", *(str(s) for s in sources), rows])
+    return (f"No collective benchmark rows in these files. `python -m harness comm --world-size {world_size}{device} "
+            f"--out {rows}` times each collective over doubling sizes on this machine (nccl-tests' algbw and "
+            f"busbw); then `{report}` draws them here.")
 
 
 def _by_device(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -162,8 +183,10 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
     communication = [(plot_communication(frame, w, summary[summary["device"] == device]), ())
                      for device, frame in table_by_device for w in workloads]
     parts += _figures("Communication", communication, anchor="communication")
-    parts += _figures("Collective bus bandwidth", [(plot_busbw(commbench), ())], anchor="busbw")
-    parts += _figures("Loss parity", [(plot_losses(raw_rows, w), ()) for w in workloads], anchor="losses")
+    parts += _figures("Collective bus bandwidth", [(plot_busbw(commbench), ())], anchor="busbw",
+                      empty=busbw_missing(summary, sources))
+    parts += _figures("Loss parity", [(plot_losses(raw_rows, w), ()) for w in workloads], anchor="losses",
+                      caption=LOSS_CAPTION)
     parts.append("<section id='cells'><h2>Cells</h2>")
     parts += [_table_html(t) for t in tables(summary)] or ["<p>No cell rows.</p>"]
     parts += [f"<p class='note'>{e(note)}</p>" for note in _table_notes(summary)]

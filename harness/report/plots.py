@@ -22,6 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
+from harness.derive.loss_deviation import deviations_in_tolerances, references  # noqa: E402
+from harness.derive.parity import PARITY_STEPS, REFERENCE_STRATEGY, reference_key  # noqa: E402
 from harness.derive.rows import Row, is_ok, measurements, spec  # noqa: E402
 from harness.report.verdicts import EXPOSED_DOMINATES, cell_name  # noqa: E402
 from harness.spec import DeviceKind  # noqa: E402
@@ -302,20 +304,78 @@ def plot_busbw(commbench: Sequence[dict]) -> str | None:
     return svg(fig)
 
 
+# Deviations above this many tolerances sit on the top edge as an up-pointing triangle: a mismatch is a
+# mismatch, and one at 10^6 tolerances would flatten every other point onto the axis.
+DEVIATION_CAP = 5.0
+MARKERS = ("o", "s", "D", "v", "P", "X", "<", ">")
+
+
 def plot_losses(rows: Sequence[Row], workload: str) -> str | None:
-    chosen = [r for r in rows if spec(r)["workload"] == workload and is_ok(r) and r.get("repeat", 0) == 0]
+    """Left, the reference's loss per step (the plain loop's); right, each other launch's deviation from it at
+    the steps parity compares, in units of the tolerance it is held to (harness.derive.loss_deviation), so
+    the judged figure is seen against its bar. First launches (repeat 0) only."""
+    chosen = [r for r in rows if spec(r)["workload"] == workload and is_ok(r) and r.get("repeat", 0) == 0
+              and measurements(r).get("loss_per_step")]
     if not chosen:
         return None
-    fig, [[axis]] = figure()
-    for row in chosen:
+    found = references(rows)
+    held = [(row, found[reference_key(spec(row))]) for row in chosen
+            if spec(row)["strategy"] != REFERENCE_STRATEGY and reference_key(spec(row)) in found]
+    plain = [row for row in chosen if spec(row)["strategy"] == REFERENCE_STRATEGY]
+    fig, [[loss_axis, deviation_axis]] = figure(2)
+    batches = {spec(row)["global_batch"] for row in plain}
+    for row in plain:
         losses = measurements(row)["loss_per_step"]
-        strategy = spec(row)["strategy"]
-        style = {"linewidth": 2.5, "color": "black"} if strategy == "plain" else {"linewidth": 1}
-        reference = " (the reference)" if strategy == "plain" else ""
-        axis.plot(range(len(losses)), losses, label=f"{strategy} ws{spec(row)['world_size']}{reference}", **style)
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel("loss of the global batch")
-    axis.set_title(f"{workload}: loss per step", fontsize=9)
-    legend_outside(fig, columns=2 if len(chosen) > 12 else 1)
+        batch = f" gb{spec(row)['global_batch']}" if len(batches) > 1 else ""
+        loss_axis.plot(range(len(losses)), losses, color="black", linewidth=1.5,
+                       label=f"{REFERENCE_STRATEGY} ws{spec(row)['world_size']}{batch} (the reference)")
+    loss_axis.set_xlabel("optimizer step")
+    loss_axis.set_ylabel("loss of the global batch")
+    loss_axis.set_title(f"{workload}: the reference's loss per step", fontsize=9)
+    if not plain:
+        loss_axis.text(0.5, 0.5, "no plain-loop row: nothing to hold the others against", ha="center",
+                       va="center", fontsize=7, transform=loss_axis.transAxes)
+    _deviation_panel(deviation_axis, held, workload)
+    legend_outside(fig, columns=2 if len(held) > 12 else 1)
     return svg(fig)
 
+
+def _deviation_panel(axis, held: Sequence[tuple[Row, Row]], workload: str) -> None:
+    steps = range(PARITY_STEPS)
+    axis.set_title(f"{workload}: deviation from the reference, in tolerances", fontsize=9)
+    axis.set_xlabel("optimizer step (those parity compares)")
+    axis.set_ylabel("|loss - reference| / tolerance")
+    axis.set_xticks(list(steps))
+    series = [(row, deviations_in_tolerances(row, reference)) for row, reference in held]
+    largest = max((v for _, values in series for v in values if v == v), default=0.0)
+    top = DEVIATION_CAP if largest > DEVIATION_CAP else max(1.5, largest * 1.15)
+    # Side by side within each step, so that launches at the same deviation (often exactly 0) stay apart.
+    spread = 0.7
+    offsets = [spread * (i / (len(series) - 1) - 0.5) if len(series) > 1 else 0.0 for i in range(len(series))]
+    batches = {spec(row)["global_batch"] for row, _ in held}
+    for index, ((row, values), offset) in enumerate(zip(series, offsets)):
+        xs = [step + offset for step in range(len(values))]
+        shown = [min(v, top) for v in values]
+        batch = f" gb{spec(row)['global_batch']}" if len(batches) > 1 else ""
+        name = f"{cell_name({'strategy': spec(row)['strategy'], 'options': _options(row)})} ws{spec(row)['world_size']}{batch}"
+        [line] = axis.plot(xs, shown, marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle="none",
+                           label=name)
+        line.set_gid(f"loss-deviation-{name.replace(' ', '-')}")
+        beyond = [(x, top) for x, v in zip(xs, values) if v > top]
+        if beyond:
+            axis.scatter(*zip(*beyond), marker="^", s=40, color=line.get_color(), zorder=3)
+    axis.axhline(1.0, color="tab:red", linestyle="--", linewidth=1,
+                 label="parity tolerance (above: a mismatch)")
+    if largest > DEVIATION_CAP:
+        axis.scatter([], [], marker="^", color="gray", label=f"beyond {DEVIATION_CAP:g} tolerances (off the axis)")
+    axis.set_ylim(0, top * 1.04)
+    axis.set_xlim(-0.6, PARITY_STEPS - 0.4)
+    axis.grid(alpha=0.3, axis="y")
+    if not series:
+        axis.text(0.5, 0.5, "no launch to hold against a plain-loop reference", ha="center", va="center",
+                  fontsize=7, transform=axis.transAxes)
+
+
+def _options(row: Row) -> str:
+    options = spec(row).get("options") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(options.items())) if spec(row)["strategy"] != "pipeline" else ""
