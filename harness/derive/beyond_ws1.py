@@ -31,7 +31,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Sequence
 
-from harness.derive.rows import Row, is_ok, measurements, options_text, shared_device, spec
+from harness.derive.rows import Row, is_ok, options_text, shared_device, spec
 from harness.derive.throughput import unstalled_step_times
 
 

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
+from harness.derive.exposed import BOUND_PREFIX  # noqa: E402
 from harness.derive.loss_deviation import deviations_in_tolerances, references  # noqa: E402
 from harness.derive.parity import PARITY_STEPS, REFERENCE_STRATEGY, reference_key  # noqa: E402
 from harness.derive.rows import Row, is_ok, measurements, spec  # noqa: E402
@@ -264,7 +265,7 @@ def _step_beyond_panel(axis, summary: pd.DataFrame | None, workload: str) -> Non
             value = line.get(key)
             if value is None or value != value:
                 continue
-            bound = key == "exposed_comm_share" and str(line.get("compute_only_kind") or "").startswith("bound")
+            bound = key == "exposed_comm_share" and str(line.get("compute_only_kind") or "").startswith(BOUND_PREFIX)
             bounded = bounded or bound
             [bar] = axis.bar(position + (index - (len(present) - 1) / 2) * width, float(value) * 100, width,
                              color=colour, edgecolor="black", linewidth=0.4, hatch=BOUND_HATCH if bound else None,
@@ -275,7 +276,7 @@ def _step_beyond_panel(axis, summary: pd.DataFrame | None, workload: str) -> Non
                  label="hatched: the compute-only pass only bounds the rank's work")
     axis.axhline(0, color="black", linewidth=0.8)
     axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,
-                 label=f"verdicts: communication dominates above {EXPOSED_DOMINATES:.0%} beyond the own ws1 step")
+                 label=f"verdicts: communication dominates above {EXPOSED_DOMINATES:.0%} (beyond own ws1 step)")
     axis.set_xticks(range(len(cells)), [_cell_label(line) for line in cells.to_dict("records")], rotation=45,
                     ha="right", fontsize=7)
 
