@@ -217,11 +217,22 @@ def _oversubscribed(flag: Any) -> bool:
     return flag is not None and flag == True  # noqa: E712  (numpy's bool is not `True`)
 
 
+# What the two columns of the step beyond the compute-only pass hold (harness.derive.exposed).
+EXPOSED_NOTE = ("(exposed: the step beyond the compute-only pass at >= 2 ranks; overhead: the same at 1 rank, where "
+                "nothing is communicated; docs/methodology.md)")
+
+
+def _share(value: Any) -> str:
+    return f"{value:.0%}" if value is not None and value == value else "-"
+
+
 def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str:
     """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
     same figures `harness report` shows). Throughput is the median across ok launches on the table's
-    basis (every timed step, or the unstalled ones where the host stalled some: harness.derive.throughput);
-    `stalled` counts the timed steps the host descheduled; the interval, last on the line, is the one the
+    basis (every timed step, or the unstalled ones where the host stalled some: harness.derive.throughput),
+    and `step ms` the step it stands for on that same basis (global batch / samples/s on every line);
+    `stalled` counts the timed steps the host descheduled; `exposed` is exposed communication at >= 2
+    ranks and `overhead` the framework's own overhead at 1 rank (harness.derive.exposed); the interval, last on the line, is the one the
     number of launches supports (harness.derive.intervals), with its label. Parity is judged
     (harness.derive.parity) over these rows and every row of `results_file`, so a reference recorded later
     in the matrix, or by an earlier run into the same file, still counts."""
@@ -231,7 +242,7 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
     earlier = read_rows([results_file]) if results_file is not None and results_file.exists() else []
     cells = cell_table(rows, context=earlier)
     header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'stalled':>8} "
-              f"{'exposed':>8} {'loss first->last':>18} {'parity':>12}  samples/s interval")
+              f"{'exposed':>8} {'overhead':>8} {'loss first->last':>18} {'parity':>12}  samples/s interval")
     lines = [header, "-" * len(header)]
     losses = {cell_identity(row): row["measurements"]["loss_per_step"] for row in rows if row.get("status") == "ok"}
     for cell in cells.to_dict("records"):
@@ -241,19 +252,22 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
             continue
         interval = (f"{cell['samples_per_s_low']:.0f}-{cell['samples_per_s_high']:.0f} "
                     f"({cell['samples_per_s_interval']})" if cell["samples_per_s_low"] is not None else "1 launch")
-        exposed = cell.get("exposed_comm_share")
-        exposed_text = f"{exposed:.0%}" if exposed is not None and exposed == exposed else "-"
+        exposed_text, overhead_text = _share(cell.get("exposed_comm_share")), _share(cell.get("framework_overhead_share"))
         stalled_text = f"{int(cell['host_stalled_steps'])}/{int(cell['timed_steps_recorded'])}"   # floats where a skipped cell left NaN
         first, last = losses[cell["cell_id"]][0], losses[cell["cell_id"]][-1]
         status = "ok" if cell["status"] == "ok" else f"{cell['ok']}/{cell['launches']}ok"
         samples = cell["samples_per_s"]
         # Last on the line, like the interval: a mark that the step times measured cores taking turns.
         shared = f"  {cell['host_load']}" if _oversubscribed(cell.get("host_oversubscribed")) else ""
-        lines.append(f"{label:<52} {status:<7} {cell['step_time_median_s'] * 1e3:>8.1f} {samples:>10.1f} "
-                     f"{stalled_text:>8} {exposed_text:>8} {first:>8.4f}->{last:<8.4f} {cell['parity']:>12}  "
+        lines.append(f"{label:<52} {status:<7} {cell['step_time_on_basis_s'] * 1e3:>8.1f} {samples:>10.1f} "
+                     f"{stalled_text:>8} {exposed_text:>8} {overhead_text:>8} {first:>8.4f}->{last:<8.4f} "
+                     f"{cell['parity']:>12}  "
                      f"{interval}{shared}")
-    lines.append(f"(throughput over {cells['throughput_basis'].iloc[0]}; docs/methodology.md, 'Host stalls')"
-                 if len(cells) else "")
+    if len(cells):
+        lines.append(f"(step ms and samples/s over {cells['throughput_basis'].iloc[0]}; docs/methodology.md, 'Host stalls')")
+        lines.append(EXPOSED_NOTE)
+    else:
+        lines.append("")
     if any(_oversubscribed(cell.get("host_oversubscribed")) for cell in cells.to_dict("records")):
         lines.append("(oversubscribed: a host ran more rank threads than it has cores, so those step times "
                      "measure the cores' sharing; docs/methodology.md, 'On CPU')")

@@ -38,6 +38,8 @@ def test_throughput_of_a_launch_by_hand():
     # without step 2: median(0.1, 0.2, 0.1, 0.2) = 0.15 s -> 16 / 0.15 = 106.67 samples/s.
     assert math.isclose(clean["samples_per_s"], 16 / 0.15)
     assert math.isclose(clean["samples_per_s_all_steps"], 80.0) and clean["host_stalled_steps"] == 1
+    # The step shown beside each throughput is the one it came from (issue 33, finding 5).
+    assert math.isclose(clean["step_time_on_basis_s"], 0.15) and math.isclose(every["step_time_on_basis_s"], 0.2)
 
 
 def test_a_strategy_variant_is_never_merged_into_the_default_s_scaling_reference():
@@ -105,6 +107,43 @@ def test_the_committed_reference_rows_still_report():
     plain = rows[0]["measurements"]
     unstalled = [t for i, t in enumerate(plain["step_time_s"]) if i not in plain["host_stalled_step_indices"]]
     assert cells.loc["plain", "samples_per_s"] == pytest.approx(16 / sorted(unstalled)[len(unstalled) // 2])
+
+
+def test_every_console_line_shows_the_step_its_samples_per_s_came_from():
+    # Issue 33, finding 5: "step ms" was the median of every step and samples/s that of the unstalled ones
+    # (the committed smoke rows: plain 46.1 ms beside 400.6 samples/s, where 16 / 46.1 ms = 347). Each
+    # line's step, by hand from the raw rows: the host stalled steps of both launches, so the table's
+    # basis is the unstalled steps, and both figures must come from them.
+    from harness.runner import summary_table
+
+    rows = [json.loads(line) for line in REFERENCE_ROWS.read_text().splitlines()]
+    by_hand = {}
+    for row in rows:
+        m = row["measurements"]
+        unstalled = sorted(t for i, t in enumerate(m["step_time_s"]) if i not in m["host_stalled_step_indices"])
+        assert 0 < len(unstalled) < len(m["step_time_s"])
+        middle = len(unstalled) // 2
+        by_hand[row["spec"]["strategy"]] = (unstalled[middle] if len(unstalled) % 2
+                                            else (unstalled[middle - 1] + unstalled[middle]) / 2)
+    lines = [line for line in summary_table(rows).splitlines() if line.startswith("gpt-tiny/")]
+    assert len(lines) == 2
+    for line in lines:
+        label, status, step_ms, samples = line.split()[:4]
+        global_batch = int(label.split("/gb")[1].split("/")[0])
+        assert float(step_ms) == pytest.approx(by_hand[label.split("/")[1]] * 1e3, abs=0.05)
+        # global batch / step = samples/s, to the printed rounding of the step (0.05 ms).
+        assert global_batch / (float(step_ms) / 1e3) == pytest.approx(float(samples), rel=0.05 / float(step_ms))
+
+
+def test_the_report_table_shows_the_step_its_samples_per_s_came_from(tmp_path):
+    # The same for the report's cell table: "step ms" on the basis, the raw median beside it only where the
+    # basis is the unstalled steps. The ddp launch stalled its step 2: 16 / median(0.1, 0.2, 0.1, 0.2) =
+    # 106.7 samples/s from a 150 ms step; its raw median over every step is 200 ms.
+    from harness.report.table import tables
+
+    [table] = tables(cell_table([_row("plain", 1, steps=(0.2, 0.2, 0.2), cell="p"), _row(stalled=[2])]))
+    ddp = dict(zip(table.titles, table.rows[1]))
+    assert (ddp["step ms"], ddp["samples/s"], ddp["step ms, all steps"]) == ("150", "107", "200")
 
 
 @pytest.mark.launch

@@ -17,8 +17,10 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import matplotlib
 import pytest
 
+import svg_plots   # tests/svg_plots.py
 from harness.cli import main
 from harness.report import write_report
 
@@ -165,3 +167,104 @@ def test_no_table_column_is_empty(rendered):
         assert rows
         for column, title in enumerate(header):
             assert any(row[column] not in ("", "-") for row in rows), title
+
+
+# ---- issue 33, finding 8: the report of a fresh `make run` (cell rows only, no `harness comm` rows) -------------
+
+FRESH_MEASURE = """<script>
+(() => {
+  const out = document.createElement('pre'); out.id = 'measured'; document.body.appendChild(out);
+  try {
+    const box = element => { const r = element.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    const found = {bars: [], texts: [], deviation: []};
+    document.querySelectorAll('svg').forEach((svg, index) => {
+      svg.querySelectorAll('g[id]').forEach(group => {
+        if (/^(wire|exposed_comm_share|step_beyond_ws1_share)-/.test(group.id)) {
+          const path = group.querySelector('path');
+          found.bars.push({svg: index, id: group.id, fill: getComputedStyle(path).fill, box: box(path)});
+        }
+        if (group.id.startsWith('loss-deviation-'))
+          found.deviation.push({svg: index, id: group.id, markers: [...group.querySelectorAll('use')].map(box)});
+      });
+      svg.querySelectorAll('text').forEach(text => found.texts.push({svg: index, text: text.textContent}));
+    });
+    found.busbw = document.querySelector('#busbw').innerText;
+    found.losses = document.querySelector('#losses').innerText;
+    out.textContent = JSON.stringify(found);
+  } catch (error) {
+    out.textContent = JSON.stringify({error: String(error)});
+  }
+})();
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fresh")
+    write_report([REFERENCE / "full.jsonl"], folder)
+    measured = folder / "measured.html"
+    measured.write_text((folder / "report.html").read_text().replace("</body>", FRESH_MEASURE + "</body>"))
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                          "--window-size=1400,3000", "--dump-dom", measured.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    figures = re.search(r'<pre id="measured">(.*?)</pre>', dom, flags=re.DOTALL)
+    assert figures, "the measuring script did not run"
+    found = json.loads(html.unescape(figures.group(1)))
+    assert "error" not in found, found
+    return found, dom
+
+
+def _rgb(colour: str) -> str:
+    red, green, blue = (round(255 * c) for c in matplotlib.colors.to_rgb(colour))
+    return f"rgb({red}, {green}, {blue})"
+
+
+def test_the_exposed_bars_are_drawn_in_none_of_the_collectives_colours(fresh):
+    # They were all in tab:purple, the colour the figure's one legend gives `send`; the bytes panel takes its
+    # collectives' colours from the property cycle, so none of the exposed bars may take one of those.
+    found, _ = fresh
+    wire = {bar["fill"] for bar in found["bars"] if bar["id"].startswith("wire-")}
+    exposed = {bar["fill"] for bar in found["bars"] if bar["id"].startswith("exposed_comm_share-")}
+    beyond = {bar["fill"] for bar in found["bars"] if bar["id"].startswith("step_beyond_ws1_share-")}
+    cycle = {_rgb(c) for c in matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]}
+    assert len(wire) == 3 and wire <= cycle                     # all_gather, all_reduce, reduce_scatter
+    assert len(exposed) == 1 and len(beyond) == 1 and exposed != beyond
+    assert not (exposed | beyond) & cycle
+    # Six cells at 2 ranks, each with both figures, every bar laid out with a height.
+    assert sum(bar["id"].startswith(("exposed", "step_beyond")) and bar["box"][3] > bar["box"][1]
+               for bar in found["bars"]) == 12
+    legend = {t["text"] for t in found["texts"]}
+    assert {"step beyond the compute-only pass (exposed communication)",
+            "step beyond the strategy's own world-size-1 step"} <= legend
+
+
+def test_no_plot_claims_hatching_that_is_not_there(fresh):
+    # The exposed plot's title said "hatched: a bound"; no baseline of these rows is a bound, nothing is hatched.
+    found, dom = fresh
+    assert not [t for t in found["texts"] if "hatch" in t["text"].lower()]
+    assert "url(#h" not in dom
+
+
+def test_the_empty_bus_bandwidth_section_says_how_to_fill_it(fresh):
+    found, _ = fresh
+    assert "No rows with these figures" not in found["busbw"]
+    assert "python -m harness comm --world-size 2 --device cpu --out results/comm.jsonl" in found["busbw"]
+    assert f"python -m harness report {REFERENCE / 'full.jsonl'} results/comm.jsonl" in found["busbw"]
+
+
+def test_the_loss_section_shows_each_cell_s_deviation_against_the_tolerance(fresh):
+    # Twelve cells held against the plain loop, each with a marker at each of parity's four steps. ddp at 2
+    # ranks, step 0, by hand: |l0 - r0| / r0 over fp32's tolerance of 1e-6.
+    found, dom = fresh
+    assert len(found["deviation"]) == 12 and all(len(series["markers"]) == 4 for series in found["deviation"])
+    rows = [json.loads(line) for line in (REFERENCE / "full.jsonl").read_text().splitlines()]
+    losses = {(r["spec"]["strategy"], r["spec"]["world_size"]): r["measurements"]["loss_per_step"] for r in rows}
+    (l0, r0) = losses[("ddp", 2)][0], losses[("plain", 1)][0]
+    expected = abs(l0 - r0) / abs(r0) / 1e-6
+    assert 0.01 < expected < 1
+    [svg] = [s for s in svg_plots.svgs(dom[dom.index('id="losses"'):]) if svg_plots.find(s, "loss-deviation-ddp-ws2")]
+    series = svg_plots.find(svg, "loss-deviation-ddp-ws2")
+    y = svg_plots.mapping(svg_plots.ticks(svg_plots.axes_holding(svg, series), "y"))
+    assert y(svg_plots.marker_positions(series)[0][1]) == pytest.approx(expected, abs=0.01)
+    assert "parity tolerance (above: a mismatch)" in {t["text"] for t in found["texts"]}
+    assert "in units of the tolerance" in found["losses"]

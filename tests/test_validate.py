@@ -253,7 +253,7 @@ def test_term_errors_split_an_error_into_compute_and_exposed_by_hand():
     assert ws4.rule_compute_s == pytest.approx(0.025) and ws4.measured_compute_s == pytest.approx(0.05)
     terms = term_errors([ws4])
     assert terms["compute"] == pytest.approx(-0.5)
-    assert terms["exposed"] == pytest.approx((0.606 - 0.2 / 3) / 0.5 - 1)
+    assert terms["beyond compute"] == pytest.approx((0.606 - 0.2 / 3) / 0.5 - 1)
 
 
 def test_design_from_the_command_line_and_its_bad_input(tmp_path, capsys):

@@ -12,8 +12,10 @@ from harness.derive.rows import load_rows;
 `launch_table` gives one line per launch (any status) with its spec, step-time medians and throughput on
 the basis chosen for the whole set (harness.derive.throughput), memory, communication, exposed time and
 MFU. `cell_table` folds the launches of each cell (its spec under its conditions, harness.derive.identity:
-the same spec at another link rate, placement or host type is another cell, labelled apart): the median across ok launches, the interval of the
-throughput that their number supports, the parity verdict judged over every row given, and the scaling efficiencies. The console
+the same spec at another link rate, placement or host type is another cell, labelled apart): the median across
+ok launches, the interval of the throughput that their number supports, the parity verdict judged over every
+row given, the scaling efficiencies and the step beyond the strategy's own world-size-1 step
+(harness.derive.beyond_ws1). The console
 summary (`harness run`), `harness report` and the asv suite read these tables and nothing else, so a
 figure means the same wherever it is shown.
 """
@@ -25,8 +27,9 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from harness.derive.beyond_ws1 import step_beyond_ws1
 from harness.derive.comm import comm_columns
-from harness.derive.exposed import exposed_communication
+from harness.derive.exposed import exposed_columns
 from harness.derive.hosts import cell_host_load, row_host_load
 from harness.derive.identity import (cell_identity, conditions_id, distinguishing_suffixes, emulation_text,
                                      row_conditions)
@@ -59,7 +62,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(launch_throughput(row, basis))
     record.update(_memory(m))
     record.update(_communication(m))
-    record.update(_exposed(m))
+    record.update(_exposed(m, int(s["world_size"])))
     record.update(_mfu(row, record))
     record.update(row_host_load(row))
     return record
@@ -110,9 +113,10 @@ def _communication(m: dict) -> dict[str, Any]:
     return comm_columns(m)
 
 
-def _exposed(m: dict) -> dict[str, Any]:
-    """Exposed communication time and share against the compute-only baseline (harness.derive.exposed)."""
-    return exposed_communication(m).columns()
+def _exposed(m: dict, world_size: int) -> dict[str, Any]:
+    """The step beyond the compute-only baseline (harness.derive.exposed): exposed communication at >= 2
+    ranks, the framework's own overhead at world size 1, where nothing is communicated."""
+    return exposed_columns(m, world_size)
 
 
 def _mfu(row: Row, figures: dict) -> dict[str, Any]:
@@ -138,8 +142,9 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "samples_per_s_all_steps", "tokens_per_s", "peak_rss_bytes_max", "peak_allocated_bytes_max",
                   "model_state_bytes_predicted", "model_state_census_bytes_max", "model_state_bytes_measured_max",
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
-                  "exposed_comm_share", "mfu")
-FIRST_COLUMNS = ("compute_only_kind", "exposed_comm_note", "mfu_unavailable_because", "peak_flops_source")
+                  "exposed_comm_share", "framework_overhead_share", "mfu")
+FIRST_COLUMNS = ("compute_only_kind", "exposed_comm_note", "framework_overhead_note", "mfu_unavailable_because",
+                 "peak_flops_source")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
 PARITY_ORDER = ("mismatch", "not-judged", "no-reference", "match", "reference")
 
@@ -150,6 +155,7 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
         return pd.DataFrame()
     basis = throughput_basis(rows)
     launches = launch_table(rows, basis, context)
+    raw = {row.get("run_id"): row for row in rows}
     lines = []
     for cell_id, group in launches.groupby("cell_id", sort=False):
         first = group.iloc[0]
@@ -172,8 +178,12 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
         line["parity_failed"] = next((f for v, f in zip(ok["parity_verdict"], ok["parity_failed"]) if v == worst
                                       and f), "") if verdicts else ""
         throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
+        line["step_time_on_basis_s"] = _step_of(line["global_batch"], line["samples_per_s"])
         line.update(_interval(throughputs))
         line.update(cell_host_load(ok.to_dict("records")))
+        # Against the strategy's world-size-1 launches among the rows shown (harness.derive.beyond_ws1).
+        line.update(step_beyond_ws1([raw[run] for run in ok["run_id"] if run in raw], rows,
+                                    _oversubscribed(line.get("host_oversubscribed"))))
         if not ok.empty:
             line["host_stalled_steps"] = int(ok["host_stalled_steps"].sum())
             line["timed_steps_recorded"] = int(ok["timed_steps_recorded"].sum())
@@ -183,6 +193,13 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
     return scaling_efficiency(cells)
 
 
+def _step_of(global_batch: Any, samples_per_s: float | None) -> float | None:
+    """The step time the cell's throughput stands for, global_batch / samples_per_s (on the set's basis), so
+    that the two agree on every line that shows both: with an odd number of launches it is the median
+    launch's median step on that basis; with an even number, the step of the middle throughputs' mean."""
+    return float(global_batch) / samples_per_s if samples_per_s else None
+
+
 def _interval(values: list[float]) -> dict[str, Any]:
     """The interval the number of launches supports (harness.derive.intervals): none for one launch, the
     range below five, a bootstrap CI of the median from five; labelled as what it is."""
@@ -190,6 +207,10 @@ def _interval(values: list[float]) -> dict[str, Any]:
     return {"samples_per_s_low": interval.low if interval else None,
             "samples_per_s_high": interval.high if interval else None,
             "samples_per_s_interval": interval.label if interval else ""}
+
+
+def _oversubscribed(flag: Any) -> bool:
+    return flag is not None and flag == True  # noqa: E712  (numpy's bool is not `True`)
 
 
 def _present(value: Any) -> bool:

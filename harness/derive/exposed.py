@@ -17,6 +17,12 @@ mirrored (a CPU-offloaded optimizer step, say): then the exposed figure also hol
 is labelled with it. A negative share is reported as measured, never clipped, with a note saying
 whether it lies within the steps' spread (noise: no exposed communication measurable) or beyond it (the
 baseline was slower than the real step, so the figure says nothing about communication).
+
+At world size 1 nothing is communicated, and the same difference is the strategy's own work beyond the bare
+compute (ZeRO-3's parameter bookkeeping, DDP's bucket copies, DeepSpeed's flattening): `exposed_columns`
+shows it there as `framework_overhead_*`, never as exposed communication. At >= 2 ranks the exposed figure
+holds that overhead too; harness.derive.beyond_ws1 gives the step beyond the strategy's own world-size-1
+step, which leaves it out.
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ class ExposedCommunication:
                 "compute_only_kind": self.compute_only_kind, "exposed_comm_note": self.note}
 
 
-def exposed_communication(measurements: Mapping[str, Any]) -> ExposedCommunication:
-    """Exposed communication time and share of one row (see the module docstring)."""
+def exposed_communication(measurements: Mapping[str, Any], subject: str = "communication") -> ExposedCommunication:
+    """Exposed communication time and share of one row (see the module docstring); `subject` words a
+    negative figure's note (negative_note)."""
     if "compute_only_step_time_s_by_rank" not in measurements:
         return _schema_1(measurements)
     kind = measurements.get("compute_only_kind")
@@ -60,20 +67,40 @@ def exposed_communication(measurements: Mapping[str, Any]) -> ExposedCommunicati
                                     note="the host stalled every step of a pass")
     step, baseline = median(real), median(compute)
     exposed = step - baseline
-    note = negative_note(exposed, real, compute) if exposed < 0 else ""
+    note = negative_note(exposed, real, compute, subject) if exposed < 0 else ""
     return ExposedCommunication(exposed_comm_s=exposed, exposed_comm_share=exposed / step, compute_only_kind=kind,
                                 note=note)
 
 
-def negative_note(exposed_s: float, real: Sequence[float], compute: Sequence[float]) -> str:
-    """What a negative exposed time means, judged against the spread (max - min) of each pass's steps."""
+def negative_note(exposed_s: float, real: Sequence[float], compute: Sequence[float],
+                  subject: str = "communication") -> str:
+    """What a negative exposed time means, judged against the spread (max - min) of each pass's steps;
+    `subject` is what the figure stands for (communication; at world size 1 the framework's overhead)."""
     spread = max(max(real) - min(real), max(compute) - min(compute))
     measured = (f"the compute-only median exceeds the real step's by {-exposed_s * 1e3:.3g} ms, "
                 f"steps spread {spread * 1e3:.3g} ms")
+    figure = "exposed communication" if subject == "communication" else subject
     if -exposed_s <= spread:
-        return f"negative within noise: {measured}; no exposed communication measurable"
+        return f"negative within noise: {measured}; no {figure} measurable"
     return (f"negative beyond noise: {measured}; the baseline was slower than the real step, so this says "
-            f"nothing about communication")
+            f"nothing about {subject}")
+
+
+FRAMEWORK_OVERHEAD = "framework overhead"
+WORLD_SIZE_1 = "world size 1: nothing is communicated (the step beyond the compute-only pass is framework_overhead)"
+
+
+def exposed_columns(measurements: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    """The row's step beyond its compute-only pass under the name that says what it is: exposed
+    communication at >= 2 ranks, the framework's own overhead at world size 1 (module docstring)."""
+    if world_size >= 2:
+        return {**exposed_communication(measurements).columns(), "framework_overhead_s": None,
+                "framework_overhead_share": None, "framework_overhead_note": ""}
+    figure = exposed_communication(measurements, subject=FRAMEWORK_OVERHEAD)
+    return {"exposed_comm_s": None, "exposed_comm_share": None, "compute_only_kind": figure.compute_only_kind,
+            "exposed_comm_note": WORLD_SIZE_1 if figure.exposed_comm_s is not None else figure.note,
+            "framework_overhead_s": figure.exposed_comm_s, "framework_overhead_share": figure.exposed_comm_share,
+            "framework_overhead_note": figure.note}
 
 
 def slowest_rank_per_step(times_by_rank: Sequence[Sequence[float]]) -> list[float]:

@@ -9,7 +9,9 @@ indices`, harness/rank/timing.py) measures the host, not the software.
 
 The basis (every timed step, or the unstalled ones) is chosen once for a whole set of rows
 (`throughput_basis`), so that two cells' throughputs, and every ratio of them (efficiencies), rest on
-the same kind of steps. The console summary and the report both call this module, so they agree.
+the same kind of steps. `step_time_on_basis_s` is the median step of that same basis, so that a step
+time shown beside a throughput is the one it came from: global_batch / step_time_on_basis_s = X. The
+console summary and the report both call this module, so they agree.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def launch_throughput(row: Row, basis: Basis) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "step_time_median_s": median(every) if every else None,
         "step_time_unstalled_median_s": median(unstalled) if unstalled else None,
+        "step_time_on_basis_s": median(steps) if steps else None,
         "host_stalled_steps": len(every) - len(unstalled),
         "timed_steps_recorded": len(every),
         "throughput_basis": basis.value,

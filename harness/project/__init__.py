@@ -10,7 +10,7 @@ fit of the model's latency and bandwidth terms to `harness comm` rows.
 - `presets`: the named clusters, every value with its public source;
 - `collectives`: the time of one collective per algorithm (alpha-beta model) on one link or on a cluster;
 - `fit`: latency and bandwidth per collective fitted to `harness comm` rows, with the residuals kept;
-- `projection`: step time, throughput, scaling efficiency, exposed communication and memory per rank at
+- `projection`: step time, throughput, scaling efficiency, the step beyond compute and memory per rank at
   world sizes not measured, from measured rows or a description, and the projected rows it writes;
 - `facts`: each strategy's expected collectives and model-state plan at any world size, from the registry
   (imported only when asked, so importing this package stays torch-free);

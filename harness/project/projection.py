@@ -1,4 +1,4 @@
-"""Step time, throughput, scaling efficiency, exposed communication and model-state memory per rank of each
+"""Step time, throughput, scaling efficiency, the step beyond compute and model-state memory per rank of each
 strategy at world sizes that were not measured: from measured rows, or from a description alone.
 
     python -m harness project results/reference/ci-cpu/smoke.jsonl --cluster dgx-h100-ib
@@ -6,15 +6,19 @@ strategy at world sizes that were not measured: from measured rows, or from a de
 
 The model, end to end (docs/projection.md says where each part comes from and where it stops holding):
 
-    step(N) = compute(N) + exposed(N)
-    comm(N) = sum over the step's collectives of  calls(N) x time(collective, size(N), group(N))
-    exposed(N) = max(f x comm(N),  comm(N) - BACKWARD_SHARE x compute(N))
+    step(N)   = compute(N) + beyond(N)
+    comm(N)   = sum over the step's collectives of  calls(N) x time(collective, size(N), group(N))
+    beyond(N) = max(f x comm(N),  comm(N) - BACKWARD_SHARE x compute(N))
 
-- **compute(N)**: the measured compute-only step time (the rank's own work with no communication,
-  harness.derive.exposed) at the measured per-device batch b. Weak scaling keeps b, so compute(N) is that
-  time; strong scaling keeps the global batch B, so compute(N) = compute x (B / N) / b (compute in
-  proportion to the samples a device runs: a fixed cost per step, the optimizer's, does not shrink, so
-  strong scaling is optimistic at small per-device batches).
+- **compute(N)**: the strategy's own world-size-1 step where the rows hold one (its work on the rank with
+  no network), else the measured compute-only step time (the model's work alone, harness.derive.exposed),
+  at the measured per-device batch b (`Basis.compute_source` says which). Weak scaling keeps b, so
+  compute(N) is that time; strong scaling keeps the global batch B, so compute(N) = compute x (B / N) / b
+  (compute in proportion to the samples a device runs: a fixed cost per step, the optimizer's, does not
+  shrink, so strong scaling is optimistic at small per-device batches).
+- **beyond(N)**: the step beyond compute(N), named for it: with a world-size-1 cell, the step beyond the
+  strategy's own world-size-1 step (harness.derive.beyond_ws1); only without one is it exposed
+  communication as measured rows define it (the step beyond the compute-only pass, harness.derive.exposed).
 - **the schedule**: the collectives the rows counted per step per rank (type, size per call, calls, the
   group they ran among). A collective among the data-parallel group runs among N ranks at the target; how
   its calls and sizes change with N is the strategy's own: `Strategy.expected_collectives` at the target
@@ -31,22 +35,23 @@ The model, end to end (docs/projection.md says where each part comes from and wh
   forced, named per collective in the table and the rows; or a Calibration fitted to `harness comm` rows
   (harness.project.fit), which then is the target: a one-level network like the host it was measured on,
   each collective by the algorithm it was fitted with.
-- **overlap**: f = exposed_m / comm_m, the exposed time over the priced communication, with exposed_m the
-  measured exposed communication at >= 2 ranks and comm_m the same schedule priced on the measuring
+- **overlap**: f = beyond_m / comm_m, the measured step beyond compute over the priced communication, with
+  beyond_m the measured step beyond compute at >= 2 ranks (the step beyond the strategy's own world-size-1
+  step where there is one, harness.derive.beyond_ws1) and comm_m the same schedule priced on the measuring
   host's calibration (`--comm`); >= 0 (a step measured faster than its compute exposes nothing) and not
   bounded above. Below 1, overlap hid part of the communication (the last bucket, ZeRO-1's all-gather
   after the optimizer step stay exposed); above 1, the step's collectives cost more inside the step than
   the calibration prices them (contention with compute for the host's cores, framework work per call),
   which is measured, not assumed away. Carried over to N as that ratio. The second term bounds it from
   below: communication can hide only behind backward, BACKWARD_SHARE of a step's compute, so whatever does
-  not fit is exposed. Without a calibration of the measuring host, or a measured exposed figure, f = 1
-  (no overlap).
+  not fit is exposed. Without a calibration of the measuring host, or a measured figure beyond compute,
+  f = 1 (no overlap).
 - **memory**: the strategy's `model_state_plan` at N (the ZeRO paper's sharding, harness.derive.memory)
   times the parameters a rank holds.
 - **interval** (only where a Calibration prices the target): each collective's time scaled by the 10th
   and 90th percentiles of measured / fitted over that collective's calibration rows, every collective at
   the same percentile at once (errors taken to move together, which widens the band), and the same rule
-  for exposed time: an 80% band of the communication model's scatter, not of compute noise.
+  for the step beyond compute: an 80% band of the communication model's scatter, not of compute noise.
 
 Efficiency is against the 1-device prediction (compute only, no communication): weak
 E(N) = compute(b) / step(N); strong E(N) = compute(B on one device) / (N x step(N)).
@@ -171,14 +176,14 @@ class Projected:
     micro_batches: int
     compute_s: float
     comm_s: float
-    exposed_s: float
+    exposed_s: float                   # beyond(N) of the module docstring: the step beyond compute_s
     step_s: float
     step_low_s: float | None
     step_high_s: float | None
     samples_per_s: float
     tokens_per_s: float | None
     efficiency: float
-    exposed_share: float
+    exposed_share: float               # exposed_s / step_s
     model_state_bytes_per_rank: float
     wire_bytes_per_rank: float
     schedule: tuple[Scheduled, ...]
@@ -479,6 +484,7 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
         # compute-only pass (the model's forward and backward alone) leaves out, and no network.
         compute = one_device[0] * per_device / one_device[1]
         compute_source = f"the strategy's world-size-1 step, {one_device[0] * 1e3:.4g} ms at {one_device[1]:g} samples"
+        beyond_what = "step beyond the strategy's world-size-1 step"       # harness.derive.beyond_ws1's figure
         steps = [t for t in (unstalled_median_step_s(measurements(r)) for r in rows) if t is not None]
         exposed = [t - compute * factor for t in steps]
     else:
@@ -487,6 +493,7 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
             raise SpecError("no compute-only step time in its rows (compute_only_unavailable_because: "
                             f"{m.get('compute_only_unavailable_because', 'not recorded')!r})")
         compute, compute_source = median(computes) / factor, f"compute-only pass at world size {world_size}"
+        beyond_what = "exposed communication (step beyond the compute-only pass)"
         exposed = [e for e in (exposed_communication(measurements(r)).exposed_comm_s for r in rows) if e is not None]
     data_parallel = int(m.get("data_parallel") or world_size)
     if data_parallel != world_size:
@@ -508,7 +515,7 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
         comm_m = comm_seconds(schedule, world_size, host)
         exposed_m = median(exposed)
         fraction = max(0.0, exposed_m / comm_m) if comm_m > 0 else 1.0
-        source = (f"measured exposed {exposed_m * 1e3:.3g} ms / priced comm {comm_m * 1e3:.3g} ms at world size "
+        source = (f"measured {beyond_what} {exposed_m * 1e3:.3g} ms / priced comm {comm_m * 1e3:.3g} ms at world size "
                   f"{world_size} on the --comm calibration")
     return Basis(workload=s["workload"], strategy=s["strategy"], options=options,
                  precision=s["precision"], recipe=str(m.get("precision_recipe") or "fp32"), parameters=parameters,
@@ -599,11 +606,12 @@ def describe_model(model: CommModel) -> dict[str, Any]:
 
 
 ASSUMPTIONS = {
-    "compute": "compute-only step time at the measured per-device batch; strong scaling scales it by the "
-               "per-device share of the global batch",
+    "compute": "the strategy's world-size-1 step where the rows hold one, else the compute-only step time, at the "
+               "measured per-device batch; strong scaling scales it by the per-device share of the global batch",
     "schedule": "collectives as counted per step; calls and sizes follow the strategy's expected traffic "
                 "from the measured to the target world size; data-parallel groups span all ranks",
-    "overlap": f"exposed = max(f x comm, comm - {BACKWARD_SHARE:.3g} x compute), f measured at >= 2 ranks",
+    "overlap": f"step beyond compute = max(f x comm, comm - {BACKWARD_SHARE:.3g} x compute), f measured at >= 2 "
+               "ranks",
     "algorithm": "on a described cluster, each call by the least modelled time among its library's algorithms "
                  "(NCCL: ring or tree for all-reduce), unless --algorithm forces one; a calibration's own",
     "memory": "the strategy's model_state_plan at the target (ZeRO paper, sec. 5.1)",
@@ -622,11 +630,11 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
         "measured_under": b.conditions,
         "scaling": point.scaling.value, "world_size": point.world_size, "global_batch": point.global_batch,
         "per_device_batch": point.per_device_batch, "micro_batches_per_step": point.micro_batches,
-        "compute_s": point.compute_s, "comm_s": point.comm_s, "exposed_comm_s": point.exposed_s,
+        "compute_s": point.compute_s, "comm_s": point.comm_s, "step_beyond_compute_s": point.exposed_s,
         "step_time_s": point.step_s, "step_time_low_s": point.step_low_s, "step_time_high_s": point.step_high_s,
         "samples_per_s": point.samples_per_s, "tokens_per_s": point.tokens_per_s,
         f"{point.scaling.value}_efficiency_vs_1_device": point.efficiency,
-        "exposed_comm_share": point.exposed_share, "model_state_bytes_per_rank": point.model_state_bytes_per_rank,
+        "step_beyond_compute_share": point.exposed_share, "model_state_bytes_per_rank": point.model_state_bytes_per_rank,
         "wire_bytes_per_step_per_rank": point.wire_bytes_per_rank,
         "schedule": [asdict(item) | {"ranks": item.ranks(point.world_size), "algorithm": algorithm}
                      for item, algorithm in zip(point.schedule, point.algorithms, strict=True)],
@@ -635,6 +643,7 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
                    "basis": {"world_size": b.world_size, "per_device_batch": b.per_device_batch,
                              "global_batch": b.global_batch, "micro_batch": b.micro_batch,
                              "micro_batches_per_step": b.micro_batches, "compute_s": b.compute_s,
+                             "compute_source": b.compute_source,
                              "parameters": b.parameters, "kept_whole": b.kept_whole, "recipe": b.recipe,
                              "gradient_bytes": b.gradient_bytes, "gathered_bytes": b.gathered_bytes,
                              "schedule": [asdict(item) for item in b.schedule],
@@ -646,8 +655,8 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
 def format_table(points: Sequence[Projected]) -> str:
     """One block per basis: a line per scaling and world size."""
     lines: list[str] = []
-    header = (f"{'scaling':<7} {'N':>5} {'global batch':>12} {'compute ms':>11} {'comm ms':>10} {'exposed ms':>11} "
-              f"{'step ms':>10} {'step ms band':>19} {'samples/s':>11} {'efficiency':>10} {'exposed':>8} "
+    header = (f"{'scaling':<7} {'N':>5} {'global batch':>12} {'compute ms':>11} {'comm ms':>10} {'beyond ms':>11} "
+              f"{'step ms':>10} {'step ms band':>19} {'samples/s':>11} {'efficiency':>10} {'beyond':>8} "
               f"{'states GiB/rank':>15}  algorithms")
     by_basis: dict[int, list[Projected]] = {}
     for point in points:
@@ -655,8 +664,9 @@ def format_table(points: Sequence[Projected]) -> str:
     for group in by_basis.values():
         b = group[0].basis
         where = f"measured at world size {b.world_size}" if b.world_size else "described"
-        lines += ["", f"{b.label} ({where}; compute {b.compute_s * 1e3:.4g} ms at {b.per_device_batch:g} samples/device; "
-                      f"overlap: {b.overlap_source})", header, "-" * len(header)]
+        lines += ["", f"{b.label} ({where}; compute {b.compute_s * 1e3:.4g} ms at {b.per_device_batch:g} samples/device "
+                      f"from {b.compute_source}, beyond: the step beyond it; overlap: {b.overlap_source})", header,
+                  "-" * len(header)]
         for p in group:
             band = (f"{p.step_low_s * 1e3:.4g}-{p.step_high_s * 1e3:.4g}" if p.step_low_s is not None else "-")
             lines.append(f"{p.scaling.value:<7} {p.world_size:>5} {p.global_batch:>12g} {p.compute_s * 1e3:>11.4g} "

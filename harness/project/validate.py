@@ -48,8 +48,8 @@ already gave; the model earns only the difference.
 same work with no communication, on the same time-sliced cores. The model's compute rule (the per-device
 share of the samples, times the shared-cores factor) carries the world-size-1 cell's compute-only pass to N;
 against the held-out cell's own pass that gives the compute term's error r_c. The model's compute (from the
-world-size-1 *step*) corrected by it, C / (1 + r_c), leaves measured step - C / (1 + r_c) as the exposed time
-the model should have predicted: against it, the exposed term's error.
+world-size-1 *step*) corrected by it, C / (1 + r_c), leaves measured step - C / (1 + r_c) as the step beyond
+compute the model should have predicted: against it, that term's error (its communication, f included).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class Validation:
                 and all(tau >= TAU_BAR for tau in self.taus.values()))
 
 
-def _network_key(record: Mapping[str, Any]) -> str:
+def network_key(record: Mapping[str, Any]) -> str:
     return json.dumps(network_of(record), sort_keys=True)
 
 
@@ -191,7 +191,7 @@ def calibrations_by_network(comm_records: Iterable[Mapping[str, Any]]) -> dict[s
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for record in comm_records:
         if record.get("kind") == COMMBENCH_KIND:
-            grouped.setdefault(_network_key(record), []).append(record)
+            grouped.setdefault(network_key(record), []).append(record)
     return {network: fit_calibration(records) for network, records in grouped.items()}
 
 
@@ -224,7 +224,7 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
         raise SpecError(f"the largest source world size must be a whole number >= 2, got {max_source_world_size!r}")
     by_network = calibrations_by_network(comm_records)
     settings = _settings([row for row in rows if is_ok(row)])
-    calibrations = {setting: by_network.get(_network_key(members[0])) for setting, members in settings.items()}
+    calibrations = {setting: by_network.get(network_key(members[0])) for setting, members in settings.items()}
     # {(setting, strategy key, world size, global batch): the launches of that cell}
     cells: dict[tuple, list[Mapping[str, Any]]] = {}
     for setting, members in settings.items():
@@ -360,8 +360,8 @@ def _pair_order(pair: str) -> tuple[float, float]:
 
 def term_errors(cells: Sequence[Checked]) -> dict[str, float | None]:
     """Median error of each term of the model over `cells` (the module docstring's "Terms"): compute, r_c =
-    rule compute / the held-out cell's compute-only pass - 1; exposed, predicted exposed / (measured step -
-    predicted compute / (1 + r_c)) - 1. Cells without both compute-only passes, or with no positive exposed
+    rule compute / the held-out cell's compute-only pass - 1; beyond compute, the predicted step beyond compute
+    / (measured step - predicted compute / (1 + r_c)) - 1. Cells without both compute-only passes, or with no positive exposed
     time left, are left out of a term."""
     compute, exposed = [], []
     for c in cells:
@@ -373,13 +373,13 @@ def term_errors(cells: Sequence[Checked]) -> dict[str, float | None]:
         if left > 0:
             exposed.append(c.exposed_s / left - 1)
     return {"compute": float(np.median(compute)) if compute else None,
-            "exposed": float(np.median(exposed)) if exposed else None}
+            "beyond compute": float(np.median(exposed)) if exposed else None}
 
 
 def format_validation(result: Validation) -> str:
     header = (f"{'setting':<14} {'strategy':<9} {'N':>2} {'from':<22} {'scaling':<7} {'launches':>8} "
               f"{'measured ms':>11} {'predicted ms':>12} {'error':>7} {'baseline':>8}   {'compute ms':>10} "
-              f"{'(measured)':>10} {'exposed ms':>10} {'(measured)':>10} {'f':>5}")
+              f"{'(measured)':>10} {'beyond ms':>10} {'(measured)':>10} {'f':>5}")
     lines = [f"parbench: projection validation ({result.design.value}): each multi-rank cell predicted without it, "
              "from its setting's comm rows and its strategy's world-size-1 step and source cell (`from`); "
              "baseline: the source cell's measured step copied", header, "-" * len(header)]

@@ -12,6 +12,8 @@ row or a user (labels, options, messages, environment values) is HTML-escaped.
 from __future__ import annotations
 
 import html
+import re
+import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -25,12 +27,24 @@ from harness.record import COMMBENCH_KIND, read_rows
 from harness.report.plots import (plot_busbw, plot_communication, plot_efficiency, plot_losses, plot_memory,
                                   plot_throughput)
 from harness.report.projected import projection_figures, read_projections
-from harness.report.table import Table, tables
+from harness.report.table import BEYOND_WS1_TITLE, EXPOSED_TITLE, OVERHEAD_TITLE, Table, tables
 from harness.report.verdicts import EXPOSED_DOMINATES, RSS_CONTAINS, Verdicts, verdicts
 from harness.spec import DeviceKind
 
 HOST_LOAD_NOTE = ("'host load' is the most loaded host's rank threads against its cores, 'oversubscribed' where "
                   "they outnumber them: those step times measure the cores' sharing (docs/methodology.md, 'On CPU').")
+
+LOSS_CAPTION = ("Left: the plain loop's loss per step, the reference. Right: each other cell's deviation from it at "
+                "the steps parity compares, in units of the tolerance it is held to: step 0 relative to the loss, "
+                "later steps relative to the reference's largest step move (docs/methodology.md, 'Loss parity'). "
+                "At or below 1 it matches on its losses; first launches only.")
+
+STEP_BEYOND_NOTE = (f"'{EXPOSED_TITLE}': at 2 ranks or more, the step beyond the compute-only pass (the model's "
+                    "forward, backward and optimizer step alone): communication and the strategy's own work. "
+                    f"'{BEYOND_WS1_TITLE}': the step beyond the strategy's own world-size-1 step, in proportion to "
+                    "the samples a rank runs: what running on several ranks adds, the strategy's own work left out. "
+                    f"'{OVERHEAD_TITLE}': at 1 rank, where nothing is communicated, the step beyond the compute-only "
+                    "pass: the framework's own work (docs/methodology.md, 'Exposed communication').")
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
@@ -53,7 +67,8 @@ def verdicts_html(found: Verdicts) -> str:
     parts = ["<section id='verdicts'><h2>Verdicts</h2>",
              f"<p class='note'>Per device, workload, precision, global batch and world size. Margins are between "
              f"medians across launches; a tie is called where the launches' intervals overlap. Exposed "
-             f"communication dominates where it is more than {EXPOSED_DOMINATES:.0%} of the step. Memory per "
+             f"communication dominates where more than {EXPOSED_DOMINATES:.0%} of the step lies beyond the "
+             f"strategy's own world-size-1 step. Memory per "
              f"rank: on GPU the allocator's model states at gradients_ready; on CPU peak RSS.</p>"]
     for heading, lines in _verdict_sections(found):
         parts.append(f"<h3>{e(heading)}</h3><ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>")
@@ -78,14 +93,18 @@ def _table_notes(summary: pd.DataFrame) -> list[str]:
              "95% bootstrap interval from 5; a cell of one launch has none ('-'). Efficiencies: "
              "E(N) = X(N) / (N X_ref(1)) (docs/methodology.md, 'Derived figures'). Shared-GPU rows carry no speed.",
              _basis_note(summary)]
+    if any(column in summary and summary[column].notna().any()
+           for column in ("exposed_comm_share", "framework_overhead_share", "step_beyond_ws1_share")):
+        notes.append(STEP_BEYOND_NOTE)
     if "host_load" in summary and summary["host_load"].notna().any():
         notes.append(HOST_LOAD_NOTE)
     return notes
 
 
 def _figures(title: str, figures: Iterable[tuple[str | None, Sequence[str]]], anchor: str,
-             caption: str = "") -> list[str]:
-    """A section of plots (those drawn; a line saying there are none otherwise), each with its notes."""
+             caption: str = "", empty: str = "No rows with these figures.") -> list[str]:
+    """A section of plots (those drawn; `empty`, saying there are none and how to get them, otherwise),
+    each with its notes."""
     e = html.escape
     drawn = [(svg, notes) for svg, notes in figures if svg]
     parts = [f"<section id='{anchor}'><h2>{e(title)}</h2>"]
@@ -96,9 +115,22 @@ def _figures(title: str, figures: Iterable[tuple[str | None, Sequence[str]]], an
         captions = "".join(f"<br>{e(note)}" for note in notes).removeprefix("<br>")
         parts.append(f"<figure>{svg}" + (f"<figcaption>{captions}</figcaption>" if notes else "") + "</figure>")
     if not drawn:
-        parts.append("<p>No rows with these figures.</p>")
+        parts.append("<p>" + re.sub(r"`([^`]+)`", r"<code>\1</code>", e(empty)) + "</p>")   # commands as code
     parts.append("</div></section>")
     return parts
+
+
+def busbw_missing(summary: pd.DataFrame, sources: Sequence[Path]) -> str:
+    """What to run for the bus-bandwidth plot: `harness comm` at the largest world size of these cells (at
+    least 2, a collective's smallest group) on their device, and this report again with its rows."""
+    world_size = max([2, *(int(n) for n in summary.get("world_size", ()) if n == n)])
+    devices = set(summary["device"]) if "device" in summary else set()
+    device = f" --device {devices.pop()}" if len(devices) == 1 else ""
+    rows = "results/comm.jsonl"
+    report = shlex.join(["python", "-m", "harness", "report", *(str(s) for s in sources), rows])
+    return (f"No collective benchmark rows in these files. `python -m harness comm --world-size {world_size}{device} "
+            f"--out {rows}` times each collective over doubling sizes on this machine (nccl-tests' algbw and "
+            f"busbw); then `{report}` draws them here.")
 
 
 def _by_device(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -148,9 +180,13 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
                                   "cells on top (diamonds, efficiency against its measured world size 1).")
     parts += _figures("Memory per rank", per_workload(plot_memory, by_device), caption=_memory_caption(summary),
                       anchor="memory")
-    parts += _figures("Communication", per_workload(plot_communication, table_by_device), anchor="communication")
-    parts += _figures("Collective bus bandwidth", [(plot_busbw(commbench), ())], anchor="busbw")
-    parts += _figures("Loss parity", [(plot_losses(raw_rows, w), ()) for w in workloads], anchor="losses")
+    communication = [(plot_communication(frame, w, summary[summary["device"] == device]), ())
+                     for device, frame in table_by_device for w in workloads]
+    parts += _figures("Communication", communication, anchor="communication")
+    parts += _figures("Collective bus bandwidth", [(plot_busbw(commbench), ())], anchor="busbw",
+                      empty=busbw_missing(summary, sources))
+    parts += _figures("Loss parity", [(plot_losses(raw_rows, w), ()) for w in workloads], anchor="losses",
+                      caption=LOSS_CAPTION)
     parts.append("<section id='cells'><h2>Cells</h2>")
     parts += [_table_html(t) for t in tables(summary)] or ["<p>No cell rows.</p>"]
     parts += [f"<p class='note'>{e(note)}</p>" for note in _table_notes(summary)]
@@ -182,10 +218,10 @@ def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Se
 
 def _basis_note(summary: pd.DataFrame) -> str:
     if "throughput_basis" not in summary or not (summary["throughput_basis"] == Basis.UNSTALLED.value).any():
-        return "Throughput (samples/s), its plot and the efficiencies use every timed step."
+        return "Step ms, throughput (samples/s), its plot and the efficiencies use every timed step."
     return ("The host stalled some timed steps (column 'host-stalled steps'; docs/methodology.md, 'Host stalls'), so "
-            "samples/s, its interval, the throughput plot and the efficiencies use the unstalled steps; "
-            "'samples/s, all steps' is the raw figure the rows carry.")
+            "step ms, samples/s, its interval, the throughput plot and the efficiencies use the unstalled steps; "
+            "'step ms, all steps' and 'samples/s, all steps' are the raw figures the rows carry.")
 
 
 def _environments(rows: Sequence[Row]) -> list[dict]:

@@ -22,6 +22,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
+from harness.derive.exposed import BOUND_PREFIX  # noqa: E402
+from harness.derive.loss_deviation import deviations_in_tolerances, references  # noqa: E402
+from harness.derive.parity import PARITY_STEPS, REFERENCE_STRATEGY, reference_key  # noqa: E402
 from harness.derive.rows import Row, is_ok, measurements, spec  # noqa: E402
 from harness.report.verdicts import EXPOSED_DOMINATES, cell_name, shown_name  # noqa: E402
 from harness.spec import DeviceKind  # noqa: E402
@@ -205,9 +208,21 @@ def _memory_cpu(rows: pd.DataFrame, workload: str) -> str | None:
     return svg(fig)
 
 
-def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
+# The exposed panel's bars are times, not collectives: greys, none of which the property cycle (the bytes
+# panel's collective colours, whose fifth is `send`'s tab:purple) ever gives. Two figures, each its own grey
+# (harness.derive.exposed, harness.derive.beyond_ws1).
+STEP_BEYOND = {
+    "exposed_comm_share": ("#404040", "step beyond the compute-only pass (exposed communication)"),
+    "step_beyond_ws1_share": ("#a0a0a0", "step beyond the strategy's own world-size-1 step"),
+}
+BOUND_HATCH = "//"
+
+
+def plot_communication(table: pd.DataFrame, workload: str, summary: pd.DataFrame | None = None) -> str | None:
     """Wire bytes per step per rank (harness.derive.comm: nccl-tests size x ring factor, so types add up),
-    stacked by collective type, with the strategy's expected wire bytes beside each bar; exposed share."""
+    stacked by collective type, with the strategy's expected wire bytes beside each bar (from the launch
+    `table`); beside it the step beyond the compute-only pass and beyond the strategy's own world-size-1 step,
+    per cell (from the cell `summary`)."""
     ok = table[(table["workload"] == workload) & (table["status"] == "ok") & (table["world_size"] > 1)
                & ~table["shared_device"].astype(bool)]
     kinds = sorted(c for c in ok.columns if c.startswith("comm_") and c.endswith("_wire_bytes_per_step")
@@ -223,8 +238,9 @@ def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
     labels = [f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}" for s, o, c, w in per_cell.index]
     for kind in kinds:
         values = (per_cell[kind].fillna(0) / MIB).tolist()
-        volume_axis.bar(labels, values, bottom=bottom,
-                        label=kind.removeprefix("comm_").removesuffix("_wire_bytes_per_step"))
+        name = kind.removeprefix("comm_").removesuffix("_wire_bytes_per_step")
+        for position, bar in enumerate(volume_axis.bar(labels, values, bottom=bottom, label=name)):
+            bar.set_gid(f"wire-{name}-{position}")
         bottom = [b + v for b, v in zip(bottom, values)]
     if "comm_expected_wire_bytes_per_step" in per_cell:
         volume_axis.scatter(labels, per_cell["comm_expected_wire_bytes_per_step"] / MIB, marker="_", s=300,
@@ -232,25 +248,47 @@ def plot_communication(table: pd.DataFrame, workload: str) -> str | None:
     volume_axis.set_ylabel("MiB sent per step per rank (wire)")
     volume_axis.set_title(f"{workload}: bytes on the wire", fontsize=9)
     volume_axis.tick_params(axis="x", rotation=45, labelsize=7)
-    exposed = ok.groupby(cell, sort=False)["exposed_comm_share"].median() \
-        if "exposed_comm_share" in ok else pd.Series(dtype=float)
-    exposed = exposed.dropna()
-    if not exposed.empty:
-        baselines = ok.groupby(cell, sort=False)["compute_only_kind"].first() \
-            if "compute_only_kind" in ok else pd.Series(dtype=object)
-        # A baseline that is not the rank's same work bounds the figure: hatch it so it is not read as one.
-        hatches = ["//" if str(baselines.get(cell, "")).startswith("bound") else "" for cell in exposed.index]
-        exposed_axis.bar([f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}"
-                          for s, o, c, w in exposed.index],
-                         exposed * 100, hatch=hatches, edgecolor="black", linewidth=0.4, color="tab:purple")
-        exposed_axis.axhline(0, color="black", linewidth=0.8)
-        exposed_axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,
-                             label=f"dominates above {EXPOSED_DOMINATES:.0%} (verdicts)")
-    exposed_axis.set_ylabel("exposed communication, % of step")
-    exposed_axis.set_title("exposed communication (hatched: a bound)", fontsize=9)
-    exposed_axis.tick_params(axis="x", rotation=45, labelsize=7)
+    _step_beyond_panel(exposed_axis, summary, workload)
     legend_outside(fig)
     return svg(fig)
+
+
+def _step_beyond_panel(axis, summary: pd.DataFrame | None, workload: str) -> None:
+    """Per multi-rank cell, a bar for each figure of STEP_BEYOND it has; a bar whose compute-only pass only
+    bounds the rank's work is hatched, with a legend entry saying so (and none where no bar is)."""
+    cells = summary.iloc[0:0] if summary is None or summary.empty else summary[
+        (summary["workload"] == workload) & (summary["status"] == "ok") & (summary["world_size"] > 1)
+        & ~summary["shared_device"].astype(bool)]
+    present = [key for key in STEP_BEYOND if key in cells and cells[key].notna().any()]
+    cells = cells[cells[present].notna().any(axis=1)] if present else cells.iloc[0:0]
+    axis.set_title(f"{workload}: time beyond compute", fontsize=9)
+    axis.set_ylabel("% of the step (median across launches)")
+    if cells.empty:
+        axis.text(0.5, 0.5, "no figure: no compute-only pass or world-size-1 cell", ha="center", va="center",
+                  fontsize=7, transform=axis.transAxes)
+        return
+    width = 0.8 / len(present)
+    bounded = False
+    for index, key in enumerate(present):
+        colour, label = STEP_BEYOND[key]
+        for position, line in enumerate(cells.to_dict("records")):
+            value = line.get(key)
+            if value is None or value != value:
+                continue
+            bound = key == "exposed_comm_share" and str(line.get("compute_only_kind") or "").startswith(BOUND_PREFIX)
+            bounded = bounded or bound
+            [bar] = axis.bar(position + (index - (len(present) - 1) / 2) * width, float(value) * 100, width,
+                             color=colour, edgecolor="black", linewidth=0.4, hatch=BOUND_HATCH if bound else None,
+                             label=label)
+            bar.set_gid(f"{key}-{position}")
+    if bounded:
+        axis.bar(0, 0, 0, color="white", edgecolor="black", linewidth=0.4, hatch=BOUND_HATCH,
+                 label="hatched: the compute-only pass only bounds the rank's work")
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,
+                 label=f"verdicts: communication dominates above {EXPOSED_DOMINATES:.0%} (beyond own ws1 step)")
+    axis.set_xticks(range(len(cells)), [_cell_label(line) for line in cells.to_dict("records")], rotation=45,
+                    ha="right", fontsize=7)
 
 
 def plot_busbw(commbench: Sequence[dict]) -> str | None:
@@ -277,20 +315,78 @@ def plot_busbw(commbench: Sequence[dict]) -> str | None:
     return svg(fig)
 
 
+# Deviations above this many tolerances sit on the top edge as an up-pointing triangle: a mismatch is a
+# mismatch, and one at 10^6 tolerances would flatten every other point onto the axis.
+DEVIATION_CAP = 5.0
+MARKERS = ("o", "s", "D", "v", "P", "X", "<", ">")
+
+
 def plot_losses(rows: Sequence[Row], workload: str) -> str | None:
-    chosen = [r for r in rows if spec(r)["workload"] == workload and is_ok(r) and r.get("repeat", 0) == 0]
+    """Left, the reference's loss per step (the plain loop's); right, each other launch's deviation from it at
+    the steps parity compares, in units of the tolerance it is held to (harness.derive.loss_deviation), so
+    the judged figure is seen against its bar. First launches (repeat 0) only."""
+    chosen = [r for r in rows if spec(r)["workload"] == workload and is_ok(r) and r.get("repeat", 0) == 0
+              and measurements(r).get("loss_per_step")]
     if not chosen:
         return None
-    fig, [[axis]] = figure()
-    for row in chosen:
+    found = references(rows)
+    held = [(row, found[reference_key(spec(row))]) for row in chosen
+            if spec(row)["strategy"] != REFERENCE_STRATEGY and reference_key(spec(row)) in found]
+    plain = [row for row in chosen if spec(row)["strategy"] == REFERENCE_STRATEGY]
+    fig, [[loss_axis, deviation_axis]] = figure(2)
+    batches = {spec(row)["global_batch"] for row in plain}
+    for row in plain:
         losses = measurements(row)["loss_per_step"]
-        strategy = spec(row)["strategy"]
-        style = {"linewidth": 2.5, "color": "black"} if strategy == "plain" else {"linewidth": 1}
-        reference = " (the reference)" if strategy == "plain" else ""
-        axis.plot(range(len(losses)), losses, label=f"{strategy} ws{spec(row)['world_size']}{reference}", **style)
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel("loss of the global batch")
-    axis.set_title(f"{workload}: loss per step", fontsize=9)
-    legend_outside(fig, columns=2 if len(chosen) > 12 else 1)
+        batch = f" gb{spec(row)['global_batch']}" if len(batches) > 1 else ""
+        loss_axis.plot(range(len(losses)), losses, color="black", linewidth=1.5,
+                       label=f"{REFERENCE_STRATEGY} ws{spec(row)['world_size']}{batch} (the reference)")
+    loss_axis.set_xlabel("optimizer step")
+    loss_axis.set_ylabel("loss of the global batch")
+    loss_axis.set_title(f"{workload}: the reference's loss per step", fontsize=9)
+    if not plain:
+        loss_axis.text(0.5, 0.5, "no plain-loop row: nothing to hold the others against", ha="center",
+                       va="center", fontsize=7, transform=loss_axis.transAxes)
+    _deviation_panel(deviation_axis, held, workload)
+    legend_outside(fig, columns=2 if len(held) > 12 else 1)
     return svg(fig)
 
+
+def _deviation_panel(axis, held: Sequence[tuple[Row, Row]], workload: str) -> None:
+    steps = range(PARITY_STEPS)
+    axis.set_title(f"{workload}: deviation from the reference, in tolerances", fontsize=9)
+    axis.set_xlabel("optimizer step (those parity compares)")
+    axis.set_ylabel("|loss - reference| / tolerance")
+    axis.set_xticks(list(steps))
+    series = [(row, deviations_in_tolerances(row, reference)) for row, reference in held]
+    largest = max((v for _, values in series for v in values if v == v), default=0.0)
+    top = DEVIATION_CAP if largest > DEVIATION_CAP else max(1.5, largest * 1.15)
+    # Side by side within each step, so that launches at the same deviation (often exactly 0) stay apart.
+    spread = 0.7
+    offsets = [spread * (i / (len(series) - 1) - 0.5) if len(series) > 1 else 0.0 for i in range(len(series))]
+    batches = {spec(row)["global_batch"] for row, _ in held}
+    for index, ((row, values), offset) in enumerate(zip(series, offsets)):
+        xs = [step + offset for step in range(len(values))]
+        shown = [min(v, top) for v in values]
+        batch = f" gb{spec(row)['global_batch']}" if len(batches) > 1 else ""
+        name = f"{cell_name({'strategy': spec(row)['strategy'], 'options': _options(row)})} ws{spec(row)['world_size']}{batch}"
+        [line] = axis.plot(xs, shown, marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle="none",
+                           label=name)
+        line.set_gid(f"loss-deviation-{name.replace(' ', '-')}")
+        beyond = [(x, top) for x, v in zip(xs, values) if v > top]
+        if beyond:
+            axis.scatter(*zip(*beyond), marker="^", s=40, color=line.get_color(), zorder=3)
+    axis.axhline(1.0, color="tab:red", linestyle="--", linewidth=1,
+                 label="parity tolerance (above: a mismatch)")
+    if largest > DEVIATION_CAP:
+        axis.scatter([], [], marker="^", color="gray", label=f"beyond {DEVIATION_CAP:g} tolerances (off the axis)")
+    axis.set_ylim(0, top * 1.04)
+    axis.set_xlim(-0.6, PARITY_STEPS - 0.4)
+    axis.grid(alpha=0.3, axis="y")
+    if not series:
+        axis.text(0.5, 0.5, "no launch to hold against a plain-loop reference", ha="center", va="center",
+                  fontsize=7, transform=axis.transAxes)
+
+
+def _options(row: Row) -> str:
+    options = spec(row).get("options") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(options.items())) if spec(row)["strategy"] != "pipeline" else ""

@@ -6,7 +6,8 @@ For each device, workload, precision, global batch and world size (cells that di
 so their speeds compare): the fastest strategy and its margin over the next, with whether that margin lies
 beyond the launches' spread; the lowest memory per rank (on GPU the allocator's model states at
 gradients_ready, on CPU the process's peak RSS, which is mostly the runtime, with the model states alone
-beside it); the strategies whose exposed communication dominates the step. Then every parity mismatch and
+beside it); the strategies whose exposed communication dominates the step (at 1 rank, where nothing is
+communicated, each strategy's own overhead instead). Then every parity mismatch and
 every cell that did not run, with its reason. Projected rows never get here: `harness.record.read_rows`
 gives them only to a reader that asks for kind "projection".
 """
@@ -22,8 +23,8 @@ import pandas as pd
 from harness.derive.exposed import BOUND_PREFIX
 from harness.spec import DeviceKind
 
-# Exposed communication above this share of the step means the step waits on the network more than it
-# computes while waiting: communication, not compute, sets its length.
+# A step more than this share of which lies beyond the strategy's own world-size-1 step waits on the network
+# more than it computes while waiting: communication, not compute, sets its length.
 EXPOSED_DOMINATES = 0.5
 
 # Cells whose speeds compare: the same work per step on the same kind of device, under the same conditions
@@ -129,7 +130,7 @@ def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
     lines, fastest = _fastest(ok)
     lines = emulated + lines
     memory_line, lowest = _memory(ok, device)
-    exposed_line, dominated = _exposed(ok)
+    exposed_line, dominated = _exposed(ok, int(world_size))
     lines += [memory_line, exposed_line]
     return GroupVerdict(heading=heading, lines=[line for line in lines if line], fastest=fastest,
                         lowest_memory=lowest, dominated=dominated)
@@ -210,21 +211,44 @@ def _ranked(ok: pd.DataFrame, column: str) -> list[tuple[str, float]]:
     return sorted(((cell_name(line), float(line[column])) for line in present), key=lambda item: item[1])
 
 
-def _exposed(ok: pd.DataFrame) -> tuple[str, list[tuple[str, float]]]:
-    timed = ok[~ok["shared_device"].astype(bool)] if "exposed_comm_share" in ok else ok.iloc[0:0]
-    measured = [line for line in timed.to_dict("records") if _present(line.get("exposed_comm_share"))]
+def _exposed(ok: pd.DataFrame, world_size: int) -> tuple[str, list[tuple[str, float]]]:
+    """At >= 2 ranks, where communication dominates the step: judged on the step beyond the strategy's own
+    world-size-1 step (harness.derive.beyond_ws1), which leaves the strategy's own work out; on the step
+    beyond the compute-only pass (exposed communication, which holds that work too) only for a cell
+    without a world-size-1 cell, and said so. At 1 rank nothing is communicated: the framework's overhead."""
+    timed = ok[~ok["shared_device"].astype(bool)]
+    if world_size == 1:
+        return _overhead(timed), []
+    measured = []
+    for line in timed.to_dict("records"):
+        beyond, exposed = line.get("step_beyond_ws1_share"), line.get("exposed_comm_share")
+        if _present(beyond):
+            beside = f" ({float(exposed):.0%} beyond the compute-only pass{_bound(line)})" if _present(exposed) else ""
+            measured.append((line, float(beyond), beside))
+        elif _present(exposed):
+            measured.append((line, float(exposed), f" beyond the compute-only pass, which also holds the "
+                                                   f"strategy's own work (no world-size-1 cell){_bound(line)}"))
     if not measured:
         return "", []
-    threshold = f"exposed share of the step > {EXPOSED_DOMINATES:.0%}"
-    above = sorted((line for line in measured if line["exposed_comm_share"] > EXPOSED_DOMINATES),
-                   key=lambda line: -line["exposed_comm_share"])
-    dominated = [(cell_name(line), float(line["exposed_comm_share"])) for line in above]
+    threshold = f"more than {EXPOSED_DOMINATES:.0%} of the step beyond the strategy's own world-size-1 step"
+    above = sorted((item for item in measured if item[1] > EXPOSED_DOMINATES), key=lambda item: -item[1])
+    dominated = [(cell_name(line), share) for line, share, _ in above]
     if not above:
-        top = max(measured, key=lambda line: line["exposed_comm_share"])
-        return (f"Exposed communication dominates ({threshold}): none; the highest is {cell_name(top)}'s, "
-                f"{top['exposed_comm_share']:.0%}."), []
-    described = [f"{cell_name(line)} {line['exposed_comm_share']:.0%}{_bound(line)}" for line in above]
+        line, share, beside = max(measured, key=lambda item: item[1])
+        return (f"Exposed communication dominates ({threshold}): none; the highest is {cell_name(line)}'s, "
+                f"{share:.0%}{beside}."), []
+    described = [f"{cell_name(line)} {share:.0%}{beside}" for line, share, beside in above]
     return f"Exposed communication dominates ({threshold}): {', '.join(described)}.", dominated
+
+
+def _overhead(timed: pd.DataFrame) -> str:
+    measured = [line for line in timed.to_dict("records") if _present(line.get("framework_overhead_share"))]
+    if not measured:
+        return ""
+    ranked = sorted(measured, key=lambda line: -float(line["framework_overhead_share"]))
+    described = [f"{cell_name(line)} {float(line['framework_overhead_share']):.0%}{_bound(line)}" for line in ranked]
+    return ("Framework overhead (the step beyond the compute-only pass at 1 rank, where nothing is communicated: "
+            f"the strategy's own work): {', '.join(described)}.")
 
 
 def _bound(line: Mapping[str, Any]) -> str:
