@@ -149,7 +149,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
 class FirstStepNorms:
     """The parity probe (harness.derive.parity): in step 0, a warm-up step, the global L2 norm of the reduced
     gradients between reduction and update, and after the step the global norm of the parameters and of
-    the step's update theta_1 - theta_0. Every rank takes part (sharded trainers all-reduce their squares)."""
+    the step's update theta_1 - theta_0; the gradient's and the update's norms also tensor by tensor, by
+    parameter name in the unwrapped model. Every rank takes part (sharded trainers all-reduce their
+    squares, in a warm-up step, which the collective counter does not record)."""
 
     PROBED_STEP = 0
 
@@ -159,8 +161,9 @@ class FirstStepNorms:
         if spec.warmup_steps == 0 and not self.unavailable_because:
             self.unavailable_because = ("no warm-up step: the probe's reads and collectives would land in a "
                                         "timed step")
-        self.readings: dict[str, float] = {}
+        self.readings: dict[str, Any] = {}
         self.before: list[torch.Tensor] = []
+        self.names: list[str] = []
 
     def gradients_ready(self, step: int) -> GradientsReady | None:
         """What the step's `train_step` is given: the probe in the probed step, else nothing."""
@@ -169,11 +172,14 @@ class FirstStepNorms:
     def _read_gradients(self) -> None:
         try:
             parts, _ = self.trainer.local_parameters()
+            self.names = self.trainer.parameter_names()
         except NotImplementedError as error:     # a strategy that does not list them: losses alone, said so
             self.unavailable_because = str(error)
             return
         if not self.trainer.gradient_norm_after_step:
             self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
+        self.readings["gradient_norm_by_tensor_first_step"] = dict(
+            zip(self.names, self.trainer.tensor_norms(*self.trainer.local_gradients()), strict=True))
         # In host memory: on a GPU the copy (4 bytes per parameter on top of AdamW's 16 of model states)
         # would land in the cell's peak device memory. On CPU it can add as much to a rank's peak RSS.
         self.before = [part.detach().to("cpu", copy=True) for part in parts]
@@ -187,6 +193,9 @@ class FirstStepNorms:
         self.readings["parameter_norm_after_first_step"] = self.trainer.global_norm(parts, sharded)
         update = (part.detach().cpu() - before for part, before in zip(parts, self.before))   # one at a time
         self.readings["update_norm_first_step"] = self.trainer.global_norm(update, sharded)
+        update = (part.detach().cpu() - before for part, before in zip(parts, self.before))
+        self.readings["update_norm_by_tensor_first_step"] = dict(
+            zip(self.names, self.trainer.tensor_norms(update, sharded), strict=True))
         self.before = []
 
     def figures(self) -> dict[str, Any]:

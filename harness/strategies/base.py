@@ -210,6 +210,11 @@ class Trainer(abc.ABC):
         """The reduced gradients of `local_parameters`, in the same form; valid inside `gradients_ready`."""
         raise NotImplementedError(f"{type(self).__name__} cannot list its gradients")
 
+    def parameter_names(self) -> list[str]:
+        """The name of each of `local_parameters` in the unwrapped model (`unwrapped_parameter_names`), in the
+        same order."""
+        raise NotImplementedError(f"{type(self).__name__} cannot name its parameters")
+
     def gradient_norm(self) -> float:
         """L2 norm of this step's reduced gradients over every parameter, the same on every rank. Called
         inside `gradients_ready`, or right after the step where `gradient_norm_after_step`."""
@@ -230,6 +235,17 @@ class Trainer(abc.ABC):
         if sharded and self.context.world_size > 1:
             torch.distributed.all_reduce(squares)
         return math.sqrt(squares.item())
+
+    def tensor_norms(self, tensors: Iterable[torch.Tensor], sharded: bool) -> list[float]:
+        """The L2 norm of each whole tensor of which `tensors` are this rank's shards where `sharded` (an
+        empty shard where a rank holds none of one), else whole: as `global_norm`, in float64, with every
+        rank's squares added in one all-reduce."""
+        device = self.context.device
+        squares = torch.stack([torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double().to(device) ** 2
+                               for tensor in tensors])
+        if sharded and self.context.world_size > 1:
+            torch.distributed.all_reduce(squares)
+        return squares.sqrt().tolist()
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         """Per-step losses of the whole global batch from each rank's `train_step` losses.
@@ -459,6 +475,25 @@ def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Se
             (scaled / count).backward()
         total += loss.detach()
     return total / count
+
+
+# What wrappers put into a parameter's name in the model they wrap: DDP and DataParallel a leading `module.`,
+# torch.compile `_orig_mod.`, FSDP1 and activation checkpointing their own parts wherever they wrap. FSDP2 and
+# DeepSpeed keep the names of the module they were given.
+WRAPPER_NAME_PREFIX = "module."
+WRAPPER_NAME_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def unwrapped_parameter_names(model: nn.Module) -> list[str]:
+    """`Trainer.parameter_names` of `model`: each trainable parameter once (a tied weight under its first
+    name), named as in the unwrapped model, so that every strategy's names match the plain loop's."""
+    names = []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            while name.startswith(WRAPPER_NAME_PREFIX):
+                name = name[len(WRAPPER_NAME_PREFIX):]
+            names.append(".".join(part for part in name.split(".") if part not in WRAPPER_NAME_PARTS))
+    return names
 
 
 def replicated_parameters(model: nn.Module) -> tuple[list[torch.Tensor], bool]:
