@@ -92,6 +92,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     parameters = count_parameters(torch.nn.Sequential(*layers))
     largest_module = largest_module_own_parameters(torch.nn.Sequential(*layers))
     expected_traffic = strategy.expected_traffic(spec, layers)   # before wrapping converts or shards them
+    reduce_dtypes = strategy.gradient_reduce_dtypes(spec, torch.nn.Sequential(*layers))   # parity's tolerances
     trainer = strategy.wrap(spec, context, workload, layers)
     _phase(context.rank, "model wrapped")
 
@@ -137,7 +138,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "host_load": _host_load(context)})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_host_load_figures(by_rank))
-    measurements.update(norms.figures())
+    measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
     measurements.update(_model_state_facts(spec, strategy, layout, context, trainer, parameters, largest_module,

@@ -364,6 +364,12 @@ class Strategy(abc.ABC):
         return TrafficBytes(parameters=sum(p.numel() for p in parameters), gradients_reduced=total,
                             parameters_gathered=total)
 
+    def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
+        """The dtypes (torch's names, sorted) the gradient reduction of a step communicates gradients in, from
+        freshly built (unwrapped) layers: parity's tolerances depend on it (harness.derive.parity). Default:
+        the weights' own dtype, as `traffic_bytes` (fp32 under torch.autocast)."""
+        return tuple(sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}))
+
     def expected_collectives(self, *, data_parallel: int, micro_batches: int, options: Mapping[str, OptionValue],
                              traffic: TrafficBytes) -> ExpectedTraffic:
         """The collectives a step of `micro_batches` micro-batches among `data_parallel` replicas issues."""

@@ -70,6 +70,9 @@ class Plain(Strategy):
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         return ExpectedTraffic()          # one process: nothing to exchange
 
+    def gradient_reduce_dtypes(self, spec, model):
+        return ()
+
     def validate(self, spec: RunSpec) -> None:
         if spec.world_size != 1:
             raise SpecError(f"strategy plain runs on one device: world_size must be 1, got {spec.world_size}")

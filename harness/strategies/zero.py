@@ -126,6 +126,15 @@ class DeepSpeedTrainer(Trainer):
     def parameter_names(self):
         return unwrapped_parameter_names(self.engine.module)
 
+def _communicated_in_bf16(model: nn.Module) -> set[int]:
+    """ids of the parameters DeepSpeed's torch_autocast section reduces in bf16 (the module docstring):
+    init_autocast_params matches module classes exactly, not by isinstance."""
+    from deepspeed.runtime.torch_autocast import LOWER_PRECISION_SAFE_MODULES
+
+    return {id(p) for module in model.modules() if module.__class__ in LOWER_PRECISION_SAFE_MODULES
+            for p in module.parameters(recurse=False)}
+
+
 def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
     """The storages a DeepSpeed ZeRO optimizer (0.19) keeps model states in.
 
@@ -188,14 +197,20 @@ class ZeRO(Strategy):
             return TrafficBytes(parameters=count, gradients_reduced=4 * count, parameters_gathered=4 * count)
         if self._bf16_section(spec):
             return TrafficBytes(parameters=count, gradients_reduced=2 * count, parameters_gathered=2 * count)
-        from deepspeed.runtime.torch_autocast import LOWER_PRECISION_SAFE_MODULES
-
-        # The torch_autocast section: init_autocast_params matches module classes exactly, not by isinstance.
-        low = {id(p) for module in model.modules() if module.__class__ in LOWER_PRECISION_SAFE_MODULES
-               for p in module.parameters(recurse=False)}
+        low = _communicated_in_bf16(model)
         reduced = sum(p.numel() * (2 if id(p) in low else 4) for p in parameters)
         return TrafficBytes(parameters=count, gradients_reduced=reduced,
                             parameters_gathered=reduced if self.stage == 3 else 4 * count)
+
+    def gradient_reduce_dtypes(self, spec, model):
+        """As `traffic_bytes`: fp32; all bf16 in the bf16 section; under torch_autocast bf16 for the
+        parameters of Linear and Conv modules and fp32 for the rest."""
+        if spec.precision is Precision.FP32:
+            return ("float32",)
+        if self._bf16_section(spec):
+            return ("bfloat16",)
+        low = _communicated_in_bf16(model)
+        return tuple(sorted({"bfloat16" if id(p) in low else "float32" for p in model.parameters()}))
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         def collective(kind: Collective, size: int, calls: int) -> ExpectedCollective:
