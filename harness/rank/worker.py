@@ -102,10 +102,12 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
     peak_rss_since = PeakRssSince.PROCESS_START
     norms = FirstStepNorms(spec, trainer)
+    disarm = lambda: None       # noqa: E731
     for step in range(spec.warmup_steps + spec.timed_steps):
         if fault:
             fault.fire(context.rank, step)
             trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
+            disarm = fault.scale_tensor_gradients(context.rank, step, torch.nn.Sequential(*layers))
         micro_batches = [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index),
                                         context.device)
                          for index in range(layout.micro_batches)]
@@ -118,6 +120,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
         with timer.measure(record=timed), counter.counting(record=timed):
             losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
                                                                       model_states.gradients_ready(step, micro_batches))))
+        disarm()
         norms.after_step(step)
         model_states.after_step(step, micro_batches)
 
