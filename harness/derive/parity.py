@@ -101,36 +101,61 @@ class Quantity(enum.StrEnum):
     GRADIENT_NORM = "gradient_norm_first_step"
     PARAMETER_NORM = "parameter_norm_after_first_step"
     UPDATE_NORM = "update_norm_first_step"
+    # {parameter name: norm} of the same gradient and update, judged on the tensor furthest off the reference
+    GRADIENT_NORM_BY_TENSOR = "gradient_norm_by_tensor_first_step"
+    UPDATE_NORM_BY_TENSOR = "update_norm_by_tensor_first_step"
 
 
 NORMS = (Quantity.GRADIENT_NORM, Quantity.PARAMETER_NORM, Quantity.UPDATE_NORM)
+TENSOR_NORMS = (Quantity.GRADIENT_NORM_BY_TENSOR, Quantity.UPDATE_NORM_BY_TENSOR)
 # bf16 recipes that compute with bf16 copies of the weights from step 0 on (harness.strategies.base
 # PrecisionRecipe), where the plain loop keeps fp32 weights under autocast: a different arithmetic.
 BF16_WEIGHT_RECIPES = ("deepspeed-bf16", "fsdp-mp-policy")
 
-# Largest deviation that still matches, per arithmetic (`arithmetic`): |x - x_ref| / |x_ref|, and for the
-# later losses the largest |l_k - r_k| over the reference's largest step move. The docstring has the noise
-# each was set over and the planted errors each sits under.
+# What a row says its gradient reduction communicated in (harness.strategies.base.Strategy.gradient_reduce_dtypes,
+# torch's dtype names); only fp32 throughout keeps a bf16 row's reduced gradients to the plain loop's rounding.
+REDUCE_DTYPES = "gradient_reduce_dtypes"
+FP32_REDUCTION = "float32"
+
+# Largest deviation that still matches, per arithmetic (`arithmetic`): |x - x_ref| / |x_ref| (for the
+# tensor-by-tensor norms, of the tensor furthest off), and for the later losses the largest |l_k - r_k| over
+# the reference's largest step move. The docstring has the noise each was set over and the planted errors
+# each sits under.
 TOLERANCE: Mapping[str, Mapping[Quantity, float]] = {
     "fp32": {Quantity.FIRST_LOSS: 1e-6, Quantity.LATER_LOSSES: 1e-3, Quantity.GRADIENT_NORM: 1e-5,
-             Quantity.PARAMETER_NORM: 1e-6, Quantity.UPDATE_NORM: 1e-5},
-    "bf16": {Quantity.FIRST_LOSS: 1e-5, Quantity.LATER_LOSSES: 0.1, Quantity.GRADIENT_NORM: 3e-3,
-             Quantity.PARAMETER_NORM: 1e-5, Quantity.UPDATE_NORM: 1e-2},
-    "bf16-weights": {Quantity.FIRST_LOSS: 1e-4, Quantity.LATER_LOSSES: 0.2, Quantity.GRADIENT_NORM: 3e-3,
-                     Quantity.PARAMETER_NORM: 2e-4, Quantity.UPDATE_NORM: 0.1},
+             Quantity.PARAMETER_NORM: 1e-6, Quantity.UPDATE_NORM: 1e-5,
+             Quantity.GRADIENT_NORM_BY_TENSOR: 1e-5, Quantity.UPDATE_NORM_BY_TENSOR: 1e-5},
+    "bf16": {Quantity.FIRST_LOSS: 1e-5, Quantity.LATER_LOSSES: 0.1, Quantity.GRADIENT_NORM: 1e-5,
+             Quantity.PARAMETER_NORM: 1e-6, Quantity.UPDATE_NORM: 1e-5,
+             Quantity.GRADIENT_NORM_BY_TENSOR: 2e-5, Quantity.UPDATE_NORM_BY_TENSOR: 2e-5},
+    "bf16-comm": {Quantity.FIRST_LOSS: 1e-5, Quantity.LATER_LOSSES: 0.1, Quantity.GRADIENT_NORM: 3e-3,
+                  Quantity.PARAMETER_NORM: 1e-5, Quantity.UPDATE_NORM: 1e-2,
+                  Quantity.GRADIENT_NORM_BY_TENSOR: 3e-2, Quantity.UPDATE_NORM_BY_TENSOR: 0.1},
+    # No UPDATE_NORM_BY_TENSOR: NOT_JUDGED says why.
+    "bf16-weights": {Quantity.FIRST_LOSS: 1e-4, Quantity.LATER_LOSSES: 0.2, Quantity.GRADIENT_NORM: 5e-3,
+                     Quantity.PARAMETER_NORM: 1e-3, Quantity.UPDATE_NORM: 0.1,
+                     Quantity.GRADIENT_NORM_BY_TENSOR: 0.15},
+}
+# Quantities an arithmetic does not compare, and why (the verdict's note says it).
+NOT_JUDGED: Mapping[str, Mapping[Quantity, str]] = {
+    "bf16-weights": {Quantity.UPDATE_NORM_BY_TENSOR: (
+        "a bf16 weight near 1 (a LayerNorm's) does not move by a step of lr = 1e-3, 1/8 of bf16's spacing "
+        "there; its fp32 master copy does")},
 }
 
 
 @dataclass(frozen=True)
 class Parity:
     """One row's verdict: which quantities failed, the largest relative deviation of each quantity compared,
-    the tolerances it was held to, and a note (what was left out and why, or why it was not judged)."""
+    the tolerances it was held to, the tensor that showed each tensor-by-tensor deviation, and a note (which
+    tensor failed, what was left out and why, or why it was not judged)."""
 
     verdict: Verdict
     failed: tuple[Quantity, ...] = ()
     deviations: dict[Quantity, float] = field(default_factory=dict)
     tolerances: dict[Quantity, float] = field(default_factory=dict)
     note: str = ""
+    tensors: dict[Quantity, str] = field(default_factory=dict)
 
 
 def reference_key(spec: Mapping[str, Any]) -> tuple:
@@ -149,31 +174,57 @@ def judge(rows: Sequence[Mapping[str, Any]]) -> list[Parity]:
 
 
 def arithmetic(row: Mapping[str, Any]) -> str:
-    """The key of `TOLERANCE` a row is held to: fp32, bf16 (autocast over fp32 weights, as the plain loop)
-    or bf16-weights (a recipe computing with bf16 weights)."""
+    """The key of `TOLERANCE` a row is held to: fp32; bf16 (autocast over fp32 weights, as the plain loop,
+    every gradient reduced in fp32); bf16-comm (the same, some gradients communicated in bf16: DeepSpeed
+    ZeRO's torch_autocast section; also a bf16 row that does not say, written before rows recorded
+    `gradient_reduce_dtypes`); bf16-weights (a recipe computing with bf16 weights)."""
+    m = row["measurements"]
     if row["spec"].get("precision", "fp32") == "fp32":
         return "fp32"
-    return "bf16-weights" if row["measurements"].get("precision_recipe") in BF16_WEIGHT_RECIPES else "bf16"
+    if m.get("precision_recipe") in BF16_WEIGHT_RECIPES:
+        return "bf16-weights"
+    reduced_in = m.get(REDUCE_DTYPES)
+    return "bf16" if reduced_in is not None and set(reduced_in) <= {FP32_REDUCTION} else "bf16-comm"
 
 
 def deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Quantity, float]:
     """Each quantity both rows hold, as `TOLERANCE` measures it (inf where a value is not finite)."""
+    return {quantity: deviation for quantity, (deviation, _) in _deviations(row, reference).items()}
+
+
+def _deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Quantity, tuple[float, str]]:
+    """`deviations`, each with the tensor that showed it (empty but for the tensor-by-tensor quantities)."""
     m, r = row["measurements"], reference["measurements"]
     losses, expected = m["loss_per_step"], r["loss_per_step"]
     count = min(PARITY_STEPS, len(losses), len(expected))
-    found: dict[Quantity, float] = {}
+    found: dict[Quantity, tuple[float, str]] = {}
     if count >= 1:
-        found[Quantity.FIRST_LOSS] = _relative(losses[0], expected[0])
+        found[Quantity.FIRST_LOSS] = _relative(losses[0], expected[0]), ""
     if count >= 2:
         # As a fraction of the reference's largest move from one compared step to the next, not of the loss
         # itself: how far off the reference's own progress a row is (see the docstring).
         step = max(abs(b - a) for a, b in zip(expected[:count - 1], expected[1:count]))
         gap = max(abs(a - b) for a, b in zip(losses[1:count], expected[1:count]))
-        found[Quantity.LATER_LOSSES] = _ratio(gap, step)
+        found[Quantity.LATER_LOSSES] = _ratio(gap, step), ""
     for quantity in NORMS:
         if m.get(quantity) is not None and r.get(quantity) is not None:
-            found[quantity] = _relative(m[quantity], r[quantity])
+            found[quantity] = _relative(m[quantity], r[quantity]), ""
+    for quantity in TENSOR_NORMS:
+        if m.get(quantity) and r.get(quantity):
+            found[quantity] = _largest_by_tensor(m[quantity], r[quantity])
     return found
+
+
+def _largest_by_tensor(norms: Mapping[str, float], expected: Mapping[str, float]) -> tuple[float, str]:
+    """The largest |n_t - r_t| / |r_t| over the tensors t of either row, and that tensor's name; inf for a
+    tensor only one row names (a strategy that dropped or renamed a parameter)."""
+    largest, where = -1.0, ""
+    for name in sorted(set(norms) | set(expected)):
+        deviation = (_relative(norms[name], expected[name]) if name in norms and name in expected
+                     else math.inf)
+        if deviation > largest:                 # _relative gives inf, never NaN, for a non-finite norm
+            largest, where = deviation, name
+    return largest, where
 
 
 def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, Any]]) -> Parity:
@@ -185,16 +236,25 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     if reference is None:
         return Parity(Verdict.NO_REFERENCE, note="no ok plain row with the same workload, batch, precision, "
                                                  "seed, device and steps among the rows read")
-    tolerance = TOLERANCE[arithmetic(row)]
-    found = deviations(row, reference)
+    key = arithmetic(row)
+    tolerance = TOLERANCE[key]
+    compared = _deviations(row, reference)
+    found = {q: deviation for q, (deviation, _) in compared.items() if q in tolerance}
     failed = tuple(q for q, deviation in found.items() if not deviation <= tolerance[q])
+    tensors = {q: tensor for q, (_, tensor) in compared.items() if tensor and q in found}
+    notes = [f"{q.value}: {tensors[q]} off by {found[q]:.3g}" for q in failed if q in tensors]
+    notes += [_left_out(row, reference, compared)]
+    notes += [f"{q.value} not judged with {key}: {why}" for q, why in NOT_JUDGED.get(key, {}).items() if q in compared]
+    if key == "bf16-comm" and row["measurements"].get(REDUCE_DTYPES) is None:
+        notes.append(f"held to the bf16-comm tolerances: the row does not record {REDUCE_DTYPES}")
     return Parity(Verdict.MISMATCH if failed else Verdict.MATCH, failed=failed, deviations=found,
-                  tolerances={q: tolerance[q] for q in found}, note=_left_out(row, reference, found))
+                  tolerances={q: tolerance[q] for q in found}, note="; ".join(n for n in notes if n),
+                  tensors=tensors)
 
 
-def _left_out(row: Mapping[str, Any], reference: Mapping[str, Any], found: Mapping[Quantity, float]) -> str:
+def _left_out(row: Mapping[str, Any], reference: Mapping[str, Any], found: Mapping[Quantity, Any]) -> str:
     """Which quantities were not compared, and why."""
-    if all(q in found for q in NORMS):
+    if all(q in found for q in NORMS + TENSOR_NORMS):
         return ""
     for side, which in ((row, "this row"), (reference, "the reference")):
         reason = side["measurements"].get("norms_unavailable_because")
@@ -203,7 +263,14 @@ def _left_out(row: Mapping[str, Any], reference: Mapping[str, Any], found: Mappi
     for side, which in ((row, "this row"), (reference, "the reference")):
         if not any(q in side["measurements"] for q in NORMS):
             return f"judged on losses alone: {which} was written before rows held norms (schema 1)"
-    missing = ", ".join(q.value for q in NORMS if q not in found)
+    for side, which in ((row, "this row"), (reference, "the reference")):
+        reason = side["measurements"].get("norms_by_tensor_unavailable_because")
+        if reason:
+            return f"global norms alone, not tensor by tensor: {which} has none ({reason})"
+    for side, which in ((row, "this row"), (reference, "the reference")):
+        if not any(side["measurements"].get(q) for q in TENSOR_NORMS):
+            return f"global norms alone, not tensor by tensor: {which} was written before rows held them"
+    missing = ", ".join(q.value for q in NORMS + TENSOR_NORMS if q not in found)
     return f"not compared, absent from one of the rows: {missing}"
 
 
@@ -245,5 +312,6 @@ def noise_table(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, Quantity],
         for quantity, deviation in parity.deviations.items():
             key = (arithmetic(row), quantity)
             if key not in largest or deviation > largest[key][0]:
-                largest[key] = (deviation, label)
+                tensor = parity.tensors.get(quantity)
+                largest[key] = (deviation, f"{label} {tensor}" if tensor else label)
     return largest

@@ -176,14 +176,18 @@ class FirstStepNorms:
     def _read_gradients(self) -> None:
         try:
             parts, _ = self.trainer.local_parameters()
-            self.names = self.trainer.parameter_names()
         except NotImplementedError as error:     # a strategy that does not list them: losses alone, said so
             self.unavailable_because = str(error)
             return
         if not self.trainer.gradient_norm_after_step:
             self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
-        self.readings["gradient_norm_by_tensor_first_step"] = dict(
-            zip(self.names, self.trainer.tensor_norms(*self.trainer.local_gradients()), strict=True))
+        try:
+            self.names = self.trainer.parameter_names()
+        except NotImplementedError as error:     # one that does not name them: the global norms alone, said so
+            self.readings["norms_by_tensor_unavailable_because"] = str(error)
+        else:
+            self.readings["gradient_norm_by_tensor_first_step"] = dict(
+                zip(self.names, self.trainer.tensor_norms(*self.trainer.local_gradients()), strict=True))
         # In host memory: on a GPU the copy (4 bytes per parameter on top of AdamW's 16 of model states)
         # would land in the cell's peak device memory. On CPU it can add as much to a rank's peak RSS.
         self.before = [part.detach().to("cpu", copy=True) for part in parts]
@@ -197,9 +201,10 @@ class FirstStepNorms:
         self.readings["parameter_norm_after_first_step"] = self.trainer.global_norm(parts, sharded)
         update = (part.detach().cpu() - before for part, before in zip(parts, self.before))   # one at a time
         self.readings["update_norm_first_step"] = self.trainer.global_norm(update, sharded)
-        update = (part.detach().cpu() - before for part, before in zip(parts, self.before))
-        self.readings["update_norm_by_tensor_first_step"] = dict(
-            zip(self.names, self.trainer.tensor_norms(update, sharded), strict=True))
+        if self.names:
+            update = (part.detach().cpu() - before for part, before in zip(parts, self.before))
+            self.readings["update_norm_by_tensor_first_step"] = dict(
+                zip(self.names, self.trainer.tensor_norms(update, sharded), strict=True))
         self.before = []
 
     def figures(self) -> dict[str, Any]:
