@@ -3,11 +3,12 @@
 A `Strategy` is consulted twice. Before launch (in the harness process) it validates a spec, says how the
 global batch is laid out, why a cell must be skipped here, and which launcher starts it. Inside each rank
 (in `harness.rank.worker`) it starts its communication library, wraps the model and optimizer, and returns a
-`Trainer` that runs one optimizer step over the rank's micro-batches. It also owns two facts about its
-step that the row records: the collectives a step should issue (`expected_traffic`, in the dtypes its
-precision recipe really reduces and gathers) and what a rank's own work is without communication
-(`compute_only_plan`, the baseline of exposed communication). Strategies must not import their optional
-libraries (deepspeed, horovod) at module level: the registry is imported before launch.
+`Trainer` that runs one optimizer step over the rank's micro-batches. It also owns facts about its step
+that the row records: the collectives a step should issue (`expected_traffic`, in the dtypes its precision
+recipe really reduces and gathers), the dtypes its gradient reduction communicates in
+(`gradient_reduce_dtypes`, which parity's bf16 tolerances follow) and what a rank's own work is without
+communication (`compute_only_plan`, the baseline of exposed communication). Strategies must not import their
+optional libraries (deepspeed, horovod) at module level: the registry is imported before launch.
 """
 
 from __future__ import annotations
