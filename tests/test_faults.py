@@ -109,3 +109,59 @@ def test_a_malformed_silent_fault_is_a_one_line_error_naming_what_is_allowed(tex
         Fault.parse(text)
     message = str(error.value)
     assert len(message.splitlines()) == 1 and text in message and "factor" in message
+
+
+def test_a_tensor_confined_grad_scale_parses_with_every_rank():
+    from harness.rank.faults import ALL_RANKS, Fault
+
+    fault = Fault.parse("grad-scale:factor=0.5:tensors=*.c_attn.weight:rank=all:step=0")
+    assert (fault.rank, fault.factor, fault.tensors) == (ALL_RANKS, 0.5, "*.c_attn.weight")
+    # It scales gradients, not losses, on every rank of its step alone.
+    assert fault.loss_multipliers(rank=0, step=0, micro_batches=2) is None
+    assert Fault.parse("grad-scale:factor=2:rank=all:step=0").loss_multipliers(rank=3, step=0, micro_batches=2) \
+        == [2.0, 2.0]
+    with pytest.raises(ValueError, match="rank must be >= 0 or all"):
+        Fault.parse("grad-scale:factor=2:rank=-1:step=0")
+    with pytest.raises(ValueError, match="tensors="):
+        Fault.parse("skip-microbatch:tensors=*.weight:rank=1:step=0")
+
+
+def test_a_tensor_confined_grad_scale_scales_those_gradients_alone_in_its_step():
+    import torch
+
+    from harness.rank.faults import Fault
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    inputs = torch.randn(4, 3)
+
+    def gradients():
+        model.zero_grad()
+        model(inputs).sum().backward()        # two forwards and backwards: two micro-batches
+        model(inputs).sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    honest = gradients()
+    disarm = Fault.parse("grad-scale:factor=0.5:tensors=0.weight:rank=all:step=2").scale_tensor_gradients(1, 2, model)
+    planted = gradients()
+    disarm()
+    assert torch.equal(planted["0.weight"], honest["0.weight"] * 0.5)     # once, not once per micro-batch
+    for name in ("0.bias", "1.weight", "1.bias"):
+        assert torch.equal(planted[name], honest[name]), name
+    assert torch.equal(gradients()["0.weight"], honest["0.weight"])        # disarmed after its step
+    other_step = Fault.parse("grad-scale:factor=0.5:tensors=0.weight:rank=1:step=2").scale_tensor_gradients(1, 3, model)
+    assert torch.equal(gradients()["0.weight"], honest["0.weight"])
+    other_step()
+
+
+def test_a_tensor_pattern_that_scales_nothing_fails_the_rank():
+    import torch
+
+    from harness.rank.faults import Fault
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    with pytest.raises(ValueError, match="matches no parameter"):
+        Fault.parse("grad-scale:factor=0.5:tensors=*.c_attn.weight:rank=0:step=0").scale_tensor_gradients(0, 0, model)
+    disarm = Fault.parse("grad-scale:factor=0.5:tensors=0.weight:rank=0:step=0").scale_tensor_gradients(0, 0, model)
+    with pytest.raises(RuntimeError, match="scaled no gradient"):
+        disarm()                              # no backward ran

@@ -10,11 +10,16 @@ out it is g - m / 4 for that micro-batch's gradient m: smaller where m points wi
 times; the 4 micro-batches' gradients only partly agree). Both faults fire in step 0, the probed step
 (these cells run the steps of tests/conftest.py's shared cells, 2 warm-up and 3 timed, so the no-fault rows
 of those session fixtures are the references and the controls).
+
+A fault confined to some tensors hides from the global norm: every c_attn.weight gradient halved on every
+rank (21% of gpt-tiny's parameters) moves it by 1.4e-3 (measured, and by hand in tests/test_derive_parity.py),
+under the 3e-3 that ZeRO's bf16 gradient communication needs; the gradient norms tensor by tensor are off by
+exactly 0.5 there. Planted in DDP, ZeRO-2 and FSDP2 in bf16 (TENSOR_FAULT), whose honest rows must match.
 """
 
 import pytest
 
-from harness.derive.parity import Quantity, Verdict, judge
+from harness.derive.parity import TENSOR_NORMS, Quantity, Verdict, judge
 from harness.rank.faults import FAULT_ENV
 from harness.spec import Status
 from launch_streams import Stream, run_streams
@@ -31,15 +36,19 @@ PRECISIONS = ("fp32", "bf16")
 PLANTED = {(GRAD_SCALE, "fp32"): ("ddp", "zero2"), (GRAD_SCALE, "bf16"): ("horovod", "fsdp2"),
            (SKIP_MICROBATCH, "fp32"): ("horovod", "fsdp2"), (SKIP_MICROBATCH, "bf16"): ("ddp", "zero2")}
 CELLS = [(fault, precision, strategy) for (fault, precision), names in PLANTED.items() for strategy in names]
+TENSOR_FAULT = "grad-scale:factor=0.5:tensors=*.c_attn.weight:rank=all:step=0"
+TENSOR_FAULT_STRATEGIES = ("ddp", "zero2", "fsdp2")
 
 
 @pytest.fixture(scope="module")
 def faulty_rows(tmp_path_factory):
     """{(fault, precision, strategy): row} of the planted cells, at tests/conftest.py's steps (its plain
     rows are the references)."""
-    planted = {f"{fault.split(':')[0]}-{precision}": (fault, precision) for fault, precision in PLANTED}
+    strategies = {**PLANTED, (TENSOR_FAULT, "bf16"): TENSOR_FAULT_STRATEGIES}    # the last a stream of its own
+    planted = {f"{fault.split(':')[0]}{'-tensors' if 'tensors=' in fault else ''}-{precision}": (fault, precision)
+               for fault, precision in strategies}
     streams = [Stream(name, ("--workload", "gpt-tiny", "--world-sizes", "2", "--precision", precision,
-                             "--strategy", ",".join(PLANTED[fault, precision])), {FAULT_ENV: fault})
+                             "--strategy", ",".join(strategies[fault, precision])), {FAULT_ENV: fault})
                for name, (fault, precision) in planted.items()]
     rows = run_streams(tmp_path_factory.mktemp("faults"), streams)
     # Keyed by what each stream was asked to plant; the tests check that the rows recorded it.
@@ -57,7 +66,9 @@ def no_fault(fp32_rows, bf16_rows, precision, strategy):
 def test_without_a_fault_the_cell_matches(fp32_rows, bf16_rows, precision, strategy):
     row, reference = (no_fault(fp32_rows, bf16_rows, precision, name) for name in (strategy, "plain"))
     assert row.status is Status.OK and FAULT_ENV not in row.environment["env"]
-    assert judge([row.to_dict(), reference.to_dict()])[0].verdict is Verdict.MATCH
+    parity = judge([row.to_dict(), reference.to_dict()])[0]
+    assert parity.verdict is Verdict.MATCH, parity
+    assert set(TENSOR_NORMS) <= set(parity.deviations)       # tensor by tensor as well
 
 
 @pytest.mark.parametrize("fault, precision, strategy", CELLS)
@@ -74,3 +85,26 @@ def test_a_silently_corrupted_gradient_is_a_mismatch_named_by_the_gradient_norm(
     assert Quantity.FIRST_LOSS not in parity.failed
     ratio = row.measurements["gradient_norm_first_step"] / reference.measurements["gradient_norm_first_step"]
     assert ratio > 1 if fault.startswith("grad-scale") else ratio < 1, ratio
+
+
+@pytest.mark.parametrize("strategy", TENSOR_FAULT_STRATEGIES)
+def test_gradients_halved_in_some_tensors_alone_are_a_mismatch_named_by_those_tensors(faulty_rows, bf16_rows,
+                                                                                        strategy):
+    row, reference = faulty_rows[TENSOR_FAULT, "bf16", strategy], bf16_rows["plain", 1]
+    assert row.status is Status.OK, row.message
+    assert row.environment["env"][FAULT_ENV] == TENSOR_FAULT and row.spec.world_size == 2
+    parity = judge([row.to_dict(), reference.to_dict()])[0]
+    assert parity.verdict is Verdict.MISMATCH and Quantity.GRADIENT_NORM_BY_TENSOR in parity.failed, parity
+    assert parity.tensors[Quantity.GRADIENT_NORM_BY_TENSOR].endswith(".c_attn.weight"), parity
+    assert "c_attn.weight off by" in parity.note
+    norms = row.measurements["gradient_norm_by_tensor_first_step"]
+    expected = reference.measurements["gradient_norm_by_tensor_first_step"]
+    halved = {name for name in expected if name.endswith(".c_attn.weight")}
+    assert len(halved) == 4
+    for name in expected:           # halved there, and nowhere else beyond ZeRO's bf16 rounding
+        assert norms[name] / expected[name] == pytest.approx(0.5 if name in halved else 1.0, rel=1e-2), name
+    # The global norm moved by 1.4e-3 alone: within what ZeRO's bf16 communication is allowed.
+    global_ratio = row.measurements["gradient_norm_first_step"] / reference.measurements["gradient_norm_first_step"]
+    assert global_ratio == pytest.approx(1 - 1.39e-3, abs=3e-4)
+    if strategy == "zero2":
+        assert Quantity.GRADIENT_NORM not in parity.failed, parity

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.derive.parity import NORMS, PARITY_STEPS, Quantity, Verdict, judge
+from harness.derive.parity import NORMS, PARITY_STEPS, TENSOR_NORMS, Quantity, Verdict, judge
 from harness.spec import Status
 
 pytestmark = pytest.mark.launch   # every test here reads cells launched for real
@@ -51,7 +51,7 @@ def test_strategy_at_two_ranks_trains_like_the_plain_loop(fp32_rows, strategy, w
     parity = verdict(row, reference)
     assert parity.verdict is Verdict.MATCH, (workload, strategy, parity)
     compared = set(parity.deviations)
-    assert compared == ({Quantity.FIRST_LOSS, Quantity.LATER_LOSSES, *NORMS} if strategy in PROBED
+    assert compared == ({Quantity.FIRST_LOSS, Quantity.LATER_LOSSES, *NORMS, *TENSOR_NORMS} if strategy in PROBED
                         else {Quantity.FIRST_LOSS, Quantity.LATER_LOSSES})
     assert row.measurements["precision_recipe"] == "fp32"
 
@@ -66,7 +66,7 @@ def test_strategy_trains_like_the_plain_loop_in_bf16(bf16_rows, strategy, world_
     parity = verdict(row, reference)
     assert parity.verdict is Verdict.MATCH, (strategy, world_size, parity)
     if strategy in PROBED:
-        assert set(NORMS) <= set(parity.deviations)
+        assert set(NORMS) | set(TENSOR_NORMS) <= set(parity.deviations)
 
 
 def test_the_first_steps_norms_are_recorded_where_a_step_can_be_probed(rows):
@@ -80,6 +80,18 @@ def test_the_first_steps_norms_are_recorded_where_a_step_can_be_probed(rows):
     assert plain["update_norm_first_step"] == pytest.approx(1e-3 * math.sqrt(plain["parameters"]), rel=0.05)
     assert "train_batch" in rows["pipeline"].measurements["norms_unavailable_because"]
     assert "gradient_norm_first_step" not in rows["pipeline"].measurements
+
+
+@pytest.mark.parametrize("strategy", PROBED)
+def test_the_norms_by_tensor_are_named_as_the_plain_loop_names_them_and_add_up_to_the_global_norms(rows, strategy):
+    m, names = rows[strategy].measurements, set(rows["plain"].measurements["gradient_norm_by_tensor_first_step"])
+    assert len(names) == 52      # gpt-tiny: embeddings 2, 4 blocks of 12, the final LayerNorm's 2
+    for by_tensor, whole in (("gradient_norm_by_tensor_first_step", "gradient_norm_first_step"),
+                             ("update_norm_by_tensor_first_step", "update_norm_first_step")):
+        assert set(m[by_tensor]) == names, by_tensor       # no wrapper's prefix (DDP's `module.`)
+        # Sharded strategies hold a part of each tensor on each rank: the squares add up only once gathered.
+        # DeepSpeed's global gradient norm is its own, computed in its step.
+        assert math.sqrt(sum(n * n for n in m[by_tensor].values())) == pytest.approx(m[whole], rel=1e-5), by_tensor
 
 
 def test_each_strategy_was_started_by_its_own_launcher(rows):

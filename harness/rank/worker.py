@@ -92,6 +92,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     parameters = count_parameters(torch.nn.Sequential(*layers))
     largest_module = largest_module_own_parameters(torch.nn.Sequential(*layers))
     expected_traffic = strategy.expected_traffic(spec, layers)   # before wrapping converts or shards them
+    reduce_dtypes = strategy.gradient_reduce_dtypes(spec, torch.nn.Sequential(*layers))   # parity's tolerances
     trainer = strategy.wrap(spec, context, workload, layers)
     _phase(context.rank, "model wrapped")
 
@@ -101,10 +102,12 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
     peak_rss_since = PeakRssSince.PROCESS_START
     norms = FirstStepNorms(spec, trainer)
+    disarm = lambda: None       # noqa: E731
     for step in range(spec.warmup_steps + spec.timed_steps):
         if fault:
             fault.fire(context.rank, step)
             trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
+            disarm = fault.scale_tensor_gradients(context.rank, step, torch.nn.Sequential(*layers))
         micro_batches = [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index),
                                         context.device)
                          for index in range(layout.micro_batches)]
@@ -117,6 +120,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
         with timer.measure(record=timed), counter.counting(record=timed):
             losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
                                                                       model_states.gradients_ready(step, micro_batches))))
+        disarm()
         norms.after_step(step)
         model_states.after_step(step, micro_batches)
 
@@ -137,7 +141,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "host_load": _host_load(context)})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_host_load_figures(by_rank))
-    measurements.update(norms.figures())
+    measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
     measurements.update(_model_state_facts(spec, strategy, layout, context, trainer, parameters, largest_module,
@@ -149,7 +153,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
 class FirstStepNorms:
     """The parity probe (harness.derive.parity): in step 0, a warm-up step, the global L2 norm of the reduced
     gradients between reduction and update, and after the step the global norm of the parameters and of
-    the step's update theta_1 - theta_0. Every rank takes part (sharded trainers all-reduce their squares)."""
+    the step's update theta_1 - theta_0; the gradient's and the update's norms also tensor by tensor, by
+    parameter name in the unwrapped model. Every rank takes part (sharded trainers all-reduce their
+    squares, in a warm-up step, which the collective counter does not record)."""
 
     PROBED_STEP = 0
 
@@ -159,8 +165,9 @@ class FirstStepNorms:
         if spec.warmup_steps == 0 and not self.unavailable_because:
             self.unavailable_because = ("no warm-up step: the probe's reads and collectives would land in a "
                                         "timed step")
-        self.readings: dict[str, float] = {}
+        self.readings: dict[str, Any] = {}
         self.before: list[torch.Tensor] = []
+        self.names: list[str] = []
 
     def gradients_ready(self, step: int) -> GradientsReady | None:
         """What the step's `train_step` is given: the probe in the probed step, else nothing."""
@@ -174,6 +181,13 @@ class FirstStepNorms:
             return
         if not self.trainer.gradient_norm_after_step:
             self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()
+        try:
+            self.names = self.trainer.parameter_names()
+        except NotImplementedError as error:     # one that does not name them: the global norms alone, said so
+            self.readings["norms_by_tensor_unavailable_because"] = str(error)
+        else:
+            self.readings["gradient_norm_by_tensor_first_step"] = dict(
+                zip(self.names, self.trainer.tensor_norms(*self.trainer.local_gradients()), strict=True))
         # In host memory: on a GPU the copy (4 bytes per parameter on top of AdamW's 16 of model states)
         # would land in the cell's peak device memory. On CPU it can add as much to a rank's peak RSS.
         self.before = [part.detach().to("cpu", copy=True) for part in parts]
@@ -187,6 +201,10 @@ class FirstStepNorms:
         self.readings["parameter_norm_after_first_step"] = self.trainer.global_norm(parts, sharded)
         update = (part.detach().cpu() - before for part, before in zip(parts, self.before))   # one at a time
         self.readings["update_norm_first_step"] = self.trainer.global_norm(update, sharded)
+        if self.names:
+            update = (part.detach().cpu() - before for part, before in zip(parts, self.before))
+            self.readings["update_norm_by_tensor_first_step"] = dict(
+                zip(self.names, self.trainer.tensor_norms(update, sharded), strict=True))
         self.before = []
 
     def figures(self) -> dict[str, Any]:

@@ -3,11 +3,12 @@
 A `Strategy` is consulted twice. Before launch (in the harness process) it validates a spec, says how the
 global batch is laid out, why a cell must be skipped here, and which launcher starts it. Inside each rank
 (in `harness.rank.worker`) it starts its communication library, wraps the model and optimizer, and returns a
-`Trainer` that runs one optimizer step over the rank's micro-batches. It also owns two facts about its
-step that the row records: the collectives a step should issue (`expected_traffic`, in the dtypes its
-precision recipe really reduces and gathers) and what a rank's own work is without communication
-(`compute_only_plan`, the baseline of exposed communication). Strategies must not import their optional
-libraries (deepspeed, horovod) at module level: the registry is imported before launch.
+`Trainer` that runs one optimizer step over the rank's micro-batches. It also owns facts about its step
+that the row records: the collectives a step should issue (`expected_traffic`, in the dtypes its precision
+recipe really reduces and gathers), the dtypes its gradient reduction communicates in
+(`gradient_reduce_dtypes`, which parity's bf16 tolerances follow) and what a rank's own work is without
+communication (`compute_only_plan`, the baseline of exposed communication). Strategies must not import their
+optional libraries (deepspeed, horovod) at module level: the registry is imported before launch.
 """
 
 from __future__ import annotations
@@ -210,6 +211,11 @@ class Trainer(abc.ABC):
         """The reduced gradients of `local_parameters`, in the same form; valid inside `gradients_ready`."""
         raise NotImplementedError(f"{type(self).__name__} cannot list its gradients")
 
+    def parameter_names(self) -> list[str]:
+        """The name of each of `local_parameters` in the unwrapped model (`unwrapped_parameter_names`), in the
+        same order."""
+        raise NotImplementedError(f"{type(self).__name__} cannot name its parameters")
+
     def gradient_norm(self) -> float:
         """L2 norm of this step's reduced gradients over every parameter, the same on every rank. Called
         inside `gradients_ready`, or right after the step where `gradient_norm_after_step`."""
@@ -230,6 +236,17 @@ class Trainer(abc.ABC):
         if sharded and self.context.world_size > 1:
             torch.distributed.all_reduce(squares)
         return math.sqrt(squares.item())
+
+    def tensor_norms(self, tensors: Iterable[torch.Tensor], sharded: bool) -> list[float]:
+        """The L2 norm of each whole tensor of which `tensors` are this rank's shards where `sharded` (an
+        empty shard where a rank holds none of one), else whole: as `global_norm`, in float64, with every
+        rank's squares added in one all-reduce."""
+        device = self.context.device
+        squares = torch.stack([torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double().to(device) ** 2
+                               for tensor in tensors])
+        if sharded and self.context.world_size > 1:
+            torch.distributed.all_reduce(squares)
+        return squares.sqrt().tolist()
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         """Per-step losses of the whole global batch from each rank's `train_step` losses.
@@ -348,6 +365,12 @@ class Strategy(abc.ABC):
         return TrafficBytes(parameters=sum(p.numel() for p in parameters), gradients_reduced=total,
                             parameters_gathered=total)
 
+    def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
+        """The dtypes (torch's names, sorted) the gradient reduction of a step communicates gradients in, from
+        freshly built (unwrapped) layers: parity's tolerances depend on it (harness.derive.parity). Default:
+        the weights' own dtype, as `traffic_bytes` (fp32 under torch.autocast)."""
+        return tuple(sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}))
+
     def expected_collectives(self, *, data_parallel: int, micro_batches: int, options: Mapping[str, OptionValue],
                              traffic: TrafficBytes) -> ExpectedTraffic:
         """The collectives a step of `micro_batches` micro-batches among `data_parallel` replicas issues."""
@@ -459,6 +482,25 @@ def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Se
             (scaled / count).backward()
         total += loss.detach()
     return total / count
+
+
+# What wrappers put into a parameter's name in the model they wrap: DDP and DataParallel a leading `module.`,
+# torch.compile `_orig_mod.`, FSDP1 and activation checkpointing their own parts wherever they wrap. FSDP2 and
+# DeepSpeed keep the names of the module they were given.
+WRAPPER_NAME_PREFIX = "module."
+WRAPPER_NAME_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def unwrapped_parameter_names(model: nn.Module) -> list[str]:
+    """`Trainer.parameter_names` of `model`: each trainable parameter once (a tied weight under its first
+    name), named as in the unwrapped model, so that every strategy's names match the plain loop's."""
+    names = []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            while name.startswith(WRAPPER_NAME_PREFIX):
+                name = name[len(WRAPPER_NAME_PREFIX):]
+            names.append(".".join(part for part in name.split(".") if part not in WRAPPER_NAME_PARTS))
+    return names
 
 
 def replicated_parameters(model: nn.Module) -> tuple[list[torch.Tensor], bool]:

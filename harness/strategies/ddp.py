@@ -24,7 +24,8 @@ from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
                                      Strategy, Trainer, accumulate, make_adamw, optimizer_description,
-                                     replicated_gradients, replicated_parameters, torchrun_context)
+                                     replicated_gradients, replicated_parameters, torchrun_context,
+                                     unwrapped_parameter_names)
 from workloads import Workload
 
 
@@ -55,6 +56,9 @@ class DDPTrainer(Trainer):
 
     def local_gradients(self):
         return replicated_gradients(self.model)     # every rank holds the averaged gradients whole
+
+    def parameter_names(self):
+        return unwrapped_parameter_names(self.model)
 
 
 class DDP(Strategy):

@@ -29,7 +29,7 @@ from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic,
                                      MicroBatch, Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes,
                                      Trainer, accumulate, is_block, make_adamw, optimizer_description,
-                                     torchrun_context)
+                                     torchrun_context, unwrapped_parameter_names)
 from workloads import Workload
 
 
@@ -61,6 +61,9 @@ class FSDP2Trainer(Trainer):
 
     def local_gradients(self):
         return [p.grad.to_local() for p in self.model.parameters() if p.requires_grad], True
+
+    def parameter_names(self):
+        return unwrapped_parameter_names(self.model)
 
     @contextlib.contextmanager
     def _no_sync(self):

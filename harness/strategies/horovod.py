@@ -31,7 +31,8 @@ from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
                                      RankContext, Strategy, Trainer, accumulate, make_adamw, optimizer_description,
-                                     place_rank, replicated_gradients, replicated_parameters)
+                                     place_rank, replicated_gradients, replicated_parameters,
+                                     unwrapped_parameter_names)
 from workloads import Workload
 
 
@@ -68,6 +69,9 @@ class HorovodTrainer(Trainer):
 
     def local_gradients(self):
         return replicated_gradients(self.model)     # synchronize() wrote the averaged gradients back
+
+    def parameter_names(self):
+        return unwrapped_parameter_names(self.model)
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         return self.hvd.allreduce(local_losses, op=self.hvd.Average, name="parbench.losses")

@@ -19,7 +19,7 @@ import torch
 
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors, optimizer_state_tensors
-from harness.spec import Layout, RunSpec, SpecError
+from harness.spec import Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (ExpectedTraffic, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer,
                                      make_adamw, optimizer_description)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
@@ -115,6 +115,14 @@ class Pipeline(Strategy):
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return ("a stage's work has no communication-free equivalent: waiting on its neighbours is the "
                 "schedule's bubble as much as communication")
+
+    def gradient_reduce_dtypes(self, spec, model):
+        """Without ZeRO the engine all-reduces gradients in its `communication_data_type`: bf16 where the bf16
+        section is on, else the gradients' fp32 (deepspeed/runtime/engine.py, 0.19.8; the torch_autocast
+        section's bf16 communication is ZeRO's alone)."""
+        if spec.precision is Precision.BF16 and spec.resolved_options["precision_recipe"] == "deepspeed-bf16":
+            return ("bfloat16",)
+        return ("float32",)
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         return ExpectedTraffic(not_modelled_because=(

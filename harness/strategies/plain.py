@@ -15,7 +15,8 @@ from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec, SpecError
 from harness.strategies.base import (ExpectedTraffic, MicroBatch, PrecisionRecipe, RankContext, Strategy,
                                      Trainer, accumulate, make_adamw, optimizer_description, place_rank,
-                                     replicated_gradients, replicated_parameters)
+                                     replicated_gradients, replicated_parameters,
+                                     unwrapped_parameter_names)
 from workloads import Workload
 
 
@@ -44,6 +45,9 @@ class PlainTrainer(Trainer):
     def local_gradients(self):
         return replicated_gradients(self.model)
 
+    def parameter_names(self):
+        return unwrapped_parameter_names(self.model)
+
 
 def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model: nn.Module) -> PlainTrainer:
     """An unwrapped model on this rank's device with the common optimizer (also the compute-only baseline)."""
@@ -65,6 +69,9 @@ class Plain(Strategy):
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         return ExpectedTraffic()          # one process: nothing to exchange
+
+    def gradient_reduce_dtypes(self, spec, model):
+        return ()
 
     def validate(self, spec: RunSpec) -> None:
         if spec.world_size != 1:

@@ -52,7 +52,7 @@ from harness.rank.memory_model import ModelStateTensors, deepspeed_estimate, opt
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
                                      Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
-                                     optimizer_description)
+                                     optimizer_description, unwrapped_parameter_names)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
                                                  throughput_timer_state)
 from workloads import Workload
@@ -109,6 +109,31 @@ class DeepSpeedTrainer(Trainer):
         # Stage 3 leaves an empty placeholder in the module; each rank's partition is `ds_tensor`
         # (zero-padded at the end of the last partition, which adds nothing to a norm).
         return [p.ds_tensor for p in module.parameters() if p.requires_grad], True
+
+    def local_gradients(self):
+        # Inside `gradients_ready`: the boundary micro-batch's backward has reduced them, and `engine.step()`
+        # has not yet consumed them. This rank's part of each parameter's reduced gradient, as DeepSpeed's
+        # own accessors read it (deepspeed/utils/tensor_fragment.py, 0.19.8: `safe_get_full_grad` less its
+        # all-reduce of a whole-parameter buffer): stages 1-2 map each parameter to its fragment of this
+        # rank's flat partition of `averaged_gradients` (`_hp_mapping`, None where the partition holds none
+        # of it); stage 3 keeps each parameter's reduce-scattered partition (zero-padded at the end).
+        parameters = [p for p in self.engine.module.parameters() if p.requires_grad]
+        if self.engine.zero_optimization_stage() >= 3:
+            return [p._z3_optimizer.get_local_fp32_grad_for_param(p) for p in parameters], True
+        return [p._hp_mapping.get_lp_grad_fragment(p._index_in_param_group) if p._hp_mapping is not None
+                else p.new_zeros(0) for p in parameters], True
+
+    def parameter_names(self):
+        return unwrapped_parameter_names(self.engine.module)
+
+def _communicated_in_bf16(model: nn.Module) -> set[int]:
+    """ids of the parameters DeepSpeed's torch_autocast section reduces in bf16 (the module docstring):
+    init_autocast_params matches module classes exactly, not by isinstance."""
+    from deepspeed.runtime.torch_autocast import LOWER_PRECISION_SAFE_MODULES
+
+    return {id(p) for module in model.modules() if module.__class__ in LOWER_PRECISION_SAFE_MODULES
+            for p in module.parameters(recurse=False)}
+
 
 def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
     """The storages a DeepSpeed ZeRO optimizer (0.19) keeps model states in.
@@ -172,14 +197,20 @@ class ZeRO(Strategy):
             return TrafficBytes(parameters=count, gradients_reduced=4 * count, parameters_gathered=4 * count)
         if self._bf16_section(spec):
             return TrafficBytes(parameters=count, gradients_reduced=2 * count, parameters_gathered=2 * count)
-        from deepspeed.runtime.torch_autocast import LOWER_PRECISION_SAFE_MODULES
-
-        # The torch_autocast section: init_autocast_params matches module classes exactly, not by isinstance.
-        low = {id(p) for module in model.modules() if module.__class__ in LOWER_PRECISION_SAFE_MODULES
-               for p in module.parameters(recurse=False)}
+        low = _communicated_in_bf16(model)
         reduced = sum(p.numel() * (2 if id(p) in low else 4) for p in parameters)
         return TrafficBytes(parameters=count, gradients_reduced=reduced,
                             parameters_gathered=reduced if self.stage == 3 else 4 * count)
+
+    def gradient_reduce_dtypes(self, spec, model):
+        """As `traffic_bytes`: fp32; all bf16 in the bf16 section; under torch_autocast bf16 for the
+        parameters of Linear and Conv modules and fp32 for the rest."""
+        if spec.precision is Precision.FP32:
+            return ("float32",)
+        if self._bf16_section(spec):
+            return ("bfloat16",)
+        low = _communicated_in_bf16(model)
+        return tuple(sorted({"bfloat16" if id(p) in low else "float32" for p in model.parameters()}))
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         def collective(kind: Collective, size: int, calls: int) -> ExpectedCollective:
