@@ -127,6 +127,21 @@ def test_without_a_world_size_1_cell_the_compute_only_figure_is_judged_and_named
     assert "(a bound" in line and "zero2 61% beyond the compute-only pass" in line and "ddp" not in line
 
 
+def test_an_oversubscribed_cell_judged_on_the_compute_only_pass_says_why_and_the_heading_names_both():
+    # A world-size-1 cell exists, but the 4 ranks outnumbered their cores: the figure beyond it is withheld
+    # (harness.derive.beyond_ws1), and the verdict falls back on the compute-only pass. It must give that
+    # reason, not "no world-size-1 cell", under a heading that names the figure it judged.
+    note = "the ranks outnumbered their host's cores, which the world-size-1 step did not share"
+    group = only_group([cell("zero3", exposed_comm_share=0.79, step_beyond_ws1_note=note),
+                        cell("ddp", exposed_comm_share=0.2, step_beyond_ws1_share=0.3)])
+    assert group.dominated == [("zero3", 0.79)]
+    line = next(line for line in group.lines if line.startswith("Exposed"))
+    assert "or beyond the compute-only pass where that is not measured" in line
+    assert f"zero3 79% beyond the compute-only pass, which also holds the strategy's own work (no figure beyond " \
+           f"its world-size-1 step: {note})" in line
+    assert "no world-size-1 cell" not in line
+
+
 def test_no_dominating_communication_names_the_highest():
     group = only_group([cell("ddp", exposed_comm_share=0.2, step_beyond_ws1_share=0.25),
                         cell("zero2", exposed_comm_share=0.35, step_beyond_ws1_share=0.1)])
@@ -352,7 +367,7 @@ def test_the_loss_plot_shows_each_compared_step_s_deviation_against_the_toleranc
 def test_the_per_step_deviations_are_the_ones_parity_judges():
     # On every judged row of the committed reference rows and on planted ones: step 0 is parity's first-loss
     # deviation, the largest later step its later-loss one.
-    from harness.derive.loss_deviation import loss_deviations, references
+    from harness.derive.parity import loss_deviations, references
     from harness.derive.parity import Quantity, deviations, judge, reference_key
 
     rows = [json.loads(line) for line in REFERENCE.read_text().splitlines()]

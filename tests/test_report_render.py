@@ -102,9 +102,13 @@ def rendered(tmp_path_factory):
     assert main(["project", str(REFERENCE / "full.jsonl"), "--comm", str(REFERENCE / "comm-ws2.jsonl"),
                  "--world-sizes", "1,2,4,8", "--out", str(projected)]) == 0
     write_report([REFERENCE / "full.jsonl", REFERENCE / "comm-ws2.jsonl", projected], folder)
-    page = (folder / "report.html").read_text()
+    return _measured_in_chromium(folder, MEASURE)
+
+
+def _measured_in_chromium(folder, script):
+    """(what `script`, run in the rendered report.html of `folder`, wrote into <pre id="measured">, the DOM)."""
     measured = folder / "measured.html"
-    measured.write_text(page.replace("</body>", MEASURE + "</body>"))
+    measured.write_text((folder / "report.html").read_text().replace("</body>", script + "</body>"))
     dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                           "--window-size=1400,3000", "--dump-dom", measured.as_uri()],
                          capture_output=True, text=True, timeout=120, check=True).stdout
@@ -202,16 +206,7 @@ FRESH_MEASURE = """<script>
 def fresh(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fresh")
     write_report([REFERENCE / "full.jsonl"], folder)
-    measured = folder / "measured.html"
-    measured.write_text((folder / "report.html").read_text().replace("</body>", FRESH_MEASURE + "</body>"))
-    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                          "--window-size=1400,3000", "--dump-dom", measured.as_uri()],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
-    figures = re.search(r'<pre id="measured">(.*?)</pre>', dom, flags=re.DOTALL)
-    assert figures, "the measuring script did not run"
-    found = json.loads(html.unescape(figures.group(1)))
-    assert "error" not in found, found
-    return found, dom
+    return _measured_in_chromium(folder, FRESH_MEASURE)
 
 
 def _rgb(colour: str) -> str:

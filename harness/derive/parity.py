@@ -200,13 +200,20 @@ def reference_key(spec: Mapping[str, Any]) -> tuple:
             spec.get("seed", 0), spec.get("device", "cpu"), spec["warmup_steps"] + spec["timed_steps"])
 
 
+def references(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
+    """{reference key: the plain row the rows of that key are held against}: the earliest ok plain launch
+    with losses of each key, whatever the order rows are read in."""
+    found: dict[tuple, Mapping[str, Any]] = {}
+    for row in sorted((r for r in rows if _is_reference(r)), key=_launch_order):
+        found.setdefault(reference_key(row["spec"]), row)
+    return found
+
+
 def judge(rows: Sequence[Mapping[str, Any]]) -> list[Parity]:
     """A verdict for each row, in the order given, each non-plain ok row held against the ok plain row of
     its reference key found anywhere among `rows`. Verdicts a row stored when it was written are ignored."""
-    references: dict[tuple, Mapping[str, Any]] = {}
-    for row in sorted((r for r in rows if _is_reference(r)), key=_launch_order):
-        references.setdefault(reference_key(row["spec"]), row)    # the earliest launch of a key
-    return [_judge_one(row, references) for row in rows]
+    held_against = references(rows)
+    return [_judge_one(row, held_against) for row in rows]
 
 
 def arithmetic(row: Mapping[str, Any]) -> str:
@@ -228,20 +235,31 @@ def deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Qua
     return {quantity: deviation for quantity, (deviation, _) in _deviations(row, reference).items()}
 
 
+def loss_deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> list[float]:
+    """Each compared step's loss deviation, as `TOLERANCE` measures it (inf where not finite): step 0
+    relative to the reference's loss; steps 1 .. PARITY_STEPS - 1 as a fraction of the reference's largest
+    move from one compared step to the next, not of the loss itself: how far off the reference's own
+    progress a row is (see the docstring). FIRST_LOSS is the first, LATER_LOSSES the largest of the rest."""
+    losses, expected = row["measurements"]["loss_per_step"], reference["measurements"]["loss_per_step"]
+    count = min(PARITY_STEPS, len(losses), len(expected))
+    if count == 0:
+        return []
+    found = [_relative(losses[0], expected[0])]
+    if count >= 2:
+        move = max(abs(b - a) for a, b in zip(expected[:count - 1], expected[1:count]))
+        found += [_ratio(abs(a - b), move) for a, b in zip(losses[1:count], expected[1:count])]
+    return found
+
+
 def _deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Quantity, tuple[float, str]]:
     """`deviations`, each with the tensor that showed it (empty but for the tensor-by-tensor quantities)."""
     m, r = row["measurements"], reference["measurements"]
-    losses, expected = m["loss_per_step"], r["loss_per_step"]
-    count = min(PARITY_STEPS, len(losses), len(expected))
+    by_step = loss_deviations(row, reference)
     found: dict[Quantity, tuple[float, str]] = {}
-    if count >= 1:
-        found[Quantity.FIRST_LOSS] = _relative(losses[0], expected[0]), ""
-    if count >= 2:
-        # As a fraction of the reference's largest move from one compared step to the next, not of the loss
-        # itself: how far off the reference's own progress a row is (see the docstring).
-        step = max(abs(b - a) for a, b in zip(expected[:count - 1], expected[1:count]))
-        gap = max(abs(a - b) for a, b in zip(losses[1:count], expected[1:count]))
-        found[Quantity.LATER_LOSSES] = _ratio(gap, step), ""
+    if by_step:
+        found[Quantity.FIRST_LOSS] = by_step[0], ""
+    if len(by_step) >= 2:
+        found[Quantity.LATER_LOSSES] = max(by_step[1:]), ""
     for quantity in NORMS:
         if m.get(quantity) is not None and r.get(quantity) is not None:
             found[quantity] = _relative(m[quantity], r[quantity]), ""

@@ -23,8 +23,8 @@ import pandas as pd  # noqa: E402
 
 from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
 from harness.derive.exposed import BOUND_PREFIX  # noqa: E402
-from harness.derive.loss_deviation import deviations_in_tolerances, references  # noqa: E402
-from harness.derive.parity import PARITY_STEPS, REFERENCE_STRATEGY, reference_key  # noqa: E402
+from harness.derive.loss_deviation import deviations_in_tolerances  # noqa: E402
+from harness.derive.parity import PARITY_STEPS, REFERENCE_STRATEGY, reference_key, references  # noqa: E402
 from harness.derive.rows import Row, is_ok, measurements, spec  # noqa: E402
 from harness.report.verdicts import EXPOSED_DOMINATES, cell_name, shown_name  # noqa: E402
 from harness.spec import DeviceKind  # noqa: E402
