@@ -226,11 +226,15 @@ def _exposed(ok: pd.DataFrame, world_size: int) -> tuple[str, list[tuple[str, fl
             beside = f" ({float(exposed):.0%} beyond the compute-only pass{_bound(line)})" if _present(exposed) else ""
             measured.append((line, float(beyond), beside))
         elif _present(exposed):
+            why = line.get("step_beyond_ws1_note") or "no world-size-1 cell"
             measured.append((line, float(exposed), f" beyond the compute-only pass, which also holds the "
-                                                   f"strategy's own work (no world-size-1 cell){_bound(line)}"))
+                                                   f"strategy's own work (no figure beyond its world-size-1 step: "
+                                                   f"{why}){_bound(line)}"))
     if not measured:
         return "", []
     threshold = f"more than {EXPOSED_DOMINATES:.0%} of the step beyond the strategy's own world-size-1 step"
+    if any(" beyond the compute-only pass, which" in beside for _, _, beside in measured):
+        threshold += ", or beyond the compute-only pass where that is not measured"
     above = sorted((item for item in measured if item[1] > EXPOSED_DOMINATES), key=lambda item: -item[1])
     dominated = [(cell_name(line), share) for line, share, _ in above]
     if not above:
