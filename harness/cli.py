@@ -425,6 +425,12 @@ def command_memory(args: argparse.Namespace) -> int:
     if use_deepspeed:
         print(f"DeepSpeed est.: its estimate_zero{{2,3}}_model_states_mem_needs without offload for {args.dp} GPUs "
               f"({nodes} node(s) x {gpus_per_node} GPUs), largest layer {largest_layer:,} parameters")
+        if recipe is not PrecisionRecipe.DEEPSPEED_BF16:
+            # DeepSpeed's functions know one recipe: 16-bit weights and gradients with fp32 master weights and
+            # Adam moments (2 + 2 + 12 bytes a parameter). Beside another recipe's columns they differ by the
+            # recipe, not by the sharding.
+            print(f"  it counts 16-bit weights and gradients with fp32 master copies and moments (2 + 2 + 12 bytes "
+                  f"a parameter), not recipe {args.recipe}'s: compare it with --recipe deepspeed-bf16")
     if args.stages > 1:
         print(f"pipeline: {args.stages} stages, each holding 1/{args.stages} of the parameters here; a stage that "
               f"holds a tied weight's copy holds more")
