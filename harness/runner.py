@@ -241,14 +241,16 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
     rows = [row.to_dict() if isinstance(row, RunResult) else row for row in rows]
     earlier = read_rows([results_file]) if results_file is not None and results_file.exists() else []
     cells = cell_table(rows, context=earlier)
-    header = (f"{'cell':<52} {'status':<7} {'step ms':>8} {'samples/s':>10} {'stalled':>8} "
+    # As wide as the longest label (at least 52): a label cut short would drop the link rate it ends with.
+    width = max([52, *(len(label) for label in cells.get("label", []))])
+    header = (f"{'cell':<{width}} {'status':<7} {'step ms':>8} {'samples/s':>10} {'stalled':>8} "
               f"{'exposed':>8} {'overhead':>8} {'loss first->last':>18} {'parity':>12}  samples/s interval")
     lines = [header, "-" * len(header)]
     losses = {cell_identity(row): row["measurements"]["loss_per_step"] for row in rows if row.get("status") == "ok"}
     for cell in cells.to_dict("records"):
-        label = cell["label"][:52]
+        label = cell["label"]
         if not cell["ok"]:
-            lines.append(f"{label:<52} {cell['status']:<7} {cell['message'][:70]}")
+            lines.append(f"{label:<{width}} {cell['status']:<7} {cell['message'][:70]}")
             continue
         interval = (f"{cell['samples_per_s_low']:.0f}-{cell['samples_per_s_high']:.0f} "
                     f"({cell['samples_per_s_interval']})" if cell["samples_per_s_low"] is not None else "1 launch")
@@ -259,7 +261,7 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
         samples = cell["samples_per_s"]
         # Last on the line, like the interval: a mark that the step times measured cores taking turns.
         shared = f"  {cell['host_load']}" if _oversubscribed(cell.get("host_oversubscribed")) else ""
-        lines.append(f"{label:<52} {status:<7} {cell['step_time_on_basis_s'] * 1e3:>8.1f} {samples:>10.1f} "
+        lines.append(f"{label:<{width}} {status:<7} {cell['step_time_on_basis_s'] * 1e3:>8.1f} {samples:>10.1f} "
                      f"{stalled_text:>8} {exposed_text:>8} {overhead_text:>8} {first:>8.4f}->{last:<8.4f} "
                      f"{cell['parity']:>12}  "
                      f"{interval}{shared}")

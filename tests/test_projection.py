@@ -466,3 +466,19 @@ def test_a_library_or_algorithm_with_a_calibrated_target_is_one_line(capsys):
                      str(REFERENCE / "comm-ws2.jsonl"), *extra]) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "a calibration was fitted with its own" in error, error
+
+
+def test_launches_of_one_strategy_at_two_global_batches_are_two_bases_never_one():
+    # DDP at 2 ranks measured at global batch 16 (0.2 s of compute) and at 64 (four times the work, 0.8 s):
+    # merged into one basis, its medians would mix both steps under one per-device batch, and f with them.
+    small = _row("ddp", 2, _counted("all_reduce", 4e6, 1, 2), compute=0.2, exposed=0.03, global_batch=16)
+    large = _row("ddp", 2, _counted("all_reduce", 4e6, 1, 2), compute=0.8, exposed=0.03, global_batch=64)
+    small["run_id"], large["run_id"] = "small", "large"
+    bases, skipped = bases_from_rows([small, large], REGISTRY_FACTS, _host())
+    assert not skipped
+    assert sorted((b.global_batch, b.per_device_batch, b.run_ids) for b in bases) == [(16, 8, ("small",)),
+                                                                                     (64, 32, ("large",))]
+    # Each from its own launches: compute 0.2 s and 0.8 s, the same 30 ms beyond it over 4.2 ms of priced
+    # ring all-reduce among 2 (2 x 100 us + 2 x 1/2 x 4 MB at 1 GB/s), f = 0.03 / 0.0042 in both.
+    assert sorted(b.compute_s for b in bases) == [pytest.approx(0.2), pytest.approx(0.8)]
+    assert [b.exposed_fraction for b in bases] == [pytest.approx(0.03 / 0.0042)] * 2

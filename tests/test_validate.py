@@ -271,3 +271,20 @@ def test_design_from_the_command_line_and_its_bad_input(tmp_path, capsys):
         assert main(argv) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and message in error, error
+
+
+def test_world_size_1_launches_at_another_batch_do_not_move_the_prediction():
+    # The rows of the first test, and DDP at world size 1 measured again at global batch 8, the 2-rank cell's
+    # samples per rank, at exactly half the work (0.1 s step, 0.025 s compute-only). The basis takes its
+    # compute from the launches at the same samples per rank (0.1 s, unscaled), the compute rule from their
+    # compute-only pass (0.025 x 1 at 2 ranks, 0.025 x 4/8 x 2 = 0.025 at 4): the same figures as from the
+    # batch-16 cell alone (0.2 x 8/16; 0.05 x 8/16 and 0.05 x 4/16 x 2), not a mixture of the two batches.
+    half = _row("ddp", 1, _counted("all_reduce", GRADIENTS, 1, 1), compute=0.025, exposed=0.075, global_batch=8)
+    half = _emulated(half)
+    half["run_id"] = "ddp-1-half"
+    rows = [_cell("ddp", 1, 0.2), half, _cell("ddp", 2, 0.4), _cell("ddp", 4, 0.7)]
+    alone = validate([rows[0], *rows[2:]], [_comm()])
+    both = validate(rows, [_comm()])
+    for n in (2, 4):
+        assert _by(both, "ddp", n).predicted_s == pytest.approx(_by(alone, "ddp", n).predicted_s)
+        assert _by(both, "ddp", n).rule_compute_s == pytest.approx(0.025)

@@ -15,12 +15,13 @@ add (communication, waiting on the slowest rank, sharing the host):
 
 medians over the steps the host did not stall, then across launches; step_1 is the median over the
 strategy's world-size-1 launches (same workload, options, precision, micro-batch and device, measured under
-the same conditions: network, placement and host type, harness.derive.identity) of their unstalled medians; b is the samples a
-rank runs per step (global batch / world size). The world-size-1 cell at the same b is preferred (the same
-work per rank, no scaling); else one at another b is scaled in proportion to the samples, as the
-projection does (harness.project.projection `_basis`: this figure is its measured basis at the world
-size it starts from): a fixed per-step cost, the optimizer's, is then scaled too, so a smaller b at N
-makes the figure too large.
+the same conditions: network, placement and host type, harness.derive.identity) of their unstalled
+medians; b is the samples a rank runs per step (global batch / world size). The world-size-1 cell at the
+same b is preferred (the same work per rank, no scaling); else the one at the nearest b
+(`one_rank_launches`) is scaled in proportion to the samples, as the projection does
+(harness.project.projection `_basis`: this figure is its measured basis at the world size it starts
+from): a fixed per-step cost, the optimizer's, is then scaled too, so a smaller b at N makes the figure
+too large.
 
 None, with a note, where there is no such world-size-1 cell, no unstalled step, or the ranks outnumbered
 their host's cores (their step measures the cores' sharing, which the world-size-1 step did not have).
@@ -28,6 +29,7 @@ their host's cores (their step measures the cores' sharing, which the world-size
 
 from __future__ import annotations
 
+import math
 from statistics import median
 from typing import Any, Sequence
 
@@ -52,6 +54,22 @@ def _per_rank_batch(row: Row) -> float:
     return spec(row)["global_batch"] / spec(row)["world_size"]
 
 
+def one_rank_launches(rows: Sequence[Row], batch: float) -> tuple[list[Row], str]:
+    """The ok, unshared world-size-1 launches among `rows` (one strategy's, under one set of conditions) that a
+    cell running `batch` samples per rank is held against, and why there are none: those of one global batch,
+    the same samples per rank where measured, else the nearest (by ratio; the larger on a tie), which the
+    caller scales in proportion. Launches of several batches are never pooled: their medians would mix steps
+    of different work. The projection takes its compute from the same launches (harness.project.projection
+    `one_device_step`)."""
+    ones = [row for row in rows if is_ok(row) and spec(row)["world_size"] == 1 and not shared_device(row)
+            and _unstalled_median(row) is not None]
+    if not ones:
+        return [], "no ok world-size-1 cell of this strategy"
+    batches = {float(spec(row)["global_batch"]) for row in ones}
+    chosen = min(batches, key=lambda b: (abs(math.log(b / batch)), -b))
+    return [row for row in ones if float(spec(row)["global_batch"]) == chosen], ""
+
+
 def step_beyond_ws1(cell: Sequence[Row], rows: Sequence[Row], oversubscribed: bool | None = None) -> dict[str, Any]:
     """`step_beyond_ws1_s`, `_share` and `_note` of one cell (`cell`: its ok launches' rows) against the
     world-size-1 launches among `rows` (module docstring)."""
@@ -65,19 +83,11 @@ def step_beyond_ws1(cell: Sequence[Row], rows: Sequence[Row], oversubscribed: bo
         return {**none, "step_beyond_ws1_note": "the ranks outnumbered their host's cores, which the "
                                                 "world-size-1 step had to itself"}
     key, batch = strategy_key(cell[0]), _per_rank_batch(cell[0])
-    ones = [row for row in rows if is_ok(row) and spec(row)["world_size"] == 1 and not shared_device(row)
-            and strategy_key(row) == key and _unstalled_median(row) is not None]
+    ones, why_not = one_rank_launches([row for row in rows if strategy_key(row) == key], batch)
     if not ones:
-        return {**none, "step_beyond_ws1_note": "no ok world-size-1 cell of this strategy"}
-    batches = sorted({_per_rank_batch(row) for row in ones})
-    if batch in batches:
-        one_batch = batch
-    elif len(batches) == 1:
-        one_batch = batches[0]
-    else:
-        return {**none, "step_beyond_ws1_note": f"world-size-1 cells at {len(batches)} batches, none at this "
-                                                f"cell's {batch:g} samples per rank"}
-    one_step = median(_unstalled_median(row) for row in ones if _per_rank_batch(row) == one_batch)
+        return {**none, "step_beyond_ws1_note": why_not}
+    one_batch = spec(ones[0])["global_batch"]
+    one_step = median(_unstalled_median(row) for row in ones)
     steps = [step for step in map(_unstalled_median, cell) if step is not None]
     if not steps:
         return {**none, "step_beyond_ws1_note": "the host stalled every step"}

@@ -73,8 +73,10 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from harness.derive.beyond_ws1 import one_rank_launches
 from harness.derive.comm import wire_bytes
 from harness.derive.exposed import exposed_communication, slowest_rank_per_step, stalled_steps
+from harness.derive.hosts import row_host_load
 from harness.derive.identity import conditions_id, distinguishing_suffixes, row_conditions
 from harness.derive.memory import ModelStatePlan, plan_bytes
 from harness.derive.rows import is_ok, measurements, options_text, shared_device, spec
@@ -425,15 +427,14 @@ def _group_key(row: Mapping[str, Any]) -> tuple:
             conditions_id(row))
 
 
-def one_device_step(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
-    """(median unstalled step time, per-device batch) of the world-size-1 rows among `rows`, or None."""
-    steps, batches = [], set()
-    for row in rows:
-        step = unstalled_median_step_s(measurements(row)) if spec(row)["world_size"] == 1 else None
-        if step is not None:
-            steps.append(step)
-            batches.add(float(spec(row)["global_batch"]))
-    return (median(steps), batches.pop()) if steps and len(batches) == 1 else None
+def one_device_step(rows: Sequence[Mapping[str, Any]], per_device_batch: float) -> tuple[float, float] | None:
+    """(median unstalled step time, its batch) of the world-size-1 launches among `rows` that a basis of
+    `per_device_batch` samples per device takes its compute from (harness.derive.beyond_ws1
+    `one_rank_launches`: at that batch, else the only batch measured), or None."""
+    ones, _ = one_rank_launches(rows, per_device_batch)
+    if not ones:
+        return None
+    return median(unstalled_median_step_s(measurements(row)) for row in ones), float(spec(ones[0])["global_batch"])
 
 
 # How much a rank's compute stretches at a world size on the machine that measured it: 1 on real nodes;
@@ -458,14 +459,33 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
     tags = dict(zip(groups, distinguishing_suffixes([(str(key[:-1]), row_conditions(members[0]))
                                                       for key, members in groups.items()])))
     for key, members in groups.items():
-        top = max(spec(r)["world_size"] for r in members)
-        chosen = [r for r in members if spec(r)["world_size"] == top]
         label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "") + tags[key]
-        try:
-            bases.append(replace(_basis(chosen, facts, measuring_host, one_device_step(members), compute_factor),
-                                 conditions=tags[key]))
-        except SpecError as error:
-            skipped.append(f"{label}: {error}")
+        candidates = members
+        if compute_factor is None:
+            # Ranks that outnumbered their host's cores measured the cores' sharing: their step beyond
+            # compute is not the strategy's, and nothing here corrects for it (the validation's shared-cores
+            # factor does, given as compute_factor).
+            shared = sorted({spec(r)["world_size"] for r in members if row_host_load(r)["host_oversubscribed"]})
+            candidates = [r for r in members if not row_host_load(r)["host_oversubscribed"]]
+            if shared:
+                skipped.append(f"{label}: world size {', '.join(map(str, shared))} left out of the basis: its ranks "
+                               "outnumbered their host's cores, so its step measures their sharing")
+            if not candidates:
+                continue
+        top = max(spec(r)["world_size"] for r in candidates)
+        chosen = [r for r in candidates if spec(r)["world_size"] == top]
+        # Launches of one strategy at several global batches are several bases: merged, their medians would
+        # mix steps of different work under one per-device batch.
+        batches = sorted({int(spec(r)["global_batch"]) for r in chosen})
+        for batch in batches:
+            at_batch = [r for r in chosen if int(spec(r)["global_batch"]) == batch]
+            named = label + (f" at global batch {batch}" if len(batches) > 1 else "")
+            try:
+                one_device = one_device_step(members, batch / top)
+                bases.append(replace(_basis(at_batch, facts, measuring_host, one_device, compute_factor),
+                                     conditions=tags[key]))
+            except SpecError as error:
+                skipped.append(f"{named}: {error}")
     return bases, skipped
 
 

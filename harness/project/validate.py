@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from harness.derive.beyond_ws1 import one_rank_launches
 from harness.derive.identity import conditions_id, distinguishing_suffixes, network_of, network_tag, row_conditions
 from harness.derive.rows import is_ok, measurements, spec
 from harness.project.facts import REGISTRY_FACTS
@@ -319,9 +320,11 @@ def _check(setting: str, launches: Sequence[Mapping[str, Any]], source_setting: 
     at_n = replace(basis, compute_s=basis.compute_s * shared_cores_factor(row, n))
     [point], _ = project(at_n, [n], target, facts, [scaling])
     computes = [c for c in (compute_only_seconds(measurements(r)) for r in launches) if c is not None]
-    one_device = [c for c in (compute_only_seconds(measurements(r)) for r in ones) if c is not None]
-    rule_compute = (float(np.median(one_device)) * (spec(row)["global_batch"] / n) / spec(ones[0])["global_batch"]
-                    * shared_cores_factor(row, n)) if one_device else None
+    # The world-size-1 launches the basis took its compute from (one batch: harness.derive.beyond_ws1).
+    held_against, _ = one_rank_launches(ones, basis.per_device_batch)
+    one_device = [c for c in (compute_only_seconds(measurements(r)) for r in held_against) if c is not None]
+    rule_compute = (float(np.median(one_device)) * (spec(row)["global_batch"] / n)
+                    / spec(held_against[0])["global_batch"] * shared_cores_factor(row, n)) if one_device else None
     return Checked(setting=setting, strategy=spec(row)["strategy"], label=basis.label, world_size=n,
                    source_world_size=int(basis.world_size), scaling=scaling, measured_s=measured,
                    predicted_s=point.step_s, compute_s=point.compute_s, exposed_s=point.exposed_s,
@@ -412,32 +415,37 @@ def format_validation(result: Validation) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(result: Validation) -> str:
-    """Per setting (and source setting, across settings): each strategy's error at each held-out world size,
-    the median and p90 |error| and the ranking's tau, the model's and beside them the baseline's (the source
-    cell's step copied). The table README.md and docs/clusters.md show, kept true by tests."""
-    strategies = list(dict.fromkeys(c.strategy for c in result.cells))
-    pairs = sorted({_pair(c) for c in result.cells}, key=_pair_order)
-    sizes = sorted({c.world_size for c in result.cells})
+def markdown_table(*results: Validation) -> str:
+    """One line per setting (and source setting, across settings) of each result: each strategy's error at
+    each held-out world size, the median and p90 |error| and the ranking's tau, the model's and beside them
+    the baseline's (the source cell's step copied). Lines of the larger design say which world sizes were
+    predicted from which. The tables README.md and docs/clusters.md show, kept true by tests."""
+    strategies = list(dict.fromkeys(c.strategy for result in results for c in result.cells))
+    sizes = sorted({c.world_size for result in results for c in result.cells})
     per_size = " / ".join(str(n) for n in sizes)
-    sources = sorted({c.source_world_size for c in result.cells})
-    first = "link" if result.design is not Design.LARGER else \
-        f"link ({per_size} ranks from {' / '.join(str(n) for n in sources)})"
-    lines = [f"| {first} | {' | '.join(strategies)} | median | p90 | tau ({per_size} ranks) "
+    lines = [f"| link | {' | '.join(strategies)} | median | p90 | tau ({per_size} ranks) "
              f"| baseline median | baseline p90 | baseline tau |",
              "|" + " --- |" * (len(strategies) + 7)]
-    baseline_taus = result.baseline_taus or {}
-    for pair in pairs:
-        cells = [c for c in result.cells if _pair(c) == pair]
-        errors = {(c.strategy, c.world_size): c.error for c in cells}
-        shown = [" / ".join(f"{errors[s, n]:+.0%}" if (s, n) in errors else "-" for n in sizes) for s in strategies]
-        magnitudes = [abs(c.error) for c in cells]
-        copied = [abs(c.baseline_error) for c in cells if c.baseline_error is not None]
+    for result in results:
+        baseline_taus = result.baseline_taus or {}
+        for pair in sorted({_pair(c) for c in result.cells}, key=_pair_order):
+            cells = [c for c in result.cells if _pair(c) == pair]
+            errors = {(c.strategy, c.world_size): c.error for c in cells}
+            shown = [" / ".join(f"{errors[s, n]:+.0%}" if (s, n) in errors else "-" for n in sizes)
+                     for s in strategies]
+            magnitudes = [abs(c.error) for c in cells]
+            copied = [abs(c.baseline_error) for c in cells if c.baseline_error is not None]
 
-        def taus(found: Mapping[tuple[str, int], float]) -> str:
-            return " / ".join(f"{found[pair, n]:+.2f}" if (pair, n) in found else "-" for n in sizes)
+            def taus(found: Mapping[tuple[str, int], float]) -> str:
+                return " / ".join(f"{found[pair, n]:+.2f}" if (pair, n) in found else "-" for n in sizes)
 
-        baseline = (f"{np.median(copied):.1%} | {np.percentile(copied, 90):.1%}" if copied else "- | -")
-        lines.append(f"| {pair} | {' | '.join(shown)} | {np.median(magnitudes):.1%} | "
-                     f"{np.percentile(magnitudes, 90):.1%} | {taus(result.taus)} | {baseline} | {taus(baseline_taus)} |")
+            name = pair
+            if result.design is Design.LARGER:
+                targets = " / ".join(str(n) for n in sorted({c.world_size for c in cells}))
+                sources = " / ".join(str(n) for n in sorted({c.source_world_size for c in cells}))
+                name = f"{pair}, {targets} from {sources} ranks"
+            baseline = (f"{np.median(copied):.1%} | {np.percentile(copied, 90):.1%}" if copied else "- | -")
+            lines.append(f"| {name} | {' | '.join(shown)} | {np.median(magnitudes):.1%} | "
+                         f"{np.percentile(magnitudes, 90):.1%} | {taus(result.taus)} | {baseline} | "
+                         f"{taus(baseline_taus)} |")
     return "\n".join(lines)
