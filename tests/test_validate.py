@@ -226,6 +226,20 @@ def test_the_extrapolation_table_in_the_docs_is_the_frozen_commit_s_rows_validat
         text = (root / page).read_text()
         assert _shown(text, "extrapolation-table") == markdown_table(larger, across), page
         assert figures in text.replace("\n", " "), page
+    # Eight ranks on eight emulated nodes of this 2-core machine: each row counts them on one machine, and
+    # the cell table and the verdicts say they took turns on its cores (issue 33, finding 11).
+    from harness.derive.cells import cell_table
+    from harness.report.verdicts import verdicts
+
+    assert {tuple(r["measurements"]["ranks_on_machine_by_rank"]) for r in rows if r["spec"]["world_size"] == 8} \
+        == {(8,) * 8}
+    cells = cell_table(rows)
+    assert set(cells[cells["world_size"] == 8]["host_oversubscribed"]) == {True}
+    assert set(cells[cells["world_size"] == 2]["host_oversubscribed"]) == {False}
+    assert set(cells[cells["world_size"] == 8]["host_load"]) == \
+        {"oversubscribed: 8 ranks x 1 thread on 2 cores (8 emulated nodes, one machine)"}
+    at_8 = [group for group in verdicts(cells).groups if group.heading.startswith("gpt-tiny at 8 ranks")]
+    assert len(at_8) == 2 and all("not a scaling result of 8 nodes" in group.lines[0] for group in at_8)
     # The miss the pages explain: FSDP2's 8-rank step barely moves with the link.
     def step(rate):
         launches = [r for r in rows if r["spec"]["strategy"] == "fsdp2" and r["spec"]["world_size"] == 8
