@@ -29,8 +29,8 @@ strategy accumulates or reduces it, and the losses are left alone.
 Three kinds change what a strategy does from the given step on, as a change to its code would:
 - `extra-all-reduce` (`rank=all` only: a collective one rank issues alone never completes): in that step and
   every later one, each rank all-reduces EXTRA_ALL_REDUCE_ELEMENTS zeros in fp32 inside the counted step,
-  before the strategy's own step, through `torch.distributed` (so not on Horovod's ranks, which have no
-  torch process group): one all-reduce per step more, weights untouched;
+  before the strategy's own step, through `torch.distributed` (so not in the plain loop nor on Horovod's ranks,
+  which start no torch process group): one all-reduce per step more, weights untouched;
 - `weight-copy`: after that step's update the rank keeps an fp32 copy of every tensor its torch optimizer
   updates in that optimizer's state (so after the update, when AdamW has made its own state), as a strategy
   keeping a stray master copy would; the model-state census counts it under `optimizer`;
@@ -137,8 +137,8 @@ class Fault:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            raise RuntimeError(f"{FAULT_ENV}: {EXTRA_ALL_REDUCE} needs a torch.distributed process group, which "
-                               "this strategy's ranks do not start (Horovod's)")
+            raise RuntimeError(f"{FAULT_ENV}: {EXTRA_ALL_REDUCE} needs a torch.distributed process group, and "
+                               "this rank has none (the plain loop and Horovod start none)")
         dist.all_reduce(torch.zeros(EXTRA_ALL_REDUCE_ELEMENTS, dtype=torch.float32, device=device))
 
     def after_step(self, rank: int, step: int, optimizer: Callable[[], torch.optim.Optimizer]) -> None:
