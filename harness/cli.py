@@ -9,6 +9,7 @@
     python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib --strategies ddp,zero3
     python -m harness report results/full-*.jsonl --out report/
     python -m harness compare results/base.jsonl results/new.jsonl
+    python -m harness expect results/ci.jsonl --against results/reference/ci-expectations/ci.json
     python -m harness reproduce 3f2a9c
 
 Bad input ends with one line `parbench: error: ...` and exit status 2, before any process is launched.
@@ -247,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "unchanged software names any regression (Holm over its metrics); with their number "
                          "it sets the launches needed (0.05: 3 a side for 1 metric, 5 for up to 12)")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
+
+    expect = commands.add_parser("expect", help="hold the figures that do not depend on the machine to committed "
+                                 "expectations (exit 1 on a difference, 3 if recorded under other versions)")
+    expect.add_argument("results", type=Path, nargs="+", help="results JSONL files of one run")
+    expect.add_argument("--against", type=Path, required=True, help="the expectations file (JSON), e.g. "
+                        "results/reference/ci-expectations/ci.json")
+    expect.add_argument("--write", action="store_true", help="record the rows' figures as the expectations "
+                        "instead of checking them (review the diff before committing it)")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
     reproduce.add_argument("run_id", help="a row's run_id (a unique prefix is enough)")
@@ -519,6 +528,32 @@ def command_compare(args: argparse.Namespace) -> int:
     return 1 if result.regressed else 0
 
 
+def command_expect(args: argparse.Namespace) -> int:
+    from harness.derive.expectations import ExpectationsError, check, dumps, load, record
+
+    rows = []
+    for path in args.results:   # "0 figures", exit 0, would pass a run that measured nothing
+        found = read_rows([path])
+        if not found:
+            raise SpecError(f"{path} holds no cell rows: nothing to hold to expectations")
+        rows.extend(found)
+    try:
+        if args.write:
+            if args.against.is_dir():
+                raise SpecError(f"--against {args.against} is a folder; expected the expectations file (.json)")
+            check_folder(args.against.parent, "--against", shown=args.against)
+            expectations = record(rows)
+            args.against.write_text(dumps(expectations))
+            print(f"recorded {len(expectations['cells'])} cells' figures in {args.against}: review the diff")
+            return 0
+        outcome = check(rows, load(args.against))
+    except ExpectationsError as error:
+        raise SpecError(str(error)) from None
+    update = f"python -m harness expect {' '.join(str(path) for path in args.results)} --against {args.against} --write"
+    print("\n".join(outcome.lines(update)))
+    return outcome.exit_status
+
+
 def command_reproduce(args: argparse.Namespace) -> int:
     from harness.environment import capture_environment
     from harness.reproduce import environment_differences, find_row, placement_for, same_losses
@@ -545,7 +580,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm,
             "project": command_project, "report": command_report, "compare": command_compare,
-            "reproduce": command_reproduce}
+            "expect": command_expect, "reproduce": command_reproduce}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

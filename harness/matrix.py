@@ -257,11 +257,34 @@ def zero_memory(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# The exact gate's cells (harness.derive.expectations): five steps are the four parity compares
+# (harness.derive.parity.PARITY_STEPS) and a second warm-up step, in which the model-state census is read (it
+# needs the optimizer state the first update makes); the collectives are counted over the three timed ones.
+# The same steps as the test suite's shared cells (tests/launch_streams.py), so those rows meet the same
+# expectations. A figure that does not depend on the machine needs no more steps than that.
+CI_PLANS = {kind: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=3)}
+            for kind in DeviceKind}
+
+
+def ci(machine: Machine, select: Selection) -> list[RunSpec]:
+    """The exact gate's cells: the plain loop, and every other strategy at two ranks, on gpt-tiny in fp32.
+    Five steps each; CI holds their counted collectives, model-state census, parameters, parity verdict and
+    first losses to committed expectations (`python -m harness expect`, harness.derive.expectations). Two
+    ranks even where there is one device, as in smoke."""
+    if select.workloads is None:
+        select = dataclasses.replace(select, workloads=("gpt-tiny",))
+    cells = Cells(machine, select, Plan(ALL_BUT_PLAIN, (2,), repeats=1, precision=Precision.FP32))
+    for workload, plan in _plans(machine, select, CI_PLANS, "exact-gate plan").items():
+        cells.strong(workload, plan)
+    return cells.specs
+
+
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
     "scaling": scaling,
     "zero-memory": zero_memory,
+    "ci": ci,
 }
 
 

@@ -165,3 +165,116 @@ def test_a_tensor_pattern_that_scales_nothing_fails_the_rank():
     disarm = Fault.parse("grad-scale:factor=0.5:tensors=0.weight:rank=0:step=0").scale_tensor_gradients(0, 0, model)
     with pytest.raises(RuntimeError, match="scaled no gradient"):
         disarm()                              # no backward ran
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("extra-all-reduce:rank=1:step=0", "needs rank=all"),          # one rank's all-reduce would never complete
+    ("lr-scale:rank=0:step=0", "factor"),
+    ("lr-scale:factor=nan:rank=0:step=0", "finite"),
+    ("weight-copy:factor=2:rank=0:step=0", "factor"),
+    ("extra-all-reduce:tensors=*.weight:rank=all:step=0", "tensors="),
+])
+def test_a_malformed_change_fault_is_a_one_line_error_naming_what_is_allowed(text, fragment):
+    from harness.rank.faults import Fault
+
+    with pytest.raises(ValueError) as error:
+        Fault.parse(text)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and text in message and fragment in message
+
+
+def test_change_faults_never_end_the_rank_nor_touch_its_losses():
+    from harness.rank.faults import Fault
+
+    for text in ("extra-all-reduce:rank=all:step=0", "weight-copy:rank=0:step=0", "lr-scale:factor=2:rank=0:step=0"):
+        fault = Fault.parse(text)
+        fault.fire(rank=0, step=0)
+        assert fault.loss_multipliers(rank=0, step=0, micro_batches=2) is None
+
+
+def _adamw_after_one_step():
+    """gpt-tiny's optimizer on a 2 x 3 + 2 = 8-parameter model, after one update (AdamW makes its state then)."""
+    import torch
+
+    from harness.strategies.base import make_adamw
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = make_adamw(model.parameters(), torch.device("cpu"))
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_lr_scale_multiplies_its_ranks_learning_rate_once_in_its_step():
+    from harness.rank.faults import Fault
+
+    _, optimizer = _adamw_after_one_step()
+    fault = Fault.parse("lr-scale:factor=1.5:rank=1:step=2")
+    for rank, step in ((0, 2), (1, 1), (1, 3)):
+        fault.before_step(rank, step, lambda: optimizer)
+    assert optimizer.param_groups[0]["lr"] == 1e-3           # other ranks and steps: the common 1e-3
+    fault.before_step(1, 2, lambda: optimizer)
+    assert optimizer.param_groups[0]["lr"] == 1.5e-3         # kept for every later step
+
+
+def test_weight_copy_adds_an_fp32_copy_of_the_weights_to_what_the_census_counts():
+    import torch
+
+    from harness.rank.faults import Fault
+    from harness.rank.memory_model import census_bytes, torch_model_state_tensors
+
+    model, optimizer = _adamw_after_one_step()
+    # By hand: AdamW keeps two fp32 moments per parameter (2 x 8 x 4 = 64 bytes) and a 4-byte fp32 `step` per
+    # tensor (2 tensors: 8 bytes); the copy adds 4 bytes for each of the 8 parameters.
+    assert census_bytes(torch_model_state_tensors(model, optimizer))["optimizer"] == 72
+    fault = Fault.parse("weight-copy:rank=0:step=1")
+    fault.after_step(0, 0, lambda: optimizer)
+    fault.after_step(1, 1, lambda: optimizer)
+    assert census_bytes(torch_model_state_tensors(model, optimizer))["optimizer"] == 72
+    before = [p.detach().clone() for p in model.parameters()]
+    fault.after_step(0, 1, lambda: optimizer)
+    assert census_bytes(torch_model_state_tensors(model, optimizer))["optimizer"] == 72 + 32
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))     # the weights are left alone
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()                                         # AdamW steps on beside the extra state
+
+
+def test_weight_copy_leaves_a_tensor_without_optimizer_state_alone():
+    import torch
+
+    from harness.rank.faults import Fault
+    from harness.strategies.base import make_adamw
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = make_adamw(model.parameters(), torch.device("cpu"))
+    assert optimizer.state[model.weight] == {}      # read through the defaultdict, as any reader may, before a step
+    Fault.parse("weight-copy:rank=0:step=0").after_step(0, 0, lambda: optimizer)
+    assert not any(optimizer.state.values())       # AdamW makes a tensor's state only while its state is empty
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+
+
+def test_extra_all_reduce_is_one_counted_all_reduce_of_4096_bytes_in_every_step_from_its_own(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    from harness.rank.comm_counter import CollectiveCounter
+    from harness.rank.faults import Fault
+
+    fault = Fault.parse("extra-all-reduce:rank=all:step=2")
+    with pytest.raises(RuntimeError, match="needs a torch.distributed process group"):
+        fault.in_step(0, 2, torch.device("cpu"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    counter = CollectiveCounter()
+    counter.install_torch()
+    try:
+        for step in range(4):
+            with counter.counting(record=True):
+                fault.in_step(0, step, torch.device("cpu"))
+        # Steps 2 and 3 issue one all-reduce of 1024 fp32 zeros each: 2 calls and 8,192 bytes over 4 steps.
+        assert counter.per_step()["all_reduce"] == {
+            "bytes": 2048.0, "calls": 0.5, "dtypes": {"float32": {"bytes": 2048.0, "element_bytes": 4}},
+            "bytes_by_group_size": {"1": 2048.0}}
+    finally:
+        counter.uninstall()
+        dist.destroy_process_group()

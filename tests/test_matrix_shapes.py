@@ -53,7 +53,7 @@ def test_every_matrix_builds_valid_cells_that_fit_the_machine(matrix, machine):
         assert RunSpec.from_dict(spec.to_dict()) == spec     # validates itself again from its row form
         assert spec.device is machine.device
         limit = machine.devices_per_node if spec.strategy in ONE_NODE_ONLY else machine.devices_per_node * machine.nodes
-        if matrix in ("smoke", "zero-memory"):
+        if matrix in ("smoke", "zero-memory", "ci"):
             # Their two ranks check communication and sharding, which one rank cannot: on a one-device
             # machine they share it (docs/methodology.md, "Batch plans").
             limit = max(limit, 2)
@@ -125,6 +125,18 @@ def test_zero_memory_runs_at_the_largest_size_and_smoke_at_two_ranks(machine):
             assert spec.global_batch == MEMORY_PER_DEVICE[spec.workload] * size
     smoke = build_matrix("smoke", machine)
     assert sorted((s.strategy, s.world_size) for s in smoke) == [("ddp", 2), ("plain", 1)]
+
+
+@pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
+def test_ci_runs_the_plain_loop_and_every_other_strategy_at_two_ranks_on_gpt_tiny_for_five_steps(machine):
+    specs = build_matrix("ci", machine)
+    pairs = sorted((s.strategy, s.world_size) for s in specs)
+    # DataParallel's one process drives one node's devices: none at 2 ranks on a one-device node.
+    one_node = ["dataparallel"] if machine.devices_per_node >= 2 else []
+    others = ["ddp", "fsdp2", "horovod", "pipeline", "zero1", "zero2", "zero3"]
+    assert pairs == sorted([("plain", 1)] + [(name, 2) for name in one_node + others])
+    assert {(s.workload, s.precision.value, s.global_batch, s.micro_batch, s.warmup_steps, s.timed_steps)
+            for s in specs} == {("gpt-tiny", "fp32", 16, 4, 2, 3)}
 
 
 def test_pipeline_cells_keep_their_stage_rule():

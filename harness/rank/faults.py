@@ -1,10 +1,12 @@
 """Faults injected into a rank on purpose, so that the harness's checks are tested against the real thing:
-a rank that dies, hangs or runs out of memory in the middle of a cell, and a rank whose gradients are
-silently wrong, which only loss parity (harness.derive.parity) can notice.
+a rank that dies, hangs or runs out of memory in the middle of a cell, a rank whose gradients are
+silently wrong, which only loss parity (harness.derive.parity) can notice, and a strategy whose traffic,
+memory or learning rate changed, which the exact gates (harness.derive.expectations) must notice.
 
     PARBENCH_FAULT=kill:rank=1:step=2 python -m harness run --matrix smoke --strategy ddp
     PARBENCH_FAULT=grad-scale:factor=2:rank=1:step=0 python -m harness run --matrix smoke --strategy ddp
     PARBENCH_FAULT='grad-scale:factor=0.5:tensors=*.c_attn.weight:rank=all:step=0' python -m harness run ...
+    PARBENCH_FAULT=extra-all-reduce:rank=all:step=0 python -m harness run --matrix ci --strategy ddp
 
 kinds:
 - `kill`: the rank sends itself SIGKILL, as the kernel's out-of-memory killer would;
@@ -22,8 +24,20 @@ a rank that really skipped a micro-batch would leave ZeRO-2's per-micro-batch re
 forever. `grad-scale` with `tensors=PATTERN` (fnmatch over parameter names in the unwrapped model, e.g.
 `*.c_attn.weight`) scales only those parameters' gradients, as a strategy that mishandles some tensors
 would: a hook on each matching parameter multiplies its gradient by F as backward computes it, before any
-strategy accumulates or reduces it, and the losses are left alone. Rows record PARBENCH_* variables with
-the rest of the environment, so a row from a run with a fault says so.
+strategy accumulates or reduces it, and the losses are left alone.
+
+Three kinds change what a strategy does from the given step on, as a change to its code would:
+- `extra-all-reduce` (`rank=all` only: a collective one rank issues alone never completes): in that step and
+  every later one, each rank all-reduces EXTRA_ALL_REDUCE_ELEMENTS zeros in fp32 inside the counted step,
+  before the strategy's own step, through `torch.distributed` (so not in the plain loop nor on Horovod's ranks,
+  which start no torch process group): one all-reduce per step more, weights untouched;
+- `weight-copy`: after that step's update the rank keeps an fp32 copy of every tensor its torch optimizer
+  updates in that optimizer's state (so after the update, when AdamW has made its own state), as a strategy
+  keeping a stray master copy would; the model-state census counts it under `optimizer`;
+- `lr-scale` (with `factor=F`): before that step the rank multiplies its torch optimizer's learning rate by F,
+  for that step and every later one.
+The optimizer is the torch AdamW every strategy steps (`Trainer.torch_optimizer`). Rows record PARBENCH_*
+variables with the rest of the environment, so a row from a run with a fault says so.
 """
 
 from __future__ import annotations
@@ -42,9 +56,14 @@ import torch
 FAULT_ENV = "PARBENCH_FAULT"
 LOUD_KINDS = ("kill", "hang", "oom", "crash")
 SILENT_KINDS = ("grad-scale", "skip-microbatch")
-KINDS = LOUD_KINDS + SILENT_KINDS
-USAGE = "KIND:rank=R:step=S (R a rank or all; grad-scale also :factor=F and optionally :tensors=PATTERN)"
+EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "weight-copy", "lr-scale")
+KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS
+FACTOR_KINDS = ("grad-scale", LR_SCALE)
+USAGE = ("KIND:rank=R:step=S (R a rank or all; grad-scale and lr-scale also :factor=F, grad-scale optionally "
+         ":tensors=PATTERN)")
 ALL_RANKS = -1           # rank=all
+EXTRA_ALL_REDUCE_ELEMENTS = 1024       # 4,096 bytes in fp32: one all-reduce's calls and bytes, plainly seen
+WEIGHT_COPY_STATE = "parbench_fault_weight_copy"     # the optimizer-state key the copy is kept under
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,7 @@ class Fault:
     kind: str
     rank: int                # ALL_RANKS: every rank
     step: int
-    factor: float = 1.0      # grad-scale only: what that rank's gradients are multiplied by
+    factor: float = 1.0      # grad-scale: what that rank's gradients are multiplied by; lr-scale: its learning rate
     tensors: str = ""        # grad-scale only: a pattern of parameter names whose gradients alone it scales
 
     @classmethod
@@ -64,16 +83,20 @@ class Fault:
             values = dict(field.split("=", 1) for field in fields)
             rank_text, step = values.pop("rank"), int(values.pop("step"))
             rank = ALL_RANKS if rank_text == "all" else int(rank_text)
-            factor = float(values.pop("factor")) if kind == "grad-scale" else 1.0
+            factor = float(values.pop("factor")) if kind in FACTOR_KINDS else 1.0
             tensors = values.pop("tensors", "") if kind == "grad-scale" else ""
         except (KeyError, ValueError):
             raise ValueError(f"{FAULT_ENV}={text!r}: expected {USAGE}, KIND one of {', '.join(KINDS)}") from None
         if kind not in KINDS or values:
             raise ValueError(f"{FAULT_ENV}={text!r}: kind must be one of {', '.join(KINDS)}, with only rank= "
-                             "and step= (and factor=, optionally tensors=, for grad-scale)")
+                             "and step= (and factor= for grad-scale and lr-scale, optionally tensors= for "
+                             "grad-scale)")
         if (rank < 0 and rank_text != "all") or step < 0 or not math.isfinite(factor):
             raise ValueError(f"{FAULT_ENV}={text!r}: rank must be >= 0 or all, step >= 0 and factor a finite "
                              "number")
+        if kind == EXTRA_ALL_REDUCE and rank != ALL_RANKS:
+            raise ValueError(f"{FAULT_ENV}={text!r}: {EXTRA_ALL_REDUCE} needs rank=all: an all-reduce that one "
+                             "rank issues alone never completes")
         return cls(kind, rank, step, factor, tensors)
 
     def _fires(self, rank: int, step: int) -> bool:
@@ -81,7 +104,7 @@ class Fault:
 
     def fire(self, rank: int, step: int) -> None:
         """At the start of a step: the loud kinds end, stop or fail the rank here."""
-        if not self._fires(rank, step) or self.kind in SILENT_KINDS:
+        if not self._fires(rank, step) or self.kind not in LOUD_KINDS:
             return
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -100,6 +123,33 @@ class Fault:
         if self.kind == "grad-scale":
             return [self.factor] * micro_batches
         return [0.0] + [1.0] * (micro_batches - 1)
+
+    def before_step(self, rank: int, step: int, optimizer: Callable[[], torch.optim.Optimizer]) -> None:
+        """Before a step: `lr-scale` changes the learning rate of `optimizer()` (the trainer's torch optimizer)."""
+        if self.kind == LR_SCALE and self._fires(rank, step):
+            for group in optimizer().param_groups:
+                group["lr"] *= self.factor
+
+    def in_step(self, rank: int, step: int, device: torch.device) -> None:
+        """Inside the counted step, before the strategy's own: `extra-all-reduce`'s collective, from its step on."""
+        if self.kind != EXTRA_ALL_REDUCE or step < self.step:
+            return
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError(f"{FAULT_ENV}: {EXTRA_ALL_REDUCE} needs a torch.distributed process group, and "
+                               "this rank has none (the plain loop and Horovod start none)")
+        dist.all_reduce(torch.zeros(EXTRA_ALL_REDUCE_ELEMENTS, dtype=torch.float32, device=device))
+
+    def after_step(self, rank: int, step: int, optimizer: Callable[[], torch.optim.Optimizer]) -> None:
+        """After a step's update: `weight-copy` keeps an fp32 copy of every tensor `optimizer()` updates in its
+        state, where the model-state census reads optimizer state (harness.rank.memory_model)."""
+        if self.kind != WEIGHT_COPY or not self._fires(rank, step):
+            return
+        # Only beside state the optimizer has made: a tensor whose state is not empty is never initialised.
+        for tensor, state in optimizer().state.items():
+            if state:
+                state[WEIGHT_COPY_STATE] = tensor.detach().to(torch.float32, copy=True)
 
     def scale_tensor_gradients(self, rank: int, step: int, model: torch.nn.Module) -> Callable[[], None]:
         """Before a step: with `tensors=`, arm `model`'s (the unwrapped layers') matching parameters so that

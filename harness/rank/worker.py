@@ -108,6 +108,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             fault.fire(context.rank, step)
             trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
             disarm = fault.scale_tensor_gradients(context.rank, step, torch.nn.Sequential(*layers))
+            fault.before_step(context.rank, step, trainer.torch_optimizer)
         micro_batches = [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index),
                                         context.device)
                          for index in range(layout.micro_batches)]
@@ -118,9 +119,13 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             # the device before sharding), nor the warm-up steps.
             peak_rss_since = reset_peak_memory(context.device)
         with timer.measure(record=timed), counter.counting(record=timed):
+            if fault:
+                fault.in_step(context.rank, step, context.device)
             losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
                                                                       model_states.gradients_ready(step, micro_batches))))
         disarm()
+        if fault:
+            fault.after_step(context.rank, step, trainer.torch_optimizer)
         norms.after_step(step)
         model_states.after_step(step, micro_batches)
 

@@ -193,6 +193,15 @@ class Trainer(abc.ABC):
         """The tensors holding this rank's weights, gradients and optimizer state right now, for the census
         (harness.rank.memory_model): called at `gradients_ready`, or after the step where there is none."""
 
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        """The torch AdamW (`make_adamw`) whose learning rate and state this trainer's step uses: what a
+        planted fault changes (harness.rank.faults, `lr-scale` and `weight-copy`). The trainer's `optimizer`
+        where it keeps one (Horovod's DistributedOptimizer is a subclass of the AdamW it wraps)."""
+        optimizer = getattr(self, "optimizer", None)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise NotImplementedError(f"{type(self).__name__} does not name its torch optimizer")
+        return optimizer
+
     def parameters_held(self, whole_model: int) -> int:
         """Parameters this rank's model holds before any sharding (`whole_model` unless the strategy cuts
         the model; a tied weight counts once)."""

@@ -53,6 +53,11 @@ class PipelineTrainer(Trainer):
                                  optimizer=masters + optimizer_state_tensors(inner),
                                  note="read after train_batch, whose optimizer step has released the gradients")
 
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        # The client AdamW itself, or the one DeepSpeed's bf16 recipe wraps (as `model_state_tensors` reads it).
+        optimizer = self.engine.optimizer
+        return getattr(optimizer, "optimizer", optimizer)
+
     def parameters_held(self, whole_model: int) -> int:
         # This stage's layers, a tied weight's copy included: DeepSpeed builds the whole tied module (GPT's
         # token embedding, wpe with it) on every stage that uses it.

@@ -84,6 +84,10 @@ class DeepSpeedTrainer(Trainer):
     def model_state_tensors(self) -> ModelStateTensors:
         return deepspeed_model_state_tensors(self.engine)
 
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        # The client AdamW the ZeRO optimizer steps over this rank's fp32 master partition.
+        return self.engine.optimizer.optimizer
+
     def parameters_kept_whole(self) -> int:
         # Stage 3 keeps parameters below stage3_param_persistence_threshold gathered on every rank, beside
         # their shard (ds_persist, deepspeed/runtime/zero/parameter_offload.py).
