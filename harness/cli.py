@@ -246,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--alpha", type=float, default=0.05, help="largest chance that a comparison of "
                          "unchanged software names any regression (Holm over its metrics); with their number "
                          "it sets the launches needed (0.05: 3 a side for 1 metric, 5 for up to 12)")
+    compare.add_argument("--metric", action="append", default=[], metavar="METRIC", help="judge only this metric "
+                         "(repeatable; default: every one): a smaller family needs fewer launches a side")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
@@ -503,7 +505,7 @@ def command_report(args: argparse.Namespace) -> int:
 
 def command_compare(args: argparse.Namespace) -> int:
     from harness.compare import compare_files, format_result
-    from harness.derive.gate import check_thresholds
+    from harness.derive.gate import check_metrics, check_thresholds
 
     if not 0 < args.alpha < 1:
         raise SpecError(f"--alpha must be in (0, 1), got {args.alpha}")
@@ -511,10 +513,14 @@ def command_compare(args: argparse.Namespace) -> int:
         thresholds = check_thresholds(dict(args.threshold))
     except ValueError as error:
         raise SpecError(f"--threshold: {error}") from None
+    try:
+        check_metrics(args.metric)
+    except ValueError as error:
+        raise SpecError(f"--metric: {error}") from None
     for path in (args.base, args.new):   # "0 metrics judged", exit 0, would pass a run that measured nothing
         if not read_rows([path]):
             raise SpecError(f"{path} holds no cell rows: nothing to compare")
-    result = compare_files(args.base, args.new, thresholds, args.alpha)
+    result = compare_files(args.base, args.new, thresholds, args.alpha, args.metric)
     print(format_result(result, show_all=args.all))
     return 1 if result.regressed else 0
 
