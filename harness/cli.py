@@ -9,6 +9,7 @@
     python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib --strategies ddp,zero3
     python -m harness report results/full-*.jsonl --out report/
     python -m harness compare results/base.jsonl results/new.jsonl
+    python -m harness ab
     python -m harness reproduce 3f2a9c
 
 Bad input ends with one line `parbench: error: ...` and exit status 2, before any process is launched.
@@ -249,6 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--metric", action="append", default=[], metavar="METRIC", help="judge only this metric "
                          "(repeatable; default: every one): a smaller family needs fewer launches a side")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
+
+    ab = commands.add_parser("ab", help="same-job A/B: the base commit and this checkout, launches in turns, "
+                             "judged on step time and peak memory (exit 1 on a regression)")
+    ab.add_argument("--base", default="HEAD^1", help="the base: the merge base of this ref and HEAD (default "
+                    "HEAD^1, the previous main)")
+    ab.add_argument("--a-a", action="store_true", help="base = HEAD: every regression is a false alarm")
+    ab.add_argument("--repeat", type=int, default=1, help="run the tier N times and tally them (default 1)")
+    ab.add_argument("--launches", type=int, default=3, help="launches a side at least (default 3; more where "
+                    "the gate needs them for the family)")
+    ab.add_argument("--threshold", type=_threshold, action="append", default=[], metavar="[METRIC=]X",
+                    help="as for compare (default: the tier's measured step-time threshold, harness/ab.py)")
+    ab.add_argument("--plant-new", default="", metavar="FAULT", help="PARBENCH_FAULT for the new side's launches "
+                    "alone, e.g. slow-step:factor=1.3:rank=all:step=0:strategy=ddp")
+    ab.add_argument("--matrix", default="smoke", help=f"one of: {', '.join(MATRICES)} (default smoke)")
+    ab.add_argument("--out", type=Path, help="folder for both sides' rows and launch logs (default results/ab-<time>)")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
     reproduce.add_argument("run_id", help="a row's run_id (a unique prefix is enough)")
@@ -525,6 +541,27 @@ def command_compare(args: argparse.Namespace) -> int:
     return 1 if result.regressed else 0
 
 
+def command_ab(args: argparse.Namespace) -> int:
+    import signal
+
+    from harness import ab
+    from harness.environment import PROJECT_ROOT
+
+    if args.matrix not in MATRICES:
+        raise SpecError(f"--matrix {args.matrix!r}: known: {', '.join(MATRICES)}")
+    out = args.out or Path("results") / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
+    # A CI job's timeout sends SIGTERM: raised as SystemExit, it still removes the base's work tree.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        results = ab.measure(PROJECT_ROOT, out, base_ref=args.base, a_a=args.a_a, repeat=args.repeat,
+                             min_launches=args.launches, thresholds=dict(args.threshold), plant_new=args.plant_new,
+                             matrix=args.matrix)
+    except ab.Unavailable as why:
+        print(f"A/B run: {ab.Outcome.SKIPPED.value}: {why}")
+        return 0
+    return max(result.exit_status for result in results)
+
+
 def command_reproduce(args: argparse.Namespace) -> int:
     from harness.environment import capture_environment
     from harness.reproduce import environment_differences, find_row, placement_for, same_losses
@@ -551,7 +588,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm,
             "project": command_project, "report": command_report, "compare": command_compare,
-            "reproduce": command_reproduce}
+            "reproduce": command_reproduce, "ab": command_ab}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
