@@ -148,7 +148,8 @@ def checkout_of(repo: Path, commit: str) -> Iterator[Path]:
     added = _git(repo, "worktree", "add", "--detach", str(tree), commit)
     try:
         if added.returncode != 0:
-            raise Unavailable(f"cannot check out {commit[:12]}: {added.stderr.strip().splitlines()[-1:]}")
+            why = (added.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
+            raise Unavailable(f"cannot check out {commit[:12]} beside this checkout: {why}")
         yield tree
     finally:
         _git(repo, "worktree", "remove", "--force", str(tree))
@@ -225,7 +226,8 @@ def run_tier(base: Side, new: Side, launch: Launch, *, min_launches: int = MIN_L
             except WrongCode as wrong:
                 return TierResult(Outcome.FAILED, str(wrong), launches, result)
         result = gate(read_rows([base.results]), read_rows([new.results]), thresholds, alpha, metrics)
-        progress(f"launch {launches} a side: {rows[base.name]} base rows, {rows[new.name]} new rows")
+        progress(f"  {launches} launch{'es' if launches > 1 else ''} a side done ({rows[base.name]} base rows, "
+                 f"{rows[new.name]} new rows; the family of {result.family} needs {result.launches_needed_a_side})")
         if result.family == 0 or (launches >= min_launches and launches >= result.launches_needed_a_side):
             break
     return TierResult(*_verdict(result), launches, result)
@@ -304,9 +306,9 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
             new = Side("new", repo, head, folder / "new.jsonl", {FAULT_ENV: plant_new} if plant_new else {})
             load, started = _load(), time.monotonic()
             result = run_tier(base, new, launch(matrix, folder), min_launches=min_launches,
-                              thresholds=thresholds)
+                              thresholds=thresholds, progress=say)
             took = time.monotonic() - started
-            if repeat == 1 and result.gate is not None:
+            if result.gate is not None and (repeat == 1 or result.outcome is not Outcome.PASS):
                 say(format_result(result.gate, show_all=True))
             say(f"A/B run {k}/{repeat}: {result.outcome.value}: {result.reason}; {result.launches} launches a side "
                 f"in {took:.0f} s, load before {load}, after {_load()}; separations: {separations(result.gate)}")

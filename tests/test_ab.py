@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.ab import (Outcome, Side, TierResult, Unavailable, checkout_of, check_new_rows, head_commit,
-                        matrix_launch, resolve_base, run_tier, tally)
+from harness.ab import (Outcome, Side, TierResult, Unavailable, check_new_rows, checkout_of, head_commit,
+                        matrix_launch, measure, resolve_base, run_tier, tally)
 from harness.cli import main
 from harness.derive.gate import gate
 from harness.record import append_row, read_results, read_rows
@@ -268,3 +268,31 @@ def test_a_launch_from_a_checkout_of_head_runs_that_checkouts_code(tmp_path):
         assert check_new_rows(side, 0) == 2
         rows = read_rows([side.results])
         assert all(row["environment"]["git_dirty"] is False for row in rows)
+
+
+@pytest.mark.launch
+def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_its_runs(repo, tmp_path):
+    _commit(repo, "one")
+    head = _commit(repo, "two")
+    seen: list[tuple[str, Path, str, dict]] = []
+
+    def factory(matrix: str, folder: Path):
+        stub = StubLaunch(_unchanged)
+
+        def launch(side: Side, index: int) -> None:
+            seen.append((side.name, side.checkout, head_commit(side.checkout), dict(side.env)))
+            stub(side, index)
+        return launch
+
+    lines: list[str] = []
+    plant = "slow-step:factor=1.3:rank=all:step=0:strategy=ddp"
+    results = measure(repo, tmp_path / "ab", a_a=True, repeat=2, plant_new=plant, launch=factory, say=lines.append)
+    assert [r.outcome for r in results] == [Outcome.PASS, Outcome.PASS] and len(seen) == 2 * 2 * 5
+    assert {(name, commit, tuple(env.items())) for name, _, commit, env in seen} == {
+        ("base", head, ()), ("new", head, (("PARBENCH_FAULT", plant),))}
+    base_tree = next(checkout for name, checkout, _, _ in seen if name == "base")
+    assert base_tree != repo and not base_tree.exists()
+    assert (tmp_path / "ab" / "run2" / "new.jsonl").exists()
+    assert lines[-1].startswith("A/B over 2 runs: 2 passed, 0 regressions, 0 failed, 0 skipped;")
+    with pytest.raises(Unavailable, match=f"the base HEAD is HEAD {head[:12]} itself: nothing changed"):
+        measure(repo, tmp_path / "ab2", base_ref="HEAD", launch=factory)
