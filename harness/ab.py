@@ -162,15 +162,16 @@ def checkout_of(repo: Path, commit: str) -> Iterator[Path]:
 Launch = Callable[[Side, int], None]     # one launch of a side (its index from 1), appending its rows
 
 
-def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None) -> Launch:
-    """A launch of `matrix` with this interpreter, started in the side's checkout; its output goes to a log
-    beside the results (LOGS/base-1.log, ...), shown only where it failed."""
+def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None,
+                  options: Sequence[str] = LAUNCH_OPTIONS) -> Launch:
+    """A launch of `matrix` (with `harness run` OPTIONS) with this interpreter, started in the side's
+    checkout; its output goes to a log beside the results (LOGS/base-1.log, ...), shown only where it failed."""
     def launch(side: Side, index: int) -> None:
         env = {key: value for key, value in os.environ.items() if key != FAULT_ENV}
         env.update(side.env)
         log = (logs or side.results.parent) / f"{side.name}-{index}.log"
         with open(log, "w") as out:
-            done = subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", matrix, *LAUNCH_OPTIONS,
+            done = subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", matrix, *options,
                                    "--out", str(side.results)], cwd=side.checkout, env=env, stdout=out,
                                   stderr=subprocess.STDOUT)
         if done.returncode != 0:

@@ -258,16 +258,21 @@ def test_the_base_checkout_is_its_commit_and_is_removed_even_on_an_error(repo):
 
 @pytest.mark.launch
 def test_a_launch_from_a_checkout_of_head_runs_that_checkouts_code(tmp_path):
-    # The smoke matrix launched once from a temporary work tree of HEAD: its rows record HEAD's SHA, read by
-    # the harness that ran there (harness.environment reads the SHA of the checkout its code lives in).
+    # The smoke matrix's plain cell launched once from a temporary work tree of HEAD's parent: its row records
+    # the parent's SHA and a clean tree, read by the harness that ran there (harness.environment reads the
+    # checkout its code lives in), not by this checkout's.
     project = Path(__file__).resolve().parents[1]
-    head = head_commit(project)
-    with checkout_of(project, head) as tree:
-        side = Side("base", tree, head, tmp_path / "base.jsonl")
-        matrix_launch("smoke", tmp_path)(side, 1)
-        assert check_new_rows(side, 0) == 2
-        rows = read_rows([side.results])
-        assert all(row["environment"]["git_dirty"] is False for row in rows)
+    try:
+        parent = resolve_base(project)
+    except Unavailable as why:
+        pytest.skip(str(why))
+    with checkout_of(project, parent) as tree:
+        side = Side("base", tree, parent, tmp_path / "base.jsonl")
+        matrix_launch("smoke", tmp_path, ("--strategy", "plain", "--timed-steps", "2"))(side, 1)
+        assert check_new_rows(side, 0) == 1
+        row, = read_rows([side.results])
+        assert row["environment"]["git_sha"] == parent != head_commit(project)
+        assert row["environment"]["git_dirty"] is False
 
 
 @pytest.mark.launch
