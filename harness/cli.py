@@ -10,6 +10,7 @@
     python -m harness report results/full-*.jsonl --out report/
     python -m harness compare results/base.jsonl results/new.jsonl
     python -m harness expect results/ci.jsonl --against results/reference/ci-expectations/ci.json
+    python -m harness ab
     python -m harness reproduce 3f2a9c
 
 Bad input ends with one line `parbench: error: ...` and exit status 2, before any process is launched.
@@ -247,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--alpha", type=float, default=0.05, help="largest chance that a comparison of "
                          "unchanged software names any regression (Holm over its metrics); with their number "
                          "it sets the launches needed (0.05: 3 a side for 1 metric, 5 for up to 12)")
+    compare.add_argument("--metric", action="append", default=[], metavar="METRIC", help="judge only this metric "
+                         "(repeatable; default: every one): a smaller family needs fewer launches a side")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
 
     expect = commands.add_parser("expect", help="hold the figures that do not depend on the machine to committed "
@@ -256,6 +259,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "results/reference/ci-expectations/ci.json")
     expect.add_argument("--write", action="store_true", help="record the rows' figures as the expectations "
                         "instead of checking them (review the diff before committing it)")
+
+    ab = commands.add_parser("ab", help="same-job A/B: the base commit and this checkout, launches in turns, "
+                             "judged on step time and peak memory (exit 1 on a regression)")
+    ab.add_argument("--base", default="HEAD^1", help="the base: the merge base of this ref and HEAD (default "
+                    "HEAD^1, the previous main)")
+    ab.add_argument("--a-a", action="store_true", help="base = HEAD: every regression is a false alarm")
+    ab.add_argument("--repeat", type=int, default=1, help="run the tier N times and tally them (default 1)")
+    ab.add_argument("--launches", type=int, default=3, help="launches a side at least (default 3; more where "
+                    "the gate needs them for the family)")
+    ab.add_argument("--threshold", type=_threshold, action="append", default=[], metavar="[METRIC=]X",
+                    help="as for compare (default: the tier's measured step-time threshold, harness/ab.py)")
+    ab.add_argument("--plant-new", default="", metavar="FAULT", help="PARBENCH_FAULT for the new side's launches "
+                    "alone, e.g. slow-step:factor=1.3:rank=all:step=0:strategy=ddp")
+    ab.add_argument("--matrix", default="smoke", help=f"one of: {', '.join(MATRICES)} (default smoke)")
+    ab.add_argument("--out", type=Path, help="folder for both sides' rows and launch logs (default results/ab-<time>)")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
     reproduce.add_argument("run_id", help="a row's run_id (a unique prefix is enough)")
@@ -512,7 +530,7 @@ def command_report(args: argparse.Namespace) -> int:
 
 def command_compare(args: argparse.Namespace) -> int:
     from harness.compare import compare_files, format_result
-    from harness.derive.gate import check_thresholds
+    from harness.derive.gate import check_metrics, check_thresholds
 
     if not 0 < args.alpha < 1:
         raise SpecError(f"--alpha must be in (0, 1), got {args.alpha}")
@@ -520,10 +538,14 @@ def command_compare(args: argparse.Namespace) -> int:
         thresholds = check_thresholds(dict(args.threshold))
     except ValueError as error:
         raise SpecError(f"--threshold: {error}") from None
+    try:
+        check_metrics(args.metric)
+    except ValueError as error:
+        raise SpecError(f"--metric: {error}") from None
     for path in (args.base, args.new):   # "0 metrics judged", exit 0, would pass a run that measured nothing
         if not read_rows([path]):
             raise SpecError(f"{path} holds no cell rows: nothing to compare")
-    result = compare_files(args.base, args.new, thresholds, args.alpha)
+    result = compare_files(args.base, args.new, thresholds, args.alpha, args.metric)
     print(format_result(result, show_all=args.all))
     return 1 if result.regressed else 0
 
@@ -553,6 +575,26 @@ def command_expect(args: argparse.Namespace) -> int:
     print("\n".join(outcome.lines(update)))
     return outcome.exit_status
 
+def command_ab(args: argparse.Namespace) -> int:
+    import signal
+
+    from harness import ab
+    from harness.environment import PROJECT_ROOT
+
+    if args.matrix not in MATRICES:
+        raise SpecError(f"--matrix {args.matrix!r}: known: {', '.join(MATRICES)}")
+    out = args.out or Path("results") / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
+    # A CI job's timeout sends SIGTERM: raised as SystemExit, it still removes the base's work tree.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        results = ab.measure(PROJECT_ROOT, out, base_ref=args.base, a_a=args.a_a, repeat=args.repeat,
+                             min_launches=args.launches, thresholds=dict(args.threshold), plant_new=args.plant_new,
+                             matrix=args.matrix)
+    except ab.Unavailable as why:
+        print(f"A/B run: {ab.Outcome.SKIPPED.value}: {why}")
+        return 0
+    return max(result.exit_status for result in results)
+
 
 def command_reproduce(args: argparse.Namespace) -> int:
     from harness.environment import capture_environment
@@ -580,7 +622,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm,
             "project": command_project, "report": command_report, "compare": command_compare,
-            "expect": command_expect, "reproduce": command_reproduce}
+            "expect": command_expect, "reproduce": command_reproduce, "ab": command_ab}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

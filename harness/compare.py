@@ -2,7 +2,7 @@
 regression.
 
     python -m harness compare results/base.jsonl results/new.jsonl [--threshold 0.2] \
-        [--threshold peak_rss_bytes_max=0.1] [--alpha 0.05] [--all]
+        [--threshold peak_rss_bytes_max=0.1] [--alpha 0.05] [--metric step_time_unstalled_median_s] [--all]
 
 The judgement (one value per launch, the rule, its false-positive probability, the minimum launches and
 the thresholds) lives in harness/derive/gate.py; this module only reads the files and formats. Each line
@@ -11,23 +11,24 @@ separation of the two sets of launches (how far the closest launches of the two 
 when they interleave) against the threshold, and the verdict. Regressions, improvements and everything not
 judged are always listed; `--all` lists unchanged metrics too. The last line says what the verdicts are
 worth together: the chance of any false regression in the comparison, the family it is held over and the
-launches a side that let every metric of it be judged.
+launches a side that let every metric of it be judged. `--metric` (repeatable) judges only the metrics named:
+a smaller family, which fewer launches a side can judge.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from statistics import median
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from harness.derive.gate import DEFAULT_ALPHA, GateResult, Judgement, Margin, Verdict, gate
 from harness.record import read_rows
 
 
 def compare_files(base: Path, new: Path, thresholds: Mapping[str, float] | None = None,
-                  alpha: float = DEFAULT_ALPHA) -> GateResult:
-    """Gate the rows of `new` against those of `base`."""
-    return gate(read_rows([base]), read_rows([new]), thresholds, alpha)
+                  alpha: float = DEFAULT_ALPHA, metrics: Sequence[str] | None = None) -> GateResult:
+    """Gate the rows of `new` against those of `base` (on the metrics named, or every one)."""
+    return gate(read_rows([base]), read_rows([new]), thresholds, alpha, metrics)
 
 
 def _values(judgement: Judgement, values: tuple[float, ...]) -> str:

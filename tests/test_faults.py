@@ -278,3 +278,71 @@ def test_extra_all_reduce_is_one_counted_all_reduce_of_4096_bytes_in_every_step_
     finally:
         counter.uninstall()
         dist.destroy_process_group()
+
+
+def test_a_slow_step_fault_parses_and_slows_its_strategy_from_its_step_on():
+    from harness.rank.faults import ALL_RANKS, Fault
+
+    slow = Fault.parse("slow-step:factor=1.3:rank=all:step=2:strategy=ddp")
+    assert (slow.kind, slow.rank, slow.step, slow.factor, slow.strategy) == ("slow-step", ALL_RANKS, 2, 1.3, "ddp")
+    assert [slow.slows(rank=1, step=s, strategy="ddp") for s in range(5)] == [False, False, True, True, True]
+    assert not slow.slows(rank=0, step=3, strategy="plain")
+    assert Fault.parse("slow-step:factor=2:rank=1:step=0").slows(rank=1, step=0, strategy="zero3")
+    assert not Fault.parse("slow-step:factor=2:rank=1:step=0").slows(rank=0, step=0, strategy="zero3")
+    # A 100 ms train step at factor 1.3 sleeps (1.3 - 1) * 0.1 = 0.03 s more: 130 ms in all.
+    assert slow.slowdown_s(0.1) == pytest.approx(0.03)
+    # It never ends a rank nor touches its losses: only the step's time changes.
+    slow.fire(rank=0, step=2)
+    assert slow.loss_multipliers(rank=0, step=2, micro_batches=2) is None
+    assert not Fault.parse("grad-scale:factor=2:rank=1:step=0").slows(rank=1, step=0, strategy="ddp")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("slow-step:rank=all:step=0", ["factor"]),
+    ("slow-step:factor=0.5:rank=all:step=0", ["factor must be >= 1"]),
+    ("slow-step:factor=1.3:rank=all:step=0:strategy=dpp", ["'dpp'", "ddp", "zero3"]),
+    ("grad-scale:factor=2:rank=all:step=0:strategy=ddp", ["strategy="]),
+])
+def test_a_malformed_slow_step_fault_is_a_one_line_error_naming_what_is_allowed(text, words):
+    from harness.rank.faults import Fault
+
+    with pytest.raises(ValueError) as error:
+        Fault.parse(text)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and text in message
+    for word in words:
+        assert word in message, message
+
+
+def test_a_slow_step_fault_sleeps_inside_each_timed_step_of_its_strategy_alone(monkeypatch):
+    # The plain loop's rank program run here, in process, with a fault that triples its step. Every sleep
+    # the fault asks for is recorded; time.sleep sleeps at least that long, so the recorded step times bound
+    # it from above whatever the machine's load: a train step of e seconds sleeps (F - 1) * e inside the
+    # timed region, which then lasts at least e + (F - 1) * e = F * e, so each sleep <= (F - 1) / F of its
+    # step's recorded time (2/3 at F = 3). A sleep outside the region would leave steps shorter than that.
+    import time
+    import types
+
+    import harness.rank.worker as worker
+    from harness.rank.comm_counter import CollectiveCounter
+    from harness.strategies import get_strategy
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    clock = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
+    monkeypatch.setattr(worker, "time", types.SimpleNamespace(**{**clock, "sleep": sleep}))
+    spec = next(s for s in cells(("plain",)) if s.strategy == "plain")
+    strategy = get_strategy("plain")
+    monkeypatch.setenv("PARBENCH_FAULT", "slow-step:factor=3:rank=all:step=0:strategy=ddp")
+    worker.run_cell(spec, strategy, strategy.start(spec), CollectiveCounter())
+    assert slept == []                           # another strategy's cell is left alone
+    monkeypatch.setenv("PARBENCH_FAULT", "slow-step:factor=3:rank=all:step=0:strategy=plain")
+    measurements = worker.run_cell(spec, strategy, strategy.start(spec), CollectiveCounter())
+    steps = measurements["step_time_s"]
+    assert len(slept) == spec.warmup_steps + spec.timed_steps and len(steps) == spec.timed_steps
+    for sleep_s, step_s in zip(slept[spec.warmup_steps:], steps):
+        assert 0 < sleep_s <= step_s * 2 / 3, (sleep_s, step_s)

@@ -393,3 +393,29 @@ def test_a_bad_threshold_is_one_line_naming_the_metrics(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and err.startswith("parbench: error:")
     main(["compare", str(base), str(base), "--threshold", "step_time=0.1"])
     assert "step_time_unstalled_median_s" in capsys.readouterr().err
+
+
+def test_judging_chosen_metrics_makes_a_smaller_family_that_fewer_launches_judge(tmp_path, capsys):
+    # The plain loop 1.3 times slower at 4 launches a side: 40 * 1.3 = 52 ms against 42 ms, 23.8% apart.
+    # All 5 metrics of the smoke matrix are a family of 5: each needs 1 / C(n + m, n) <= 0.05 / 5 = 0.01,
+    # and 1 / C(8, 4) = 1/70 = 0.0143 is not. Step time alone is a family of 2 (one per cell): 0.05 / 2 =
+    # 0.025 >= 1/70, so 4 a side judge it.
+    base = _write(tmp_path / "base.jsonl", _smoke(4))
+    new = _write(tmp_path / "new.jsonl", _smoke(4, plain_slower=1.3))
+    assert main(["compare", str(base), str(new)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2].endswith("5 not judged; 0 cells not compared")
+    assert main(["compare", str(base), str(new), "--metric", "step_time_unstalled_median_s"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    flagged = [line for line in lines if line.endswith("regression")]
+    assert len(flagged) == 1 and "plain" in flagged[0] and "+23.8%" in flagged[0]
+    assert not any("peak_rss" in line or "exposed" in line for line in lines)
+    assert lines[-1] == ("chance of any false regression <= 0.05 over a family of 2 metrics (Holm): "
+                         "4 launches a side judge each")
+
+
+def test_an_unknown_metric_to_judge_is_one_line_naming_the_known_ones(tmp_path, capsys):
+    base = _write(tmp_path / "base.jsonl", _plain())
+    assert main(["compare", str(base), str(base), "--metric", "step_time_s"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("parbench: error: --metric:")
+    assert "'step_time_s'" in err and "step_time_unstalled_median_s" in err and "peak_rss_bytes_max" in err

@@ -36,10 +36,10 @@ the rate that matters is the chance that a comparison of unchanged software name
 Judged one by one at alpha, k independent metrics false-alarm with probability 1 - (1 - 1/C(n + m, n))^k
 (the smoke matrix's 5 metrics at 3 vs 3: 22.6%). The family is every metric of every compared cell that has
 values on both sides (everything the comparison could call), k of them, fixed by what was compared before
-any value is looked at (a metric with too few launches to be judged still counts; compare fewer cells for
-a smaller family), and Holm's step-down (Holm 1979) holds the chance of any false regression in it to alpha
-whatever the dependence between metrics: sort the p-values, reject the j-th smallest while each up to it is
-<= alpha / (k - j + 1). A metric's p-value is 1 / C(n + m, n) when the rule fired and 1 when it did not.
+any value is looked at (a metric with too few launches to be judged still counts; compare fewer cells, or
+judge fewer metrics with `gate(..., metrics=...)` / `compare --metric`, for a smaller family), and Holm's
+step-down (Holm 1979) holds the chance of any false regression in it to alpha whatever the dependence
+between metrics: sort the p-values, reject the j-th smallest while each up to it is <= alpha / (k - j + 1). A metric's p-value is 1 / C(n + m, n) when the rule fired and 1 when it did not.
 Why not the exact Mann-Whitney p of any configuration: the rule's margin has a meaning only when every new
 launch is beyond every base launch (U = 0), so that is the one outcome the gate can call, and its exact p is
 that figure. Improvements are judged the same way, as a second family of the same k one-sided tests, so the
@@ -253,18 +253,31 @@ def check_thresholds(overrides: Mapping[str, float] | None) -> dict[str, float]:
     return overrides
 
 
+def check_metrics(names: Sequence[str] | None) -> tuple[GateMetric, ...]:
+    """The metrics a comparison judges: those named (every one when None), checked. Fewer metrics make a
+    smaller family, which fewer launches a side can judge (the module's docstring)."""
+    if not names:
+        return METRICS
+    unknown = [name for name in names if name not in METRIC_NAMES]
+    if unknown:
+        raise ValueError(f"no metric {unknown[0]!r} to judge; known: {', '.join(METRIC_NAMES)}")
+    return tuple(m for m in METRICS if m.name in names)
+
+
 def threshold_for(metric: GateMetric, device: DeviceKind, overrides: Mapping[str, float]) -> float:
     return overrides.get(metric.name, overrides.get("*", metric.thresholds[device]))
 
 
 def gate(base: Sequence[Row], new: Sequence[Row], thresholds: Mapping[str, float] | None = None,
-         alpha: float = DEFAULT_ALPHA) -> GateResult:
-    """Judge every metric of every cell that has ok launches in both `base` and `new` (raw rows; cells
-    matched by identity, harness.derive.identity: the spec but its repeat count, and the link rate,
-    placement and host type it was measured under); `thresholds` overrides by metric name."""
+         alpha: float = DEFAULT_ALPHA, metrics: Sequence[str] | None = None) -> GateResult:
+    """Judge every metric (or those named in `metrics`) of every cell that has ok launches in both `base`
+    and `new` (raw rows; cells matched by identity, harness.derive.identity: the spec but its repeat count,
+    and the link rate, placement and host type it was measured under); `thresholds` overrides by metric
+    name. The family is the judged metrics alone."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     overrides = check_thresholds(thresholds)
+    judged = check_metrics(metrics)
     raw = {"base": [_as_row(row) for row in base], "new": [_as_row(row) for row in new]}
     sides = {side: _by_cell(rows) for side, rows in raw.items()}
     # A cell is its spec under its conditions (harness.derive.identity): launches at another link rate,
@@ -283,7 +296,7 @@ def gate(base: Sequence[Row], new: Sequence[Row], thresholds: Mapping[str, float
             not_compared.append((labels[cell], "; ".join(missing)))
             continue
         device = DeviceKind(ok["base"][0]["device"])   # part of the cell's identity: the same on both sides
-        for metric in METRICS:
+        for metric in judged:
             found = _metric_values(labels[cell], metric, ok["base"], ok["new"],
                                    threshold_for(metric, device, overrides))
             if found is not None:

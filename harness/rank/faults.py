@@ -1,12 +1,14 @@
 """Faults injected into a rank on purpose, so that the harness's checks are tested against the real thing:
 a rank that dies, hangs or runs out of memory in the middle of a cell, a rank whose gradients are
-silently wrong, which only loss parity (harness.derive.parity) can notice, and a strategy whose traffic,
-memory or learning rate changed, which the exact gates (harness.derive.expectations) must notice.
+silently wrong, which only loss parity (harness.derive.parity) can notice, a strategy whose traffic, memory
+or learning rate changed, which the exact gates (harness.derive.expectations) must notice, and a strategy whose
+step got slower, which only a timed comparison (`harness ab`, harness/ab.py) can notice.
 
     PARBENCH_FAULT=kill:rank=1:step=2 python -m harness run --matrix smoke --strategy ddp
     PARBENCH_FAULT=grad-scale:factor=2:rank=1:step=0 python -m harness run --matrix smoke --strategy ddp
     PARBENCH_FAULT='grad-scale:factor=0.5:tensors=*.c_attn.weight:rank=all:step=0' python -m harness run ...
     PARBENCH_FAULT=extra-all-reduce:rank=all:step=0 python -m harness run --matrix ci --strategy ddp
+    PARBENCH_FAULT=slow-step:factor=1.3:rank=all:step=0:strategy=ddp python -m harness run --matrix smoke
 
 kinds:
 - `kill`: the rank sends itself SIGKILL, as the kernel's out-of-memory killer would;
@@ -16,7 +18,11 @@ kinds:
 - `grad-scale` (with `factor=F`): the rank's gradients of that step are F times too large before they are
   reduced, as a rank that sums where it should average would make them;
 - `skip-microbatch`: the rank leaves its first micro-batch of that step out of its accumulated gradient, as
-  a lost accumulation step would.
+  a lost accumulation step would;
+- `slow-step` (with `factor=F >= 1`, optionally `strategy=NAME`): from the given step on, the rank sleeps
+  at the end of each train step, inside its timed region, F - 1 times the time that train step took, so
+  the step takes F times as long, as a strategy whose step got slower would; with `strategy=` only in the
+  cells of that strategy (one results file holds several). Nothing else about the step changes.
 The first four fire at the start of the given step (warm-up steps count) on the given rank (`rank=all`:
 on every rank). The two silent kinds multiply that rank's loss of each micro-batch before its backward (by
 F, or by 0 for the first micro-batch), so every rank still runs every backward and issues every collective:
@@ -57,10 +63,11 @@ FAULT_ENV = "PARBENCH_FAULT"
 LOUD_KINDS = ("kill", "hang", "oom", "crash")
 SILENT_KINDS = ("grad-scale", "skip-microbatch")
 EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "weight-copy", "lr-scale")
-KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS
-FACTOR_KINDS = ("grad-scale", LR_SCALE)
+SLOW_STEP = "slow-step"
+KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,)
+FACTOR_KINDS = ("grad-scale", LR_SCALE, SLOW_STEP)
 USAGE = ("KIND:rank=R:step=S (R a rank or all; grad-scale and lr-scale also :factor=F, grad-scale optionally "
-         ":tensors=PATTERN)")
+         ":tensors=PATTERN; slow-step also :factor=F >= 1 and optionally :strategy=NAME)")
 ALL_RANKS = -1           # rank=all
 EXTRA_ALL_REDUCE_ELEMENTS = 1024       # 4,096 bytes in fp32: one all-reduce's calls and bytes, plainly seen
 WEIGHT_COPY_STATE = "parbench_fault_weight_copy"     # the optimizer-state key the copy is kept under
@@ -71,8 +78,10 @@ class Fault:
     kind: str
     rank: int                # ALL_RANKS: every rank
     step: int
-    factor: float = 1.0      # grad-scale: what that rank's gradients are multiplied by; lr-scale: its learning rate
+    factor: float = 1.0      # grad-scale: what that rank's gradients are multiplied by; lr-scale: its learning
+                             # rate; slow-step: its step time
     tensors: str = ""        # grad-scale only: a pattern of parameter names whose gradients alone it scales
+    strategy: str = ""       # slow-step only: the strategy whose cells it slows ("": every cell)
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
@@ -85,19 +94,27 @@ class Fault:
             rank = ALL_RANKS if rank_text == "all" else int(rank_text)
             factor = float(values.pop("factor")) if kind in FACTOR_KINDS else 1.0
             tensors = values.pop("tensors", "") if kind == "grad-scale" else ""
+            strategy = values.pop("strategy", "") if kind == SLOW_STEP else ""
         except (KeyError, ValueError):
             raise ValueError(f"{FAULT_ENV}={text!r}: expected {USAGE}, KIND one of {', '.join(KINDS)}") from None
         if kind not in KINDS or values:
             raise ValueError(f"{FAULT_ENV}={text!r}: kind must be one of {', '.join(KINDS)}, with only rank= "
                              "and step= (and factor= for grad-scale and lr-scale, optionally tensors= for "
-                             "grad-scale)")
+                             "grad-scale; factor=, optionally strategy=, for slow-step)")
         if (rank < 0 and rank_text != "all") or step < 0 or not math.isfinite(factor):
             raise ValueError(f"{FAULT_ENV}={text!r}: rank must be >= 0 or all, step >= 0 and factor a finite "
                              "number")
         if kind == EXTRA_ALL_REDUCE and rank != ALL_RANKS:
             raise ValueError(f"{FAULT_ENV}={text!r}: {EXTRA_ALL_REDUCE} needs rank=all: an all-reduce that one "
                              "rank issues alone never completes")
-        return cls(kind, rank, step, factor, tensors)
+        if kind == SLOW_STEP and factor < 1:
+            raise ValueError(f"{FAULT_ENV}={text!r}: slow-step's factor must be >= 1 (a sleep only slows a step)")
+        if strategy:
+            from harness.strategies import STRATEGIES   # lazily: the registry imports every strategy's library
+
+            if strategy not in STRATEGIES:
+                raise ValueError(f"{FAULT_ENV}={text!r}: no strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        return cls(kind, rank, step, factor, tensors, strategy)
 
     def _fires(self, rank: int, step: int) -> bool:
         return step == self.step and self.rank in (rank, ALL_RANKS)
@@ -114,6 +131,15 @@ class Fault:
         if self.kind == "oom":
             raise torch.OutOfMemoryError(f"injected by {FAULT_ENV}")
         raise RuntimeError(f"crash injected by {FAULT_ENV}")
+
+    def slows(self, rank: int, step: int, strategy: str) -> bool:
+        """Does this rank sleep at the end of this step's train step (slow-step: every step from `step` on)?"""
+        return (self.kind == SLOW_STEP and step >= self.step and self.rank in (rank, ALL_RANKS)
+                and self.strategy in ("", strategy))
+
+    def slowdown_s(self, step_s: float) -> float:
+        """The sleep that makes a train step of `step_s` seconds take `factor` times as long."""
+        return (self.factor - 1.0) * step_s
 
     def loss_multipliers(self, rank: int, step: int, micro_batches: int) -> list[float] | None:
         """What this rank multiplies each micro-batch's loss by before backward in this step, or None

@@ -28,7 +28,7 @@ import torch
 
 from harness.rank.comm_counter import CollectiveCounter
 from harness.rank.compute_only import CompletedPass, compute_only_pass
-from harness.rank.faults import fault_from_environment
+from harness.rank.faults import Fault, fault_from_environment
 from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
                                   reset_peak_memory)
 from harness.spec import RunSpec, Status
@@ -121,8 +121,11 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
         with timer.measure(record=timed), counter.counting(record=timed):
             if fault:
                 fault.in_step(context.rank, step, context.device)
+            started = time.perf_counter()
             losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
                                                                       model_states.gradients_ready(step, micro_batches))))
+            if fault and fault.slows(context.rank, step, spec.strategy):
+                _sleep_planted_slowdown(fault, context.device, started)
         disarm()
         if fault:
             fault.after_step(context.rank, step, trainer.torch_optimizer)
@@ -153,6 +156,14 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                                            by_rank))
     trainer.close()
     return measurements
+
+
+def _sleep_planted_slowdown(fault: Fault, device: torch.device, started: float) -> None:
+    """A slow-step fault's sleep, inside the step's timed region: the train step's own time is read once the
+    device has finished it (only here, where a fault is planted: an honest step is never synchronised)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    time.sleep(fault.slowdown_s(time.perf_counter() - started))
 
 
 class FirstStepNorms:

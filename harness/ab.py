@@ -1,0 +1,334 @@
+"""Same-job A/B of timed figures: the base commit and this checkout measured in one job, their launches
+interleaved, then judged by the regression gate (harness/derive/gate.py) on step time and peak memory.
+
+    python -m harness ab                                  # base: HEAD's first parent, the previous main
+    python -m harness ab --base origin/main               # base: the merge base of HEAD and origin/main
+    python -m harness ab --a-a --repeat 20                # base = HEAD: the tier's false alarms here
+    python -m harness ab --plant-new slow-step:factor=1.3:rank=all:step=0:strategy=ddp   # must fail
+
+Why the same job: a baseline recorded in another hour carries that hour's load, and on a shared 2-core
+machine other users move step times by more than a real regression would (docs/methodology.md, "The
+regression gate": 13 of 56 ordered pairs of identical runs made beside another test run were false alarms).
+Launches of both commits taken in turns share the machine's state, so a drift of its load moves both
+sides alike; asv's `continuous` and the benchmark CI of pytorch and numpy measure the same way.
+
+How:
+- the base commit is checked out beside this one with `git worktree add --detach` in a temporary folder,
+  and removed afterwards (on an error or SIGTERM too);
+- a launch is one `python -m harness run --matrix smoke --out SIDE.jsonl` with this interpreter (the same
+  virtual environment), started in the side's checkout: python puts the working folder first on sys.path,
+  so `harness` is that side's code, and so is every rank it starts (`-m harness.rank.worker` in the
+  inherited folder). Every row's `environment.git_sha` is checked against its side's commit;
+- base, new, base, new, ...: at least `MIN_LAUNCHES` a side, and as many as the gate needs to judge every
+  metric of the family (harness.derive.gate.launches_needed_a_side: the smoke matrix's 2 cells x 2 metrics
+  are a family of 4, which needs 5 a side);
+- the gate judges step time and peak RSS alone (`AB_METRICS`, a small family), the step time at
+  `STEP_TIME_THRESHOLD`, set from this tier's own A/A measurement on the CI machine kind (below).
+
+Outcomes: `pass`; `regression` (a metric of a cell regressed beyond its threshold: exit 1); `failed` (the
+new side's launch failed, or a row ran other code than its side's: exit 1); `skipped`, with the reason
+(no base to measure against: a shallow clone, a root commit; the base commit's launch failed; cells or
+metrics the gate could not judge), never reported as a pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+from harness.compare import format_result
+from harness.derive.gate import DEFAULT_ALPHA, GateResult, Verdict, check_thresholds, gate
+from harness.derive.rows import label as row_label
+from harness.rank.faults import FAULT_ENV, Fault
+from harness.record import read_rows
+from harness.spec import SpecError
+
+AB_MATRIX = "smoke"
+# Peak allocated is recorded on GPU rows alone: on CPU it is not a metric of the cell, and not in the family.
+AB_METRICS = ("step_time_unstalled_median_s", "peak_rss_bytes_max", "peak_allocated_bytes_max")
+# The rule needs 1 / C(2n, n) <= alpha / k; 3 a side is its least for one metric at alpha 0.05 (1/20).
+MIN_LAUNCHES = 3
+# The step-time threshold of the A/B tier: a relative margin the separation of base and new launches must
+# exceed (harness/derive/gate.py). Its figure must lie above the largest separation that A/A runs of this
+# tier (`python -m harness ab --a-a --repeat 20`, base = new = HEAD) showed on the CI machine kind, and below
+# what a planted 30% slowdown (`--plant-new slow-step:factor=1.3:...`) separates by; the commit that sets it
+# records both measurements. Until then it is the gate's default for step time, 15%, set from back-to-back
+# runs of the smoke matrix on the 2-core development VM (their largest separation: 12%).
+STEP_TIME_THRESHOLD = 0.15
+# 40 timed steps a cell instead of the smoke matrix's 10 (about 1.6 s more per cell on the 2-core VM): a
+# launch's median then spans a couple of seconds, so a burst of another process's load moves fewer of its
+# steps. In an A/A run at 40 the plain loop's launches made while the machine was otherwise idle agreed
+# within 2.5% (38.8-39.8 ms).
+LAUNCH_OPTIONS = ("--timed-steps", "40")
+BASE_DEFAULT = "HEAD^1"       # the previous main: HEAD's first parent (a merge's: the main it was merged into)
+
+
+class Outcome(enum.StrEnum):
+    PASS = "pass"
+    REGRESSION = "regression"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+EXIT_STATUS = {Outcome.PASS: 0, Outcome.REGRESSION: 1, Outcome.FAILED: 1, Outcome.SKIPPED: 0}
+
+
+class Unavailable(Exception):
+    """The tier cannot run here, for a reason that is not bad input: it is skipped, saying why."""
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str                      # "base" or "new", as the gate calls them
+    checkout: Path                 # where its launches start: its code
+    commit: str                    # the SHA its rows must record
+    results: Path                  # one JSONL file, every launch appended
+    env: Mapping[str, str] = field(default_factory=dict)    # added to its launches' environment
+
+
+@dataclass(frozen=True)
+class TierResult:
+    outcome: Outcome
+    reason: str                    # why, in one line
+    launches: int                  # a side
+    gate: GateResult | None        # None where nothing was judged
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.outcome]
+
+
+# ---- git: which commit is the base, and a checkout of it -------------------------------------------------
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+def head_commit(repo: Path) -> str:
+    found = _git(repo, "rev-parse", "--verify", "HEAD^{commit}")
+    if found.returncode != 0:
+        raise Unavailable(f"{repo} is not a git checkout with a commit: no HEAD to measure")
+    return found.stdout.strip()
+
+
+def resolve_base(repo: Path, ref: str = BASE_DEFAULT) -> str:
+    """The base commit: the merge base of `ref` and HEAD (for HEAD's first parent, that parent). Unavailable
+    where history does not hold it (a shallow clone, a root commit); SpecError for a ref that names nothing."""
+    head = head_commit(repo)
+    shallow = _git(repo, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
+    found = _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if found.returncode != 0:
+        if shallow:
+            raise Unavailable(f"shallow clone: {ref} is not in its history (clone with full history, or "
+                              f"`git fetch --unshallow`)")
+        if ref == BASE_DEFAULT and len(_git(repo, "rev-list", "--parents", "-n", "1", "HEAD").stdout.split()) == 1:
+            raise Unavailable(f"HEAD {head[:12]} is a root commit: there is no previous main to measure against")
+        raise SpecError(f"--base {ref!r} names no commit here")
+    merge_base = _git(repo, "merge-base", found.stdout.strip(), head)
+    if merge_base.returncode != 0:
+        raise Unavailable(f"{ref} and HEAD share no history here" + (" (a shallow clone)" if shallow else ""))
+    return merge_base.stdout.strip()
+
+
+@contextlib.contextmanager
+def checkout_of(repo: Path, commit: str) -> Iterator[Path]:
+    """A detached work tree of `commit` in a temporary folder, removed (and unregistered) on the way out."""
+    folder = Path(tempfile.mkdtemp(prefix="parbench-ab-base-"))
+    tree = folder / "checkout"
+    added = _git(repo, "worktree", "add", "--detach", str(tree), commit)
+    try:
+        if added.returncode != 0:
+            why = (added.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
+            raise Unavailable(f"cannot check out {commit[:12]} beside this checkout: {why}")
+        yield tree
+    finally:
+        _git(repo, "worktree", "remove", "--force", str(tree))
+        shutil.rmtree(folder, ignore_errors=True)
+        _git(repo, "worktree", "prune")
+
+
+# ---- launches, taken in turns ----------------------------------------------------------------------------
+
+Launch = Callable[[Side, int], None]     # one launch of a side (its index from 1), appending its rows
+
+
+def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None,
+                  options: Sequence[str] = LAUNCH_OPTIONS) -> Launch:
+    """A launch of `matrix` (with `harness run` OPTIONS) with this interpreter, started in the side's
+    checkout; its output goes to a log beside the results (LOGS/base-1.log, ...), shown only where it failed."""
+    def launch(side: Side, index: int) -> None:
+        env = {key: value for key, value in os.environ.items() if key != FAULT_ENV}
+        env.update(side.env)
+        log = (logs or side.results.parent) / f"{side.name}-{index}.log"
+        with open(log, "w") as out:
+            done = subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", matrix, *options,
+                                   "--out", str(side.results)], cwd=side.checkout, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            tail = " | ".join(log.read_text().strip().splitlines()[-3:])
+            raise LaunchFailed(f"{side.name} launch {index} exited {done.returncode} (log {log}): {tail}")
+    return launch
+
+
+class LaunchFailed(Exception):
+    """A launch that produced no usable rows."""
+
+
+def check_new_rows(side: Side, before: int) -> int:
+    """The rows `side`'s launch appended are ok and ran its commit's code; returns the new row count."""
+    rows = read_rows([side.results]) if side.results.exists() else []
+    added = rows[before:]
+    if not added:
+        raise LaunchFailed(f"{side.name} launch appended no row to {side.results}")
+    for row in added:
+        label = row_label(row)
+        if row.get("status") != "ok":
+            raise LaunchFailed(f"{side.name} launch: {label} ended {row.get('status')}: {row.get('message', '')[:200]}")
+        sha = (row.get("environment") or {}).get("git_sha")
+        if sha != side.commit:
+            raise WrongCode(f"a {side.name} row ({label}) records git_sha {sha}, not the {side.name} commit "
+                            f"{side.commit[:12]}: its launch ran other code")
+    return len(rows)
+
+
+class WrongCode(Exception):
+    """A side's row ran another commit's code: the comparison would not be of the two commits."""
+
+
+def run_tier(base: Side, new: Side, launch: Launch, *, min_launches: int = MIN_LAUNCHES,
+             thresholds: Mapping[str, float] | None = None, alpha: float = DEFAULT_ALPHA,
+             metrics: Sequence[str] = AB_METRICS, progress: Callable[[str], None] = lambda line: None) -> TierResult:
+    """Launch base, new, base, new, ... until each side has `min_launches` and the gate can judge every
+    metric of the family, then judge. The family is known from the first pair's rows (its cells x metrics),
+    so the launches it needs are too; a first pair with nothing comparable stops the tier there."""
+    thresholds = {"step_time_unstalled_median_s": STEP_TIME_THRESHOLD, **(thresholds or {})}
+    rows = {side.name: 0 for side in (base, new)}
+    launches = 0
+    result: GateResult | None = None
+    while True:
+        launches += 1
+        for side in (base, new):
+            try:
+                launch(side, launches)
+                rows[side.name] = check_new_rows(side, rows[side.name])
+            except LaunchFailed as failed:
+                outcome = Outcome.FAILED if side is new else Outcome.SKIPPED
+                return TierResult(outcome, str(failed), launches, result)
+            except WrongCode as wrong:
+                return TierResult(Outcome.FAILED, str(wrong), launches, result)
+        result = gate(read_rows([base.results]), read_rows([new.results]), thresholds, alpha, metrics)
+        progress(f"  {launches} launch{'es' if launches > 1 else ''} a side done ({rows[base.name]} base rows, "
+                 f"{rows[new.name]} new rows; the family of {result.family} needs {result.launches_needed_a_side})")
+        if result.family == 0 or (launches >= min_launches and launches >= result.launches_needed_a_side):
+            break
+    return TierResult(*_verdict(result), launches, result)
+
+
+def _verdict(result: GateResult) -> tuple[Outcome, str]:
+    regressions = [j for j in result.judgements if j.verdict is Verdict.REGRESSION]
+    if regressions:
+        return Outcome.REGRESSION, "; ".join(f"{j.label} {j.metric.name} {j.separation:+.1%} > {j.threshold:.0%}"
+                                             for j in regressions)
+    unjudged = result.count(Verdict.NOT_JUDGED)
+    if result.not_compared or unjudged or not result.judgements:
+        return Outcome.SKIPPED, (f"nothing conclusive: {unjudged} metrics not judged, {len(result.not_compared)} "
+                                 f"cells not compared (the table above says why)")
+    return Outcome.PASS, (f"{len(result.judgements)} metrics judged, none beyond its threshold "
+                          f"({result.count(Verdict.IMPROVEMENT)} improvements)")
+
+
+SHORT_NAMES = {"step_time_unstalled_median_s": "step time", "peak_rss_bytes_max": "peak RSS",
+               "peak_allocated_bytes_max": "peak allocated"}
+
+
+def separations(result: GateResult | None) -> str:
+    """Each judged metric's separation (harness.derive.gate.separation), in one line: what an A/A
+    measurement collects, run after run."""
+    if result is None:
+        return "nothing judged"
+    return ", ".join(f"{j.label} {SHORT_NAMES[j.metric.name]} "
+                     f"{'overlap' if j.separation is None else format(j.separation, '+.1%')}"
+                     for j in result.judgements)
+
+
+# ---- the tier, once or N times -----------------------------------------------------------------------------
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = False, repeat: int = 1,
+            min_launches: int = MIN_LAUNCHES, thresholds: Mapping[str, float] | None = None,
+            plant_new: str = "", matrix: str = AB_MATRIX, launch: Callable[..., Launch] = matrix_launch,
+            say: Callable[[str], None] = print) -> list[TierResult]:
+    """The tier `repeat` times, each into OUT/runK/{base,new}.jsonl, the base checkout made once. With
+    `a_a` the base is HEAD itself: every regression is then a false alarm. `plant_new` is a PARBENCH_FAULT
+    for the new side's launches alone (the base's never inherit one)."""
+    if repeat < 1 or min_launches < MIN_LAUNCHES:
+        raise SpecError(f"--repeat must be >= 1 and --launches >= {MIN_LAUNCHES}, got {repeat} and {min_launches}")
+    try:
+        check_thresholds(thresholds)
+        if plant_new:
+            Fault.parse(plant_new)
+    except ValueError as error:
+        raise SpecError(str(error)) from None
+    if os.environ.get(FAULT_ENV):
+        raise SpecError(f"{FAULT_ENV} is set: the A/B tier plants a fault on the new side only, with --plant-new")
+    if out.exists() and any(out.iterdir()):
+        raise SpecError(f"--out {out} is not empty: the tier appends to fresh files only")
+    head = head_commit(repo)
+    base_commit = head if a_a else resolve_base(repo, base_ref)
+    if base_commit == head and not a_a:
+        raise Unavailable(f"the base {base_ref} is HEAD {head[:12]} itself: nothing changed to measure")
+    dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no").stdout.strip())
+    say(f"A/B: base {base_commit[:12]}{' (HEAD: an A/A run)' if a_a else ''} vs new {head[:12]}"
+        f"{' with uncommitted changes' if dirty else ''} (this checkout), the {matrix} matrix, launches in turns, "
+        f"results under {out}" + (f"; new side planted: {FAULT_ENV}={plant_new}" if plant_new else ""))
+    results = []
+    with checkout_of(repo, base_commit) as base_tree:
+        for k in range(1, repeat + 1):
+            folder = out / f"run{k}" if repeat > 1 else out
+            folder.mkdir(parents=True, exist_ok=True)
+            base = Side("base", base_tree, base_commit, folder / "base.jsonl")
+            new = Side("new", repo, head, folder / "new.jsonl", {FAULT_ENV: plant_new} if plant_new else {})
+            load, started = _load(), time.monotonic()
+            result = run_tier(base, new, launch(matrix, folder), min_launches=min_launches,
+                              thresholds=thresholds, progress=say)
+            took = time.monotonic() - started
+            if result.gate is not None and (repeat == 1 or result.outcome is not Outcome.PASS):
+                say(format_result(result.gate, show_all=True))
+            say(f"A/B run {k}/{repeat}: {result.outcome.value}: {result.reason}; {result.launches} launches a side "
+                f"in {took:.0f} s, load before {load}, after {_load()}; separations: {separations(result.gate)}")
+            results.append(result)
+    if repeat > 1:
+        say(tally(results))
+    return results
+
+
+def tally(results: Sequence[TierResult]) -> str:
+    """How many runs passed, and the largest separation each metric showed over them: the figure a
+    step-time threshold must clear for A/A runs to pass."""
+    counts = {outcome: sum(r.outcome is outcome for r in results) for outcome in Outcome}
+    largest: dict[str, float] = {}
+    for result in results:
+        for j in result.gate.judgements if result.gate else ():
+            if j.separation is not None:
+                name = SHORT_NAMES[j.metric.name]
+                largest[name] = max(largest.get(name, 0.0), abs(j.separation))
+    spread = ", ".join(f"{name} {value:.1%}" for name, value in largest.items()) or "every pair overlapped"
+    return (f"A/B over {len(results)} runs: {counts[Outcome.PASS]} passed, {counts[Outcome.REGRESSION]} regressions, "
+            f"{counts[Outcome.FAILED]} failed, {counts[Outcome.SKIPPED]} skipped; largest |separation|: {spread}")

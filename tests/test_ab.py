@@ -1,0 +1,303 @@
+"""The same-job A/B tier (harness/ab.py): launches taken in turns, as many as the gate's family needs, the
+verdict, which rows it refuses, and which base commit it measures against.
+
+The tier's logic is tested with stub launches that append rows built from the committed reference rows
+(results/reference/ci-cpu/smoke.jsonl) with the values written below, so every outcome is fixed by those
+values, never by timing noise. The git tests run git in temporary repositories (marked `launch`: they
+start processes); one launches the real smoke matrix from a checkout of HEAD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.ab import (Outcome, Side, TierResult, Unavailable, check_new_rows, checkout_of, head_commit,
+                        matrix_launch, measure, resolve_base, run_tier, tally)
+from harness.cli import main
+from harness.derive.gate import gate
+from harness.record import append_row, read_results, read_rows
+from harness.spec import RunResult, SpecError, Status
+
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
+MIB = 1 << 20
+BASE_SHA, NEW_SHA = "b" * 40, "a" * 40
+
+
+def _row(strategy: str, step_ms: float, rss_mib: float, sha: str, status: Status = Status.OK) -> RunResult:
+    """The reference row of `strategy` as one launch of the given values: every timed step `step_ms` (so
+    its unstalled median is exactly that), peak RSS `rss_mib`, run by commit `sha`."""
+    template = next(r for r in read_results([REFERENCE]) if r.spec.strategy == strategy)
+    m = dict(template.measurements)
+    steps = [step_ms / 1e3] * template.spec.timed_steps
+    m.update(step_time_s=steps, host_stalled_step_indices=[], host_stalled_steps=0, step_time_median_s=step_ms / 1e3,
+             peak_rss_bytes_max=rss_mib * MIB, peak_rss_bytes_by_rank=[rss_mib * MIB] * template.spec.world_size)
+    environment = {**template.environment, "git_sha": sha}
+    return dataclasses.replace(template, measurements=m, environment=environment, status=status,
+                               run_id=f"{strategy}-{sha[:4]}-{step_ms}-{rss_mib}-{status.value}")
+
+
+class StubLaunch:
+    """A launch that appends the smoke matrix's two rows (plain loop, DDP at 2 ranks) with values from
+    `values(side, index)`, and records the order of launches."""
+
+    def __init__(self, values):
+        self.values = values
+        self.order: list[str] = []
+
+    def __call__(self, side: Side, index: int) -> None:
+        self.order.append(f"{side.name}{index}")
+        for strategy, (step_ms, rss_mib, *rest) in self.values(side, index).items():
+            sha = rest[0] if rest else side.commit
+            status = rest[1] if len(rest) > 1 else Status.OK
+            append_row(side.results, _row(strategy, step_ms, rss_mib, sha, status))
+
+
+def _sides(tmp_path: Path) -> tuple[Side, Side]:
+    return (Side("base", tmp_path, BASE_SHA, tmp_path / "base.jsonl"),
+            Side("new", tmp_path, NEW_SHA, tmp_path / "new.jsonl"))
+
+
+# Launch-to-launch variation both sides share: the k-th launches of base and new see the same "load".
+PLAIN_MS = (40.0, 41.0, 42.0, 41.5, 40.5, 41.2)
+DDP_MS = (30.0, 31.0, 30.5, 31.5, 30.2, 30.8)
+
+
+def _unchanged(side: Side, index: int) -> dict:
+    # New launches a hair slower than base ones: every new launch beyond every base launch at k = 5 would
+    # need min(new) > max(base), and here they interleave.
+    bump = 1.002 if side.name == "new" else 1.0
+    return {"plain": (PLAIN_MS[index - 1] * bump, 325.0), "ddp": (DDP_MS[index - 1] * bump, 330.0)}
+
+
+def test_launches_alternate_until_the_family_of_four_is_judged_at_five_a_side(tmp_path):
+    # 2 cells x (step time, peak RSS) = a family of 4: each metric needs 1 / C(2n, n) <= 0.05 / 4 = 0.0125;
+    # n = 4 gives 1/70 = 0.0143 (not enough), n = 5 gives 1/252 = 0.0040. So 5 a side, taken in turns.
+    base, new = _sides(tmp_path)
+    launch = StubLaunch(_unchanged)
+    result = run_tier(base, new, launch)
+    assert launch.order == ["base1", "new1", "base2", "new2", "base3", "new3", "base4", "new4", "base5", "new5"]
+    assert result.outcome is Outcome.PASS and result.exit_status == 0 and result.launches == 5
+    assert result.gate.family == 4 and {j.verdict.value for j in result.gate.judgements} == {"same"}
+
+
+def test_more_launches_a_side_when_asked(tmp_path):
+    base, new = _sides(tmp_path)
+    launch = StubLaunch(_unchanged)
+    assert run_tier(base, new, launch, min_launches=6).launches == 6 and len(launch.order) == 12
+
+
+def test_a_planted_30_percent_slower_ddp_step_fails_the_tier(tmp_path):
+    # New DDP launches 1.3 times the base's: the closest pair is 30.0 * 1.3 = 39.0 ms against the base's
+    # slowest, 31.5 ms: 39.0 / 31.5 - 1 = 23.8% apart, beyond the 15% step-time threshold.
+    def slower(side: Side, index: int) -> dict:
+        factor = 1.3 if side.name == "new" else 1.0
+        return {"plain": (PLAIN_MS[index - 1], 325.0), "ddp": (DDP_MS[index - 1] * factor, 330.0)}
+
+    base, new = _sides(tmp_path)
+    result = run_tier(base, new, StubLaunch(slower))
+    assert result.outcome is Outcome.REGRESSION and result.exit_status == 1
+    assert result.reason == "gpt-tiny/ddp/ws2/gb16/mb4/fp32/cpu step_time_unstalled_median_s +23.8% > 15%"
+
+
+def test_the_step_time_threshold_can_be_overridden(tmp_path):
+    # The same 23.8% apart stays under a 25% threshold.
+    def slower(side: Side, index: int) -> dict:
+        factor = 1.3 if side.name == "new" else 1.0
+        return {"plain": (PLAIN_MS[index - 1], 325.0), "ddp": (DDP_MS[index - 1] * factor, 330.0)}
+
+    base, new = _sides(tmp_path)
+    result = run_tier(base, new, StubLaunch(slower), thresholds={"step_time_unstalled_median_s": 0.25})
+    assert result.outcome is Outcome.PASS
+
+
+def test_a_row_that_ran_other_code_fails_the_tier_naming_its_sha(tmp_path):
+    # The base side's rows record HEAD's SHA: its launch imported the new code, so nothing was compared.
+    base, new = _sides(tmp_path)
+    result = run_tier(base, new, StubLaunch(lambda side, index: {"plain": (40.0, 325.0, NEW_SHA)}))
+    assert result.outcome is Outcome.FAILED and result.exit_status == 1
+    assert f"records git_sha {NEW_SHA}, not the base commit {BASE_SHA[:12]}" in result.reason
+
+
+def test_a_failed_new_launch_fails_the_tier_and_a_failed_base_launch_skips_it(tmp_path):
+    def failing(broken: str):
+        def values(side: Side, index: int) -> dict:
+            status = Status.FAILED if side.name == broken and index == 2 else Status.OK
+            return {"plain": (40.0, 325.0, side.commit, status)}
+        return values
+
+    base, new = _sides(tmp_path / "a")
+    (tmp_path / "a").mkdir()
+    failed = run_tier(base, new, StubLaunch(failing("new")))
+    assert failed.outcome is Outcome.FAILED and failed.reason.startswith("new launch: gpt-tiny/plain/ws1")
+    assert "ended failed" in failed.reason
+    (tmp_path / "b").mkdir()
+    base, new = _sides(tmp_path / "b")
+    skipped = run_tier(base, new, StubLaunch(failing("base")))
+    assert skipped.outcome is Outcome.SKIPPED and skipped.exit_status == 0
+    assert skipped.reason.startswith("base launch: gpt-tiny/plain/ws1")
+
+
+def test_nothing_comparable_stops_after_the_first_pair_and_is_skipped_not_passed(tmp_path):
+    # The base side ran the plain loop, the new side DDP: no cell on both sides, a family of 0.
+    base, new = _sides(tmp_path)
+    launch = StubLaunch(lambda side, index: {"plain" if side.name == "base" else "ddp": (40.0, 325.0)})
+    result = run_tier(base, new, launch)
+    assert launch.order == ["base1", "new1"]
+    assert result.outcome is Outcome.SKIPPED and result.exit_status == 0
+    assert result.reason.startswith("nothing conclusive: 0 metrics not judged, 2 cells not compared")
+
+
+def test_a_launch_that_appends_no_row_fails(tmp_path):
+    base, new = _sides(tmp_path)
+    result = run_tier(base, new, lambda side, index: None)
+    assert result.outcome is Outcome.SKIPPED and result.reason == f"base launch appended no row to {base.results}"
+
+
+def test_the_tally_counts_outcomes_and_keeps_each_metrics_largest_separation():
+    # Two comparisons of the plain loop's step time, 3 launches a side: base 40, 41, 42 ms against new 44,
+    # 45, 46 ms lie 44 / 42 - 1 = 4.8% apart; against new 30, 31, 32 ms the base lies above, by
+    # 40 / 32 - 1 = 25.0% (signed -25.0%). The tally keeps the larger in absolute value.
+    def compared(new_ms: tuple[float, ...]) -> TierResult:
+        base = [_row("plain", ms, 325.0, BASE_SHA) for ms in (40.0, 41.0, 42.0)]
+        new = [_row("plain", ms, 325.0, NEW_SHA) for ms in new_ms]
+        return TierResult(Outcome.PASS, "", 3, gate(base, new, metrics=["step_time_unstalled_median_s"]))
+
+    results = [compared((44.0, 45.0, 46.0)), compared((30.0, 31.0, 32.0)),
+               TierResult(Outcome.SKIPPED, "shallow clone", 0, None)]
+    assert [j.separation for r in results[:2] for j in r.gate.judgements] == pytest.approx([44 / 42 - 1, -(40 / 32 - 1)])
+    assert tally(results) == ("A/B over 3 runs: 2 passed, 0 regressions, 0 failed, 1 skipped; largest |separation|: "
+                              "step time 25.0%")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--plant-new", "slow-step:factor=0.5:rank=all:step=0"], ["factor must be >= 1"]),
+    (["--plant-new", "explode"], ["KIND:rank=R:step=S"]),
+    (["--launches", "2"], ["--launches >= 3"]),
+    (["--repeat", "0"], ["--repeat must be >= 1"]),
+    (["--threshold", "step_time=0.1"], ["'step_time'", "step_time_unstalled_median_s"]),
+    (["--matrix", "nosuch"], ["'nosuch'", "smoke"]),
+])
+def test_bad_input_is_one_line_before_anything_starts(args, words, capsys, tmp_path):
+    assert main(["ab", "--out", str(tmp_path / "ab"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("parbench: error:")
+    for word in words:
+        assert word in err, err
+    assert not (tmp_path / "ab").exists()
+
+
+def test_a_fault_in_the_environment_is_refused_rather_than_given_to_both_sides(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PARBENCH_FAULT", "slow-step:factor=1.3:rank=all:step=0")
+    assert main(["ab", "--out", str(tmp_path / "ab")]) == 2
+    assert "plants a fault on the new side only, with --plant-new" in capsys.readouterr().err
+
+
+# ---- git: the base commit and its checkout (these start git processes) ----------------------------------
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _commit(repo: Path, name: str) -> str:
+    (repo / name).write_text(name)
+    _git(repo, "add", name)
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", name)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    return repo
+
+
+@pytest.mark.launch
+def test_the_base_is_heads_first_parent_and_a_merge_base_for_another_ref(repo):
+    first = _commit(repo, "one")
+    second = _commit(repo, "two")
+    assert resolve_base(repo) == first
+    _git(repo, "checkout", "-q", "-b", "topic", first)
+    _commit(repo, "three")
+    assert resolve_base(repo, "main") == first             # a branch against main: where it left main
+    _git(repo, "checkout", "-q", "main")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "merge", "-q", "--no-ff", "-m", "merge", "topic")
+    assert resolve_base(repo) == second                    # a merge's first parent: main before it
+
+
+@pytest.mark.launch
+def test_a_root_commit_or_a_shallow_clone_skips_with_the_reason_and_a_bad_ref_is_an_error(repo, tmp_path):
+    root = _commit(repo, "one")
+    with pytest.raises(Unavailable, match=f"HEAD {root[:12]} is a root commit: there is no previous main"):
+        resolve_base(repo)
+    _commit(repo, "two")
+    shallow = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow)], check=True)
+    with pytest.raises(Unavailable, match="shallow clone: HEAD\\^1 is not in its history"):
+        resolve_base(shallow)
+    with pytest.raises(SpecError, match="--base 'nosuch' names no commit here"):
+        resolve_base(repo, "nosuch")
+
+
+@pytest.mark.launch
+def test_the_base_checkout_is_its_commit_and_is_removed_even_on_an_error(repo):
+    first = _commit(repo, "one")
+    _commit(repo, "two")
+    with pytest.raises(RuntimeError):
+        with checkout_of(repo, first) as tree:
+            assert head_commit(tree) == first and (tree / "one").exists() and not (tree / "two").exists()
+            raise RuntimeError("a launch went wrong")
+    assert not tree.exists() and _git(repo, "worktree", "list").count("\n") == 0
+
+
+@pytest.mark.launch
+def test_a_launch_from_a_checkout_of_head_runs_that_checkouts_code(tmp_path):
+    # The smoke matrix's plain cell launched once from a temporary work tree of HEAD's parent: its row records
+    # the parent's SHA and a clean tree, read by the harness that ran there (harness.environment reads the
+    # checkout its code lives in), not by this checkout's.
+    project = Path(__file__).resolve().parents[1]
+    try:
+        parent = resolve_base(project)
+    except Unavailable as why:
+        pytest.skip(str(why))
+    with checkout_of(project, parent) as tree:
+        side = Side("base", tree, parent, tmp_path / "base.jsonl")
+        matrix_launch("smoke", tmp_path, ("--strategy", "plain", "--timed-steps", "2"))(side, 1)
+        assert check_new_rows(side, 0) == 1
+        row, = read_rows([side.results])
+        assert row["environment"]["git_sha"] == parent != head_commit(project)
+        assert row["environment"]["git_dirty"] is False
+
+
+@pytest.mark.launch
+def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_its_runs(repo, tmp_path):
+    _commit(repo, "one")
+    head = _commit(repo, "two")
+    seen: list[tuple[str, Path, str, dict]] = []
+
+    def factory(matrix: str, folder: Path):
+        stub = StubLaunch(_unchanged)
+
+        def launch(side: Side, index: int) -> None:
+            seen.append((side.name, side.checkout, head_commit(side.checkout), dict(side.env)))
+            stub(side, index)
+        return launch
+
+    lines: list[str] = []
+    plant = "slow-step:factor=1.3:rank=all:step=0:strategy=ddp"
+    results = measure(repo, tmp_path / "ab", a_a=True, repeat=2, plant_new=plant, launch=factory, say=lines.append)
+    assert [r.outcome for r in results] == [Outcome.PASS, Outcome.PASS] and len(seen) == 2 * 2 * 5
+    assert {(name, commit, tuple(env.items())) for name, _, commit, env in seen} == {
+        ("base", head, ()), ("new", head, (("PARBENCH_FAULT", plant),))}
+    base_tree = next(checkout for name, checkout, _, _ in seen if name == "base")
+    assert base_tree != repo and not base_tree.exists()
+    assert (tmp_path / "ab" / "run2" / "new.jsonl").exists()
+    assert lines[-1].startswith("A/B over 2 runs: 2 passed, 0 regressions, 0 failed, 0 skipped;")
+    with pytest.raises(Unavailable, match=f"the base HEAD is HEAD {head[:12]} itself: nothing changed"):
+        measure(repo, tmp_path / "ab2", base_ref="HEAD", launch=factory)
