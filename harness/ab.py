@@ -20,10 +20,11 @@ How:
   so `harness` is that side's code, and so is every rank it starts (`-m harness.rank.worker` in the
   inherited folder). Every row's `environment.git_sha` is checked against its side's commit;
 - base, new, base, new, ...: at least `MIN_LAUNCHES` a side, and as many as the gate needs to judge every
-  metric of the family (harness.derive.gate.launches_needed_a_side: the smoke matrix's 2 cells x 2 metrics
-  are a family of 4, which needs 5 a side);
-- the gate judges step time and peak RSS alone (`AB_METRICS`, a small family), the step time at
-  `STEP_TIME_THRESHOLD`, set from this tier's own A/A measurement on the CI machine kind (below).
+  metric of the family (harness.derive.gate.launches_needed_a_side: the smoke matrix's 2 cells x 3 metrics
+  are a family of 6, which needs 5 a side);
+- the gate judges step time (each launch's median unstalled step and its fastest) and peak RSS alone
+  (`AB_METRICS`, a small family), the step times at `STEP_TIME_THRESHOLD` and `FASTEST_STEP_THRESHOLD`,
+  set from this tier's own A/A and planted-slowdown measurements on the CI machine kind (below).
 
 Outcomes: `pass`; `regression` (a metric of a cell regressed beyond its threshold: exit 1); `failed` (the
 new side's launch failed, or a row ran other code than its side's: exit 1); `skipped`, with the reason
@@ -46,15 +47,17 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from harness.compare import format_result
-from harness.derive.gate import DEFAULT_ALPHA, GateResult, Verdict, check_thresholds, gate
+from harness.derive.gate import (DEFAULT_ALPHA, FASTEST_STEP_THRESHOLDS, GateResult, Verdict, check_thresholds,
+                                 gate)
 from harness.derive.rows import label as row_label
 from harness.rank.faults import FAULT_ENV, Fault
 from harness.record import read_rows
-from harness.spec import SpecError
+from harness.spec import DeviceKind, SpecError
 
 AB_MATRIX = "smoke"
 # Peak allocated is recorded on GPU rows alone: on CPU it is not a metric of the cell, and not in the family.
-AB_METRICS = ("step_time_unstalled_median_s", "peak_rss_bytes_max", "peak_allocated_bytes_max")
+AB_METRICS = ("step_time_unstalled_median_s", "step_time_unstalled_fastest_s", "peak_rss_bytes_max",
+              "peak_allocated_bytes_max")
 # The rule needs 1 / C(2n, n) <= alpha / k; 3 a side is its least for one metric at alpha 0.05 (1/20).
 MIN_LAUNCHES = 3
 # The step-time threshold of the A/B tier: a relative margin the separation of base and new launches must
@@ -69,6 +72,9 @@ STEP_TIME_THRESHOLD = 0.15
 # steps. In an A/A run at 40 the plain loop's launches made while the machine was otherwise idle agreed
 # within 2.5% (38.8-39.8 ms).
 LAUNCH_OPTIONS = ("--timed-steps", "40")
+# The fastest-step threshold: the gate's for that metric (harness/derive/gate.py, FASTEST_STEP_THRESHOLDS),
+# set from this tier's A/A and planted-slowdown runs (docs/methodology.md, "Same-job A/B of timed figures").
+FASTEST_STEP_THRESHOLD = FASTEST_STEP_THRESHOLDS[DeviceKind.CPU]
 BASE_DEFAULT = "HEAD^1"       # the previous main: HEAD's first parent (a merge's: the main it was merged into)
 
 
@@ -211,7 +217,8 @@ def run_tier(base: Side, new: Side, launch: Launch, *, min_launches: int = MIN_L
     """Launch base, new, base, new, ... until each side has `min_launches` and the gate can judge every
     metric of the family, then judge. The family is known from the first pair's rows (its cells x metrics),
     so the launches it needs are too; a first pair with nothing comparable stops the tier there."""
-    thresholds = {"step_time_unstalled_median_s": STEP_TIME_THRESHOLD, **(thresholds or {})}
+    thresholds = {"step_time_unstalled_median_s": STEP_TIME_THRESHOLD,
+                  "step_time_unstalled_fastest_s": FASTEST_STEP_THRESHOLD, **(thresholds or {})}
     rows = {side.name: 0 for side in (base, new)}
     launches = 0
     result: GateResult | None = None
@@ -247,8 +254,8 @@ def _verdict(result: GateResult) -> tuple[Outcome, str]:
                           f"({result.count(Verdict.IMPROVEMENT)} improvements)")
 
 
-SHORT_NAMES = {"step_time_unstalled_median_s": "step time", "peak_rss_bytes_max": "peak RSS",
-               "peak_allocated_bytes_max": "peak allocated"}
+SHORT_NAMES = {"step_time_unstalled_median_s": "step time", "step_time_unstalled_fastest_s": "fastest step",
+               "peak_rss_bytes_max": "peak RSS", "peak_allocated_bytes_max": "peak allocated"}
 
 
 def separations(result: GateResult | None) -> str:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.ab import (Outcome, Side, TierResult, Unavailable, check_new_rows, checkout_of, head_commit,
-                        matrix_launch, measure, resolve_base, run_tier, tally)
+from harness.ab import (FASTEST_STEP_THRESHOLD, Outcome, Side, TierResult, Unavailable, check_new_rows,
+                        checkout_of, head_commit, matrix_launch, measure, resolve_base, run_tier, tally)
 from harness.cli import main
 from harness.derive.gate import gate
 from harness.record import append_row, read_results, read_rows
@@ -73,15 +73,15 @@ def _unchanged(side: Side, index: int) -> dict:
     return {"plain": (PLAIN_MS[index - 1] * bump, 325.0), "ddp": (DDP_MS[index - 1] * bump, 330.0)}
 
 
-def test_launches_alternate_until_the_family_of_four_is_judged_at_five_a_side(tmp_path):
-    # 2 cells x (step time, peak RSS) = a family of 4: each metric needs 1 / C(2n, n) <= 0.05 / 4 = 0.0125;
-    # n = 4 gives 1/70 = 0.0143 (not enough), n = 5 gives 1/252 = 0.0040. So 5 a side, taken in turns.
+def test_launches_alternate_until_the_family_of_six_is_judged_at_five_a_side(tmp_path):
+    # 2 cells x (median step, fastest step, peak RSS) = a family of 6: each metric needs 1 / C(2n, n) <= 0.05 / 6
+    # = 0.0083; n = 4 gives 1/70 = 0.0143 (not enough), n = 5 gives 1/252 = 0.0040. So 5 a side, in turns.
     base, new = _sides(tmp_path)
     launch = StubLaunch(_unchanged)
     result = run_tier(base, new, launch)
     assert launch.order == ["base1", "new1", "base2", "new2", "base3", "new3", "base4", "new4", "base5", "new5"]
     assert result.outcome is Outcome.PASS and result.exit_status == 0 and result.launches == 5
-    assert result.gate.family == 4 and {j.verdict.value for j in result.gate.judgements} == {"same"}
+    assert result.gate.family == 6 and {j.verdict.value for j in result.gate.judgements} == {"same"}
 
 
 def test_more_launches_a_side_when_asked(tmp_path):
@@ -92,7 +92,8 @@ def test_more_launches_a_side_when_asked(tmp_path):
 
 def test_a_planted_30_percent_slower_ddp_step_fails_the_tier(tmp_path):
     # New DDP launches 1.3 times the base's: the closest pair is 30.0 * 1.3 = 39.0 ms against the base's
-    # slowest, 31.5 ms: 39.0 / 31.5 - 1 = 23.8% apart, beyond the 15% step-time threshold.
+    # slowest, 31.5 ms: 39.0 / 31.5 - 1 = 23.8% apart, beyond the 15% median and the fastest step's threshold
+    # (every step of a stub launch takes the same time, so its median is its fastest).
     def slower(side: Side, index: int) -> dict:
         factor = 1.3 if side.name == "new" else 1.0
         return {"plain": (PLAIN_MS[index - 1], 325.0), "ddp": (DDP_MS[index - 1] * factor, 330.0)}
@@ -100,7 +101,9 @@ def test_a_planted_30_percent_slower_ddp_step_fails_the_tier(tmp_path):
     base, new = _sides(tmp_path)
     result = run_tier(base, new, StubLaunch(slower))
     assert result.outcome is Outcome.REGRESSION and result.exit_status == 1
-    assert result.reason == "gpt-tiny/ddp/ws2/gb16/mb4/fp32/cpu step_time_unstalled_median_s +23.8% > 15%"
+    assert result.reason == ("gpt-tiny/ddp/ws2/gb16/mb4/fp32/cpu step_time_unstalled_median_s +23.8% > 15%; "
+                             f"gpt-tiny/ddp/ws2/gb16/mb4/fp32/cpu step_time_unstalled_fastest_s +23.8% > "
+                             f"{FASTEST_STEP_THRESHOLD:.0%}")
 
 
 def test_the_step_time_threshold_can_be_overridden(tmp_path):
@@ -110,7 +113,8 @@ def test_the_step_time_threshold_can_be_overridden(tmp_path):
         return {"plain": (PLAIN_MS[index - 1], 325.0), "ddp": (DDP_MS[index - 1] * factor, 330.0)}
 
     base, new = _sides(tmp_path)
-    result = run_tier(base, new, StubLaunch(slower), thresholds={"step_time_unstalled_median_s": 0.25})
+    result = run_tier(base, new, StubLaunch(slower), thresholds={"step_time_unstalled_median_s": 0.25,
+                                                                  "step_time_unstalled_fastest_s": 0.25})
     assert result.outcome is Outcome.PASS
 
 

@@ -66,6 +66,9 @@ def launch_throughput(row: Row, basis: Basis) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "step_time_median_s": median(every) if every else None,
         "step_time_unstalled_median_s": median(unstalled) if unstalled else None,
+        # The launch's fastest step: other load only adds time to a step, so this is its least disturbed
+        # reading of what the code costs (the A/B tier's step-time figure beside the median, harness/ab.py).
+        "step_time_unstalled_fastest_s": min(unstalled) if unstalled else None,
         "step_time_on_basis_s": median(steps) if steps else None,
         "host_stalled_steps": len(every) - len(unstalled),
         "timed_steps_recorded": len(every),
