@@ -138,7 +138,7 @@ EXPOSED_SHARE_THRESHOLDS_POINTS = {DeviceKind.CPU: 0.10, DeviceKind.CUDA: 0.10}
 
 # The fastest unstalled step of a launch, judged where named (the A/B tier names it, harness/ab.py). Its
 # threshold is the one the A/B tier's A/A runs support (docs/methodology.md, "Same-job A/B of timed figures").
-FASTEST_STEP_THRESHOLDS = {DeviceKind.CPU: 0.10, DeviceKind.CUDA: 0.10}
+FASTEST_STEP_THRESHOLDS = {DeviceKind.CPU: 0.05, DeviceKind.CUDA: 0.05}
 
 METRICS = (
     GateMetric(name="step_time_unstalled_median_s", unit="ms", scale=1e3, margin=Margin.RELATIVE,
