@@ -266,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "HEAD^1, the previous main)")
     ab.add_argument("--a-a", action="store_true", help="base = HEAD: every regression is a false alarm")
     ab.add_argument("--repeat", type=int, default=1, help="run the tier N times and tally them (default 1)")
-    ab.add_argument("--launches", type=int, default=3, help="launches a side at least (default 3; more where "
-                    "the gate needs them for the family)")
+    ab.add_argument("--launches", type=int, help="launches a side at least (default 8, harness/ab.py's AB_LAUNCHES; "
+                    "3 at the least, and more where the gate needs them for the family)")
     ab.add_argument("--threshold", type=_threshold, action="append", default=[], metavar="[METRIC=]X",
                     help="as for compare (default: the tier's measured step-time threshold, harness/ab.py)")
     ab.add_argument("--plant-new", default="", metavar="FAULT", help="PARBENCH_FAULT for the new side's launches "
@@ -588,7 +588,7 @@ def command_ab(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         results = ab.measure(PROJECT_ROOT, out, base_ref=args.base, a_a=args.a_a, repeat=args.repeat,
-                             min_launches=args.launches, thresholds=dict(args.threshold), plant_new=args.plant_new,
+                             min_launches=args.launches or ab.AB_LAUNCHES, thresholds=dict(args.threshold), plant_new=args.plant_new,
                              matrix=args.matrix)
     except ab.Unavailable as why:
         print(f"A/B run: {ab.Outcome.SKIPPED.value}: {why}")

@@ -62,8 +62,8 @@ def _sides(tmp_path: Path) -> tuple[Side, Side]:
 
 
 # Launch-to-launch variation both sides share: the k-th launches of base and new see the same "load".
-PLAIN_MS = (40.0, 41.0, 42.0, 41.5, 40.5, 41.2)
-DDP_MS = (30.0, 31.0, 30.5, 31.5, 30.2, 30.8)
+PLAIN_MS = (40.0, 41.0, 42.0, 41.5, 40.5, 41.2, 40.8, 41.4)
+DDP_MS = (30.0, 31.0, 30.5, 31.5, 30.2, 30.8, 30.4, 30.6)
 
 
 def _unchanged(side: Side, index: int) -> dict:
@@ -73,21 +73,43 @@ def _unchanged(side: Side, index: int) -> dict:
     return {"plain": (PLAIN_MS[index - 1] * bump, 325.0), "ddp": (DDP_MS[index - 1] * bump, 330.0)}
 
 
-def test_launches_alternate_until_the_family_of_six_is_judged_at_five_a_side(tmp_path):
-    # 2 cells x (median step, fastest step, peak RSS) = a family of 6: each metric needs 1 / C(2n, n) <= 0.05 / 6
-    # = 0.0083; n = 4 gives 1/70 = 0.0143 (not enough), n = 5 gives 1/252 = 0.0040. So 5 a side, in turns.
+def test_launches_alternate_eight_a_side(tmp_path):
+    # 2 cells x (median step, fastest step, peak RSS) = a family of 6, which 5 a side could judge (1/252 <=
+    # 0.05 / 6); the tier takes 8 (AB_LAUNCHES), in turns.
     base, new = _sides(tmp_path)
     launch = StubLaunch(_unchanged)
     result = run_tier(base, new, launch)
-    assert launch.order == ["base1", "new1", "base2", "new2", "base3", "new3", "base4", "new4", "base5", "new5"]
-    assert result.outcome is Outcome.PASS and result.exit_status == 0 and result.launches == 5
+    assert launch.order == [f"{side}{k}" for k in range(1, 9) for side in ("base", "new")]
+    assert result.outcome is Outcome.PASS and result.exit_status == 0 and result.launches == 8
     assert result.gate.family == 6 and {j.verdict.value for j in result.gate.judgements} == {"same"}
 
 
-def test_more_launches_a_side_when_asked(tmp_path):
+def test_fewer_launches_a_side_when_asked_but_never_fewer_than_the_family_needs(tmp_path):
+    # 2 cells x 3 metrics: each needs 1 / C(2n, n) <= 0.05 / 6 = 0.0083; n = 4 gives 1/70 = 0.0143 (not
+    # enough), n = 5 gives 1/252 = 0.0040. So asked for 3, the tier still takes 5.
     base, new = _sides(tmp_path)
     launch = StubLaunch(_unchanged)
-    assert run_tier(base, new, launch, min_launches=6).launches == 6 and len(launch.order) == 12
+    assert run_tier(base, new, launch, min_launches=3).launches == 5 and len(launch.order) == 10
+
+
+def test_one_base_launch_slowed_as_a_whole_does_not_hide_a_planted_30_percent_slowdown(tmp_path):
+    # Base DDP launch 3 at 45.0 ms (30.5 ms slowed 48% by other load), above every new launch (1.3 times the
+    # base's 30.0-31.5 ms: 39.0-40.95 ms), so the launches overlap. Its 8 pairs with the new launches lie within
+    # any threshold; the other 56 of the 64 lie beyond both the fastest step's 5% and the median's 15%
+    # (31.5 * 1.15 = 36.2 ms < 39.0 ms). Orderings of 8 and 8 values with at most 8 of the 64 pairs inverted:
+    # the partitions of k = 0..8, 1+1+2+3+5+7+11+15+22 = 67 of C(16, 8) = 12870, p = 0.0052 <= 0.05 / 6.
+    def slower(side: Side, index: int) -> dict:
+        ddp = DDP_MS[index - 1] * (1.3 if side.name == "new" else 1.0)
+        if side.name == "base" and index == 3:
+            ddp = 45.0
+        return {"plain": (PLAIN_MS[index - 1], 325.0), "ddp": (ddp, 330.0)}
+
+    base, new = _sides(tmp_path)
+    result = run_tier(base, new, StubLaunch(slower))
+    assert result.outcome is Outcome.REGRESSION and result.exit_status == 1
+    called = result.reason.split("; threshold")
+    assert result.reason.count("(56 of 64 pairs beyond the threshold, p = 0.0052") == 2
+    assert "step_time_unstalled_median_s" in called[0] and "step_time_unstalled_fastest_s" in called[1]
 
 
 def test_a_planted_30_percent_slower_ddp_step_fails_the_tier(tmp_path):
@@ -107,14 +129,15 @@ def test_a_planted_30_percent_slower_ddp_step_fails_the_tier(tmp_path):
 
 
 def test_the_step_time_threshold_can_be_overridden(tmp_path):
-    # The same 23.8% apart stays under a 25% threshold.
+    # The same 30% slowdown under a 35% threshold: of the 49 (base, new) pairs only 40.95 / 30.0 = 1.365 and
+    # 40.95 / 30.2 = 1.356 exceed 1.35 (the next, 40.95 / 30.4 = 1.347): 2 pairs, nowhere near a call.
     def slower(side: Side, index: int) -> dict:
         factor = 1.3 if side.name == "new" else 1.0
         return {"plain": (PLAIN_MS[index - 1], 325.0), "ddp": (DDP_MS[index - 1] * factor, 330.0)}
 
     base, new = _sides(tmp_path)
-    result = run_tier(base, new, StubLaunch(slower), thresholds={"step_time_unstalled_median_s": 0.25,
-                                                                  "step_time_unstalled_fastest_s": 0.25})
+    result = run_tier(base, new, StubLaunch(slower), thresholds={"step_time_unstalled_median_s": 0.35,
+                                                                  "step_time_unstalled_fastest_s": 0.35})
     assert result.outcome is Outcome.PASS
 
 
@@ -174,7 +197,20 @@ def test_the_tally_counts_outcomes_and_keeps_each_metrics_largest_separation():
                TierResult(Outcome.SKIPPED, "shallow clone", 0, None)]
     assert [j.separation for r in results[:2] for j in r.gate.judgements] == pytest.approx([44 / 42 - 1, -(40 / 32 - 1)])
     assert tally(results) == ("A/B over 3 runs: 2 passed, 0 regressions, 0 failed, 1 skipped; largest |separation|: "
-                              "step time 25.0%")
+                              "step time 25.0%; closest approach: step time +25.0%")
+
+
+def test_the_tally_says_how_near_overlapping_sides_came_to_separating():
+    # Base 40, 41, 42 ms and new 41.5, 43, 44 ms overlap (41.5 < 42): new above base came within
+    # 41.5 / 42 - 1 = -1.2%; base above new within 40 / 44 - 1 = -9.1%. The nearer: -1.2%. A second run,
+    # new 38, 40, 45: 38 / 42 - 1 = -9.5% and 40 / 45 - 1 = -11.1%; the nearest over both runs stays -1.2%.
+    def compared(new_ms: tuple[float, ...]) -> TierResult:
+        base = [_row("plain", ms, 325.0, BASE_SHA) for ms in (40.0, 41.0, 42.0)]
+        new = [_row("plain", ms, 325.0, NEW_SHA) for ms in new_ms]
+        return TierResult(Outcome.PASS, "", 3, gate(base, new, metrics=["step_time_unstalled_median_s"]))
+
+    results = [compared((41.5, 43.0, 44.0)), compared((38.0, 40.0, 45.0))]
+    assert tally(results).endswith("largest |separation|: every pair overlapped; closest approach: step time -1.2%")
 
 
 @pytest.mark.parametrize("args, words", [

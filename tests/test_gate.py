@@ -14,6 +14,7 @@ import pytest
 
 from harness.cli import main
 from harness.derive.gate import (METRICS, STEP_TIME_THRESHOLDS, MetricValues, Verdict, chance_of_firing, gate, holm,
+                                 tail_probability,
                                  judge, judge_metrics, launches_needed_a_side)
 from harness.record import append_row, read_results
 from harness.spec import DeviceKind, RunResult, Status
@@ -419,3 +420,37 @@ def test_an_unknown_metric_to_judge_is_one_line_naming_the_known_ones(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("parbench: error: --metric:")
     assert "'step_time_s'" in err and "step_time_unstalled_median_s" in err and "peak_rss_bytes_max" in err
+
+
+def test_the_exact_mann_whitney_tail_is_the_count_of_orderings_written_out_by_hand():
+    # 3 vs 3: the 20 orderings of base (b) and new (a) values by how many (b, a) pairs have a above b, as
+    # Mann & Whitney's (1947) table gives: U = 0..9 occur 1, 1, 2, 3, 3, 3, 3, 2, 1, 1 times.
+    assert [tail_probability(3, 3, u) * 20 for u in range(10)] == pytest.approx([20, 19, 18, 16, 13, 10, 7, 4, 2, 1])
+    # 7 vs 7, U >= 45: at most 4 of the 49 pairs inverted. Orderings with k inversions are the partitions of
+    # k into at most 7 parts of at most 7: k = 0..4 give 1, 1, 2, 3, 5, so 12 of C(14, 7) = 3432.
+    assert tail_probability(7, 7, 45) == pytest.approx(12 / 3432)
+    assert tail_probability(7, 7, 49) == pytest.approx(chance_of_firing(7, 7))
+
+
+def test_launches_that_overlap_are_a_regression_when_enough_pairs_lie_beyond_the_threshold():
+    # One base launch slowed as a whole (38.1 ms) among six at 30-31.5 ms; new launches 39.0-40.95 ms. At a 5%
+    # threshold 38.1 * 1.05 = 40.0 ms: 4 new launches (39.0, 39.26, 39.52, 39.65) lie within it, every other
+    # pair beyond: 45 of 49 pairs, p = 12/3432 = 0.0035 <= 0.05. The all-beyond rule sees 39.0 / 38.1 - 1 = 2.4%.
+    base = (30.0, 31.0, 38.1, 31.5, 30.2, 30.8, 30.4)
+    new = (39.0, 40.3, 39.65, 40.95, 39.26, 40.04, 39.52)
+    [j] = judge_metrics([MetricValues("cell", STEP_TIME, 0.05, base, new)], ALPHA)
+    assert j.separation == pytest.approx(39.0 / 38.1 - 1) and j.verdict is Verdict.REGRESSION
+    assert j.reason == "45 of 49 pairs beyond the threshold, p = 0.0035"
+    # Swapped, the same launches are an improvement. At 10% (38.1 * 1.1 = 41.9 ms, above every new launch)
+    # 42 of 49 pairs lie beyond: 7 inversions, whose orderings number 1+1+2+3+5+7+11+15 = 45, p = 45/3432 =
+    # 0.0131: a regression alone at 0.05, not in a family of 6 (0.05 / 6 = 0.0083). At 30%, the slowdown
+    # itself, 18 pairs lie beyond (6+1+0+0+5+2+4, base by base): the same.
+    [swapped] = judge_metrics([MetricValues("cell", STEP_TIME, 0.05, new, base)], ALPHA)
+    assert swapped.verdict is Verdict.IMPROVEMENT
+    [alone] = judge_metrics([MetricValues("cell", STEP_TIME, 0.10, base, new)], ALPHA)
+    assert alone.verdict is Verdict.REGRESSION and alone.reason == "42 of 49 pairs beyond the threshold, p = 0.013"
+    family = judge_metrics([MetricValues(f"cell{i}", STEP_TIME, 0.10, base, new if i == 0 else base)
+                            for i in range(6)], ALPHA)
+    assert [j.verdict for j in family] == [Verdict.SAME] * 6
+    [wide] = judge_metrics([MetricValues("cell", STEP_TIME, 0.30, base, new)], ALPHA)
+    assert wide.verdict is Verdict.SAME

@@ -15,21 +15,21 @@ those values are compared:
   can be 0 or negative, so its margin is absolute (share points), not relative.
 Every metric here is lower-is-better.
 
-The rule (`separation` below): with base values b_1..b_n and new values a_1..a_m, the metric REGRESSED
-when every new launch is beyond every base launch by more than the metric's threshold t,
-    relative margin:  min(a) > max(b) * (1 + t)        absolute margin:  min(a) > max(b) + t,
-and IMPROVED under the same rule with the sides swapped. Anything else is SAME.
-
-False-positive probability of one metric. If the software did not change and the n + m launch values are
-exchangeable (any order of them equally likely, e.g. independent draws from one continuous distribution),
-then with t = 0 the rule fires exactly when the m largest of the n + m values are the new ones, which is one
-of C(n + m, n) equally likely ways to choose which values are new:
-    P(regression | no change) = 1 / C(n + m, n)      (3 vs 3: 1/C(6, 3) = 1/20 = 0.05; 4 vs 4: 1/70;
-                                                        5 vs 5: 1/252)
-This is the one-sided exact Mann-Whitney test at its most extreme outcome (U = 0; Mann & Whitney 1947). A
-margin t > 0 only removes outcomes, so the probability is at most that figure; the thresholds below, set
-from measured launch-to-launch variation, make it much smaller in practice, and they also cover what
-exchangeability misses: the load of a shared machine drifts between the base run and the new one.
+The rule: with base values b_1..b_n and new values a_1..a_m and the metric's threshold t, the metric
+REGRESSED when the new launches lie beyond the base launches shifted by t: the one-sided exact Mann-Whitney
+test (Mann & Whitney 1947) of the a_j against b_i * (1 + t) (relative margin; b_i + t for an absolute one),
+on U = the number of the n * m pairs with a_j beyond the shifted b_i (`pairs_beyond`), p = P(U >= U_obs) when
+the launch values are exchangeable (`tail_probability`: the share of the C(n + m, n) orderings with at
+least that many such pairs). IMPROVED is the same test with the sides swapped; anything else is SAME. At U =
+n * m every new launch is beyond every base launch by more than t (`separation`: min(a) > max(b) * (1 + t)),
+and p is its least, 1 / C(n + m, n) (3 vs 3: 1/20 = 0.05; 4 vs 4: 1/70; 5 vs 5: 1/252; 7 vs 7: 1/3432).
+Smaller U are called too where p is small enough: at 7 vs 7, 44 of the 49 pairs give p = 19/3432, so one
+launch slowed as a whole by another user's load, which spoils a few pairs, no longer hides a real change
+(it always did under "every new beyond every base", the rule before). The threshold keeps its meaning: the
+null hypothesis is new = base * (1 + t), so a change within t is not called however many launches there
+are. False-positive probability of one metric: at most p for software that did not change beyond t, and
+the thresholds below, set from measured launch-to-launch variation, also cover what exchangeability misses
+(the load of a shared machine drifts between a base run and a new one).
 
 The family: one chance for the whole comparison. `compare` fails if ANY metric of any cell regressed, so
 the rate that matters is the chance that a comparison of unchanged software names at least one regression.
@@ -39,10 +39,8 @@ values on both sides (everything the comparison could call), k of them, fixed by
 any value is looked at (a metric with too few launches to be judged still counts; compare fewer cells, or
 judge fewer metrics with `gate(..., metrics=...)` / `compare --metric`, for a smaller family), and Holm's
 step-down (Holm 1979) holds the chance of any false regression in it to alpha whatever the dependence
-between metrics: sort the p-values, reject the j-th smallest while each up to it is <= alpha / (k - j + 1). A metric's p-value is 1 / C(n + m, n) when the rule fired and 1 when it did not.
-Why not the exact Mann-Whitney p of any configuration: the rule's margin has a meaning only when every new
-launch is beyond every base launch (U = 0), so that is the one outcome the gate can call, and its exact p is
-that figure. Improvements are judged the same way, as a second family of the same k one-sided tests, so the
+between metrics: sort the p-values, reject the j-th smallest while each up to it is <= alpha / (k - j + 1).
+Improvements are judged the same way, as a second family of the same k one-sided tests, so the
 chance of naming any false improvement is also at most alpha. tests/test_gate.py checks both by simulation.
 
 What a family needs. A metric is judged only when 1 / C(n + m, n) <= alpha / k, Holm's first step: then
@@ -63,9 +61,11 @@ the plain loop) is not a metric of that cell and is not listed.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from math import comb
+from statistics import median
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.derive.cells import condition_labels, launch_record
@@ -164,6 +164,44 @@ DEFAULT_METRIC_NAMES = tuple(name for name in METRIC_NAMES if name != "step_time
 DEFAULT_ALPHA = 0.05
 
 
+def pairs_beyond(low: Sequence[float], high: Sequence[float], margin: Margin, threshold: float) -> int:
+    """Mann-Whitney's U against a shifted side: the (low, high) pairs in which the high side's value lies
+    beyond the low side's by more than `threshold` (relative: h > l * (1 + t); absolute: h > l + t)."""
+    if margin is Margin.ABSOLUTE:
+        return sum(h > l + threshold for l in low for h in high)
+    return sum(h > l * (1.0 + threshold) for l in low for h in high)
+
+
+@functools.cache
+def _orderings_by_pairs(n_low: int, n_high: int) -> tuple[int, ...]:
+    """counts[u]: how many of the C(n + m, n) orderings of n low-side and m high-side values put a high value
+    above a low one in exactly u pairs (Mann & Whitney 1947's recursion, on which of the two sides holds the
+    largest value: a high one lies above all n low ones, a low one above no high one)."""
+    if n_low == 0 or n_high == 0:
+        return (1,)
+    counts = [0] * (n_low * n_high + 1)
+    for u, c in enumerate(_orderings_by_pairs(n_low, n_high - 1)):
+        counts[u + n_low] += c
+    for u, c in enumerate(_orderings_by_pairs(n_low - 1, n_high)):
+        counts[u] += c
+    return tuple(counts)
+
+
+def tail_probability(n_low: int, n_high: int, pairs: int) -> float:
+    """P(U >= pairs) for exchangeable values: the one-sided exact Mann-Whitney p-value of `pairs` (at
+    pairs = n * m, every high value above every low one: 1 / C(n + m, n), `chance_of_firing`)."""
+    counts = _orderings_by_pairs(n_low, n_high)
+    return sum(counts[max(pairs, 0):]) / comb(n_low + n_high, n_low)
+
+
+def p_values(base: Sequence[float], new: Sequence[float], metric: "GateMetric", threshold: float) -> tuple[float, float]:
+    """(p of a regression beyond the threshold, p of an improvement beyond it): the exact one-sided
+    Mann-Whitney test of the new launches against the base launches shifted by the threshold, each way."""
+    up = pairs_beyond(base, new, metric.margin, threshold)
+    down = pairs_beyond(new, base, metric.margin, threshold)
+    return tail_probability(len(base), len(new), up), tail_probability(len(new), len(base), down)
+
+
 def chance_of_firing(n_base: int, n_new: int) -> float:
     """The rule's false-positive probability at threshold 0 for exchangeable launches: 1 / C(n + m, n)."""
     return 1.0 / comb(n_base + n_new, n_base)
@@ -216,11 +254,21 @@ class Judgement:
     base: tuple[float, ...]       # one value per judged launch
     new: tuple[float, ...]
     verdict: Verdict
-    reason: str = ""              # NOT_JUDGED: why, in words
+    reason: str = ""              # NOT_JUDGED: why, in words; a call on overlapping launches: its pairs and p
 
     @property
     def separation(self) -> float | None:
         return separation(self.base, self.new, self.metric.margin) if self.base and self.new else None
+
+    @property
+    def shift(self) -> float | None:
+        """The median over every (base, new) pair of new / base - 1 (new - base for an absolute margin): the
+        Hodges-Lehmann estimate that goes with the Mann-Whitney test, shown where the launches overlap."""
+        if not (self.base and self.new):
+            return None
+        if self.metric.margin is Margin.ABSOLUTE:
+            return median(a - b for b in self.base for a in self.new)
+        return median(a / b - 1.0 for b in self.base for a in self.new if b > 0)
 
 
 def judge(base: Sequence[float], new: Sequence[float], metric: GateMetric, threshold: float) -> Verdict:
@@ -382,9 +430,12 @@ def judge_metrics(values: Sequence[MetricValues], alpha: float) -> list[Judgemen
     needed = launches_needed_a_side(alpha / max(k, 1))
     rule = {i: judge(values[i].base, values[i].new, values[i].metric, values[i].threshold) for i in family}
     chance = {i: chance_of_firing(len(values[i].base), len(values[i].new)) for i in family}
+    tails = {i: dict(zip((Verdict.REGRESSION, Verdict.IMPROVEMENT),
+                         p_values(values[i].base, values[i].new, values[i].metric, values[i].threshold)))
+             for i in family}
     called: dict[int, Verdict] = {}
     for direction in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
-        rejected = holm([chance[i] if rule[i] is direction else 1.0 for i in family], alpha)
+        rejected = holm([tails[i][direction] for i in family], alpha)
         called.update((i, direction) for i, r in zip(family, rejected) if r)
     judgements = []
     for i, v in enumerate(values):
@@ -396,6 +447,11 @@ def judge_metrics(values: Sequence[MetricValues], alpha: float) -> list[Judgemen
             verdict, reason = Verdict.NOT_JUDGED, f"{counts} (needs {needed} a side){lost}"
         elif i in called:
             verdict, reason = called[i], ""
+            if rule[i] is not called[i]:      # called on launches that overlap: say on what
+                low, high = (v.base, v.new) if verdict is Verdict.REGRESSION else (v.new, v.base)
+                pairs = pairs_beyond(low, high, v.metric.margin, v.threshold)
+                reason = (f"{pairs} of {len(low) * len(high)} pairs beyond the threshold, p = "
+                          f"{tails[i][verdict]:.2g}")
         elif chance[i] <= alpha / k:
             verdict, reason = Verdict.SAME, ""   # had the rule fired, Holm's first step would have rejected it
         else:
