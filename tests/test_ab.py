@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.ab import (FASTEST_STEP_THRESHOLD, Outcome, Side, TierResult, Unavailable, check_new_rows,
-                        checkout_of, head_commit, matrix_launch, measure, resolve_base, run_tier, tally)
+from harness.ab import (AB_LAUNCHES, FASTEST_STEP_THRESHOLD, Outcome, Side, TierResult, Unavailable,
+                        check_new_rows, checkout_of, head_commit, matrix_launch, measure, resolve_base, run_tier,
+                        tally)
 from harness.cli import main
 from harness.derive.gate import gate
 from harness.record import append_row, read_results, read_rows
@@ -332,7 +333,7 @@ def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_i
     lines: list[str] = []
     plant = "slow-step:factor=1.3:rank=all:step=0:strategy=ddp"
     results = measure(repo, tmp_path / "ab", a_a=True, repeat=2, plant_new=plant, launch=factory, say=lines.append)
-    assert [r.outcome for r in results] == [Outcome.PASS, Outcome.PASS] and len(seen) == 2 * 2 * 5
+    assert [r.outcome for r in results] == [Outcome.PASS, Outcome.PASS] and len(seen) == 2 * 2 * AB_LAUNCHES
     assert {(name, commit, tuple(env.items())) for name, _, commit, env in seen} == {
         ("base", head, ()), ("new", head, (("PARBENCH_FAULT", plant),))}
     base_tree = next(checkout for name, checkout, _, _ in seen if name == "base")
