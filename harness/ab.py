@@ -312,6 +312,9 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
         raise SpecError(str(error)) from None
     if os.environ.get(FAULT_ENV):
         raise SpecError(f"{FAULT_ENV} is set: the A/B tier plants a fault on the new side only, with --plant-new")
+    # Absolute: each side's launch starts in its own checkout, where a relative --out would put the base's rows
+    # in the base's work tree, and the tier would find none ("base launch appended no row").
+    out = out.resolve()
     if out.exists() and any(out.iterdir()):
         raise SpecError(f"--out {out} is not empty: the tier appends to fresh files only")
     head = head_commit(repo)

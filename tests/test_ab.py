@@ -317,7 +317,7 @@ def test_a_launch_from_a_checkout_of_head_runs_that_checkouts_code(tmp_path):
 
 
 @pytest.mark.launch
-def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_its_runs(repo, tmp_path):
+def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_its_runs(repo, tmp_path, monkeypatch):
     _commit(repo, "one")
     head = _commit(repo, "two")
     seen: list[tuple[str, Path, str, dict]] = []
@@ -326,13 +326,15 @@ def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_i
         stub = StubLaunch(_unchanged)
 
         def launch(side: Side, index: int) -> None:
+            assert side.results.is_absolute()      # a launch starts in its side's checkout
             seen.append((side.name, side.checkout, head_commit(side.checkout), dict(side.env)))
             stub(side, index)
         return launch
 
     lines: list[str] = []
     plant = "slow-step:factor=1.3:rank=all:step=0:strategy=ddp"
-    results = measure(repo, tmp_path / "ab", a_a=True, repeat=2, plant_new=plant, launch=factory, say=lines.append)
+    monkeypatch.chdir(tmp_path)                   # --out relative, as .ci/run gives it
+    results = measure(repo, Path("ab"), a_a=True, repeat=2, plant_new=plant, launch=factory, say=lines.append)
     assert [r.outcome for r in results] == [Outcome.PASS, Outcome.PASS] and len(seen) == 2 * 2 * AB_LAUNCHES
     assert {(name, commit, tuple(env.items())) for name, _, commit, env in seen} == {
         ("base", head, ()), ("new", head, (("PARBENCH_FAULT", plant),))}
