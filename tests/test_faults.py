@@ -346,3 +346,29 @@ def test_a_slow_step_fault_sleeps_inside_each_timed_step_of_its_strategy_alone(m
     assert len(slept) == spec.warmup_steps + spec.timed_steps and len(steps) == spec.timed_steps
     for sleep_s, step_s in zip(slept[spec.warmup_steps:], steps):
         assert 0 < sleep_s <= step_s * 2 / 3, (sleep_s, step_s)
+
+
+@pytest.mark.launch
+def test_a_failed_cell_makes_run_exit_4_after_the_rest_and_allow_failed_cells_exits_0(tmp_path, monkeypatch,
+                                                                                         capsys):
+    # The plain loop's one rank is killed at its first step: the cell's row says failed, and the exit status
+    # must say so too, or a script running the image (scripts/docker-check.sh) cannot tell.
+    monkeypatch.setenv("PARBENCH_FAULT", "kill:rank=0:step=0")
+    out = tmp_path / "rows.jsonl"
+    command = ["run", "--matrix", "smoke", "--workload", "gpt-tiny", "--strategy", "plain", "--warmup-steps", "1",
+               "--timed-steps", "2", "--out", str(out)]
+    assert main(command) == 4
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("parbench: 1 of 1 launches did not end ok (1 failed); exit 4"), last
+    assert main([*command, "--allow-failed-cells"]) == 0
+    assert "exit 0 as --allow-failed-cells asks" in capsys.readouterr().err
+    assert [r.status for r in read_results([out])] == [Status.FAILED, Status.FAILED]
+
+
+@pytest.mark.launch     # the row records the commit (git rev-parse)
+def test_a_skipped_cell_is_not_a_failure_of_the_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "horovod", None)   # not installed: the cell is skipped, nothing launches
+    out = tmp_path / "rows.jsonl"
+    assert main(["run", "--matrix", "smoke", "--workload", "gpt-tiny", "--strategy", "horovod", "--world-sizes", "2",
+                 "--out", str(out)]) == 0
+    assert [r.status for r in read_results([out])] == [Status.SKIPPED]
