@@ -225,12 +225,25 @@ def test_this_host_runs_each_launcher_once_with_the_rendezvous_on_loopback(tmp_p
     torchrun = commands["torchrun"][0][1]
     assert flags(torchrun)["--nnodes"] == "1" and flags(torchrun)["--nproc-per-node"] == "32"
     assert flags(torchrun)["--rdzv-endpoint"] == "127.0.0.1:<port>"
+    # Told its address and that it serves the store, so torchrun never looks up this host's own name.
+    assert flags(torchrun)["--local-addr"] == "127.0.0.1" and flags(torchrun)["--rdzv-conf"] == "is_host=true"
     deepspeed = commands["deepspeed"][0][1]
     assert flags(deepspeed)["--node_rank"] == "0" and flags(deepspeed)["--master_addr"] == "127.0.0.1"
     assert list(cells["deepspeed"].files.values()) == ["localhost slots=32\n"]
     horovodrun = commands["horovodrun"][0][1]
     assert horovodrun[horovodrun.index("-H") + 1] == "localhost:32"
     assert all(not cell.cleanup for cell in cells.values())   # the marker sweep here is all it needs
+
+
+def test_a_rendezvous_host_that_does_not_resolve_stops_the_rank_at_once_in_one_line():
+    from harness.strategies.base import check_rendezvous_host
+
+    check_rendezvous_host("127.0.0.1")
+    check_rendezvous_host("localhost")
+    with pytest.raises(RuntimeError) as error:
+        check_rendezvous_host("parbench-nowhere.invalid")     # .invalid never resolves (RFC 6761)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and "MASTER_ADDR='parbench-nowhere.invalid'" in message
 
 
 # ---- Slurm -----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import enum
 import importlib.util
 import math
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 
@@ -449,12 +450,28 @@ def torchrun_context(device_kind: DeviceKind) -> RankContext:
     # torchrun says LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE.
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", 1)))
     device, backend, shared = place_rank(device_kind, local_rank, local_world_size)
+    check_rendezvous_host(os.environ.get("MASTER_ADDR", ""))
     # Also at world size 1: the wrappers need a process group, and their cost there is what we measure.
     if not torch.distributed.is_initialized():
         kwargs = {"device_id": device} if backend == "nccl" else {}
         torch.distributed.init_process_group(backend=backend, **kwargs)
     return RankContext(rank=rank, world_size=world_size, local_rank=local_rank,
                        local_world_size=local_world_size, device=device, backend=backend, shared_device=shared)
+
+
+def check_rendezvous_host(address: str) -> None:
+    """Stop at once, in one line, where the rendezvous host does not resolve here: the store's client would
+    otherwise retry it until the launch's timeout (a container with its own host name and no network waited
+    613 s) and the row would say only that the cell timed out."""
+    if not address:
+        return
+    try:
+        socket.getaddrinfo(address, None)
+    except (socket.gaierror, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise RuntimeError(f"the rendezvous host MASTER_ADDR={address!r} does not resolve on host "
+                           f"{socket.gethostname()!r} ({reason}); give the launcher an address this host "
+                           "resolves, or add the name to /etc/hosts") from None
 
 
 def place_rank(device_kind: DeviceKind, local_rank: int, local_world_size: int) -> tuple[torch.device, str, bool]:

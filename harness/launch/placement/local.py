@@ -36,6 +36,9 @@ class LocalPlacement(Placement):
         hostfile = request.cell_dir / HOSTFILE
         nodes = Nodes(spec=spec, program=request.program, first_host=LOOPBACK, port=request.port,
                       host_slots=f"localhost:{spec.world_size}", hostfile=str(hostfile), timeout_s=request.timeout_s)
-        command = request.launcher.argv(nodes, Node("0"))
+        # The node is this host at the loopback address and serves the rendezvous itself: torchrun would
+        # otherwise look its own host name up to decide both, which fails where the name does not resolve (a
+        # container with its own host name and no network) and leaves the agent waiting out its join timeout.
+        command = request.launcher.argv(nodes, Node("0", address=LOOPBACK, serves_rendezvous=True))
         files = ((hostfile, hostfile_text(["localhost"], spec.world_size)),) if request.launcher.uses_hostfile else ()
         return LaunchPlan(commands=(tuple(command),), targets=("this host",), files=files)
