@@ -8,7 +8,9 @@
 # so the wheel is cached under $PARBENCH_WHEEL_CACHE keyed by Horovod, torch, Python and the collective
 # backend it was built for; a second install takes seconds.
 #
-# Backend: NCCL for GPU operations when torch is a CUDA build (or PARBENCH_HOROVOD_GPU=1), else Gloo on CPU.
+# Backend, PARBENCH_HOROVOD_GPU: `auto` (default) builds NCCL GPU operations when torch is a CUDA build and a
+# CUDA toolkit (nvcc) is here to compile them, else Gloo; `1` insists on NCCL and stops in one line without
+# nvcc (CMake would fail minutes later, deep in its output); `0` builds Gloo only.
 set -euo pipefail
 
 PY=${PYTHON:-python}
@@ -18,7 +20,24 @@ CACHE=${PARBENCH_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/parbench/wheels}
 torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
 torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
 py_tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
-gpu=${PARBENCH_HOROVOD_GPU:-$([ -n "$torch_cuda" ] && echo 1 || echo 0)}
+nvcc=""
+for candidate in "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" "$(command -v nvcc || true)"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then nvcc=$candidate; break; fi
+done
+case "${PARBENCH_HOROVOD_GPU:-auto}" in
+    auto) gpu=$([ -n "$torch_cuda" ] && [ -n "$nvcc" ] && echo 1 || echo 0)
+          if [ -n "$torch_cuda" ] && [ -z "$nvcc" ]; then
+              echo "install-horovod: torch is a CUDA $torch_cuda build but no nvcc is here: Horovod builds on Gloo" >&2
+          fi ;;
+    1) gpu=1
+       if [ -z "$nvcc" ]; then
+           echo "install-horovod: PARBENCH_HOROVOD_GPU=1 needs a CUDA toolkit's nvcc (looked in \$CUDA_HOME/bin," \
+                "/usr/local/cuda/bin and PATH) to build NCCL operations; install one, or say PARBENCH_HOROVOD_GPU=0" >&2
+           exit 1
+       fi ;;
+    0) gpu=0 ;;
+    *) echo "install-horovod: PARBENCH_HOROVOD_GPU must be auto, 1 or 0, got '$PARBENCH_HOROVOD_GPU'" >&2; exit 2 ;;
+esac
 ops=$([ "$gpu" = 1 ] && echo nccl || echo gloo)
 key="horovod-${HOROVOD_VERSION}_torch-${torch_version}_${py_tag}_${ops}"
 wheel_dir="$CACHE/$key"
@@ -45,6 +64,15 @@ if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
         nccl=$("$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null \
                || "$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
         [ -e "$nccl/lib/libnccl.so" ] || ln -s libnccl.so.2 "$nccl/lib/libnccl.so"
+        # CMake finds the toolkit by its root, the folder above nvcc's (followed through links); an nvcc on
+        # PATH may be a wrapper script elsewhere, whose folder holds no toolkit: then CUDA_HOME must say.
+        toolkit=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+        if [ ! -e "$toolkit/include/cuda.h" ]; then
+            echo "install-horovod: no CUDA toolkit around $nvcc ($toolkit/include/cuda.h is missing); set CUDA_HOME" \
+                 "to the toolkit's root" >&2
+            exit 1
+        fi
+        export CUDAToolkit_ROOT="$toolkit" CUDA_HOME="$toolkit" PATH="$toolkit/bin:$PATH"
         export CMAKE_POLICY_VERSION_MINIMUM=3.5 \
                CXXFLAGS="${CXXFLAGS:-} -include string -include cstdint -include stdexcept -include memory -include limits" \
                HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED \
@@ -55,5 +83,8 @@ if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     rm -rf "$wheel_dir" && mv "$wheel_dir.partial" "$wheel_dir"
 fi
 
+# --force-reinstall: pip would keep an installed build of the same version (a Gloo one when NCCL is wanted);
+# --no-deps so that only Horovod is replaced, then its dependencies as usual.
+"$PY" -m pip install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
 "$PY" -m pip install -q "$wheel_dir"/horovod-*.whl
 echo "install-horovod: $("$PY" -c 'import horovod; print("horovod", horovod.__version__)') ($key)" >&2
