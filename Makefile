@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup test-tools run smoke test test-unit
+.PHONY: setup test-tools run smoke test test-unit docker-check
 setup:
 	PARBENCH_VENV=$(VENV) scripts/setup-env.sh
 
@@ -23,3 +23,8 @@ test: setup test-tools
 # The unit tier: the tests that start no process (marked otherwise `launch`; tests/launch_guard.py), under a minute.
 test-unit: setup
 	$(PYTHON) -m pytest -m "not launch"
+
+# Build the reproduction image on a local Debian base and run cells in it (root; docs/setup.md). CI runs it
+# when the image's inputs changed since the commit recorded in .ci/docker-check-passed.
+docker-check:
+	scripts/docker-check.sh
