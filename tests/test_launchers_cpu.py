@@ -54,12 +54,12 @@ def test_a_rank_silent_beside_echoes_is_named_and_a_real_fault_is_kept(tmp_path,
     """Without the launcher's words (DeepSpeed's names whichever exit it polls first), a rank that left no
     report while every other rank reports only a vanished peer is the root cause; a rank's own fault is not
     an echo and stays the message (the launcher then killed the silent rank)."""
-    from harness.launch.cell import _outcome
+    from harness.launch.cell import launch_outcome
     from harness.launch.launcher import LAUNCHERS
 
     (tmp_path / "rank0.error.json").write_text(json.dumps({"status": "failed", "message": rank0_says}))
     spec = RunSpec(workload="gpt-tiny", strategy="zero2", world_size=2, global_batch=16, micro_batch=4)
-    row = _outcome(tmp_path, 1, False, LAUNCHERS["deepspeed"], {"spec": spec, "run_id": "r"})
+    row = launch_outcome(tmp_path, 1, False, LAUNCHERS["deepspeed"], {"spec": spec, "run_id": "r"})
     assert row.status is Status.FAILED and row.message.startswith(expected), row.message
 
 

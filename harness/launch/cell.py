@@ -83,7 +83,7 @@ def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, en
         return RunResult(status=Status.TIMEOUT, message=f"no result within {timeout_s:g} s; all ranks killed",
                          **common)
     oom_killed = oom_kills_before is not None and (oom_kill_count() or 0) > oom_kills_before
-    return _outcome(cell_dir, returncode, oom_killed, launcher, common)
+    return launch_outcome(cell_dir, returncode, oom_killed, launcher, common)
 
 
 def oom_kill_count() -> int | None:
@@ -98,8 +98,8 @@ def oom_kill_count() -> int | None:
     return None
 
 
-def _outcome(cell_dir: Path, returncode: int, oom_killed: bool, launcher: Launcher,
-             common: dict[str, Any]) -> RunResult:
+def launch_outcome(cell_dir: Path, returncode: int, oom_killed: bool, launcher: Launcher,
+                   common: dict[str, Any]) -> RunResult:
     """The row of a launch that ended on its own. A root cause beats its echoes: when one rank runs out of
     memory or is killed, its peers fail too ("connection closed by peer") and write reports of their own."""
     measurements_path = cell_dir / MEASUREMENTS_FILE

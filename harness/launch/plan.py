@@ -68,9 +68,11 @@ class LaunchPlan:
                              f"{len(self.cleanup_targets)} clean-up targets")
 
 
-def worker_program(cell_dir: Path) -> tuple[str, ...]:
-    """The rank's program after the interpreter: `-m harness.rank.worker` and its arguments."""
-    return ("-m", "harness.rank.worker", "--spec", str(cell_dir / SPEC_FILE), "--out", str(cell_dir))
+def worker_program(cell_dir: Path, spec_file: Path | None = None) -> tuple[str, ...]:
+    """The rank's program after the interpreter: `-m harness.rank.worker` and its arguments. The spec is read
+    from the cell folder unless `spec_file` names another copy (a Kubernetes pod's, mounted from its manifest)."""
+    spec = cell_dir / SPEC_FILE if spec_file is None else spec_file
+    return ("-m", "harness.rank.worker", "--spec", str(spec), "--out", str(cell_dir))
 
 
 def threads_per_rank(spec: RunSpec) -> int:

@@ -21,7 +21,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from harness.launch.launcher import Launcher, Node, Nodes
 from harness.launch.placement.base import HOSTFILE, PORT_PROBE, Placement
@@ -105,9 +105,9 @@ def job_script(spec: RunSpec, launcher: Launcher, command: list[str], environmen
     return "\n".join(lines) + "\n"
 
 
-def shell_words(argv: list[str]) -> str:
-    """`argv` quoted for a shell, letting only the job's variables (JOB_VARIABLES) expand, each as "$NAME"."""
-    variable = re.compile("(" + "|".join(re.escape(f"${name}") for name in JOB_VARIABLES) + ")")
+def shell_words(argv: Sequence[str], variables: Sequence[str] = JOB_VARIABLES) -> str:
+    """`argv` quoted for a shell, letting only the job's `variables` expand, each as "$NAME"."""
+    variable = re.compile("(" + "|".join(re.escape(f"${name}") for name in variables) + ")")
     return " ".join("".join(f'"{piece}"' if variable.fullmatch(piece) else shlex.quote(piece)
                             for piece in variable.split(argument) if piece) or "''" for argument in argv)
 
