@@ -2,6 +2,7 @@
 
     python -m harness run --matrix full
     python -m harness run --matrix smoke --strategy ddp --world-sizes 2 --global-batch 32
+    python -m harness run --matrix scaling --dry-run --gpus-per-node 8 --nnodes 4 --placement k8s --out k8s/scaling
     python -m harness list
     python -m harness memory --params 1.5B --dp 8
     python -m harness comm --world-size 2
@@ -41,7 +42,8 @@ from harness.record import COMMBENCH_KIND, AppendError, ResultsError, read_rows
 from harness.rank.faults import fault_from_environment
 from harness.emulate.network import EmulatedNetwork
 from harness.emulate.session import check_emulation
-from harness.launch.placement import EmulatedPlacement, Placement, make_placement
+from harness.launch.placement import NAMED, EmulatedPlacement, KubernetesPlacement, Placement, make_placement
+from harness.launch.placement.k8s import DEFAULT_IMAGE, JobKind, manifests_left_over
 from harness.spec import RunResult, RunSpec, SpecError, Status
 
 
@@ -155,11 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int)
     run.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                      help="strategy option for every selected cell (repeatable)")
-    run.add_argument("--out", type=Path, help="results JSONL (default: results/<matrix>-<time>.jsonl)")
+    run.add_argument("--out", type=Path, help="results JSONL (default: results/<matrix>-<time>.jsonl); with "
+                     "--placement k8s, the folder the manifests are written to")
     run.add_argument("--timeout", type=_seconds, default=900.0, help="seconds per launch before its ranks are killed")
     run.add_argument("--resume", action="store_true", help="with --out: skip launches already recorded ok there, and "
                      "record those whose measurements reached their cell folder without their row")
-    run.add_argument("--dry-run", action="store_true", help="print the cells and exit")
+    run.add_argument("--dry-run", action="store_true", help="print the cells and exit (with --placement k8s, "
+                     "also write each launch's manifest to --out DIR)")
     run.add_argument("--allow-failed-cells", action="store_true", help=f"exit 0 even when a launch ended failed, "
                      f"oom or timeout (default: exit {EXIT_CELLS_FAILED} after the whole matrix has run)")
     run.add_argument("--hostfile", type=Path, help="DeepSpeed/MPI hostfile ('HOST slots=N' lines): run the "
@@ -173,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--emulate-link", metavar="RATE", help="run on an emulated cluster on this machine (root): "
                      "nodes as network namespaces whose links tc shapes to RATE, e.g. 100mbit or 1gbit")
     run.add_argument("--emulate-nodes", type=int, default=2, help="with --emulate-link: nodes (default 2)")
+    run.add_argument("--placement", choices=NAMED, help="k8s: write each launch as a Kubernetes (Kubeflow) manifest "
+                     "for you to submit with kubectl, with --dry-run --out DIR (docs/clusters.md)")
+    run.add_argument("--k8s-image", help=f"with --placement k8s: the image every pod runs (default {DEFAULT_IMAGE}, "
+                     "the Dockerfile's, pushed where the cluster pulls from)")
+    run.add_argument("--k8s-namespace", help="with --placement k8s: the namespace (default default)")
+    run.add_argument("--k8s-results-claim", help="with --placement k8s: the PersistentVolumeClaim every pod mounts "
+                     "at /parbench/results, where cell folders and rows go (default parbench-results)")
+    run.add_argument("--k8s-job", choices=[kind.value for kind in JobKind], help="with --placement k8s: what "
+                     "torchrun cells become, a PyTorchJob (default) or a Trainer v2 TrainJob; other cells keep theirs")
+    run.add_argument("--k8s-shm", help="with --placement k8s: the size of each pod's /dev/shm (default 16Gi)")
     run.add_argument("--profile-steps", type=int, default=0, help="GPU only: after the timed steps, profile "
                      "this many steps for NCCL kernel time and its overlap with compute")
     run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU, used instead of "
@@ -299,8 +313,16 @@ def plan_run(args: argparse.Namespace) -> tuple[list[RunSpec], Placement]:
     (this one, or with --dry-run one it need not be); raises SpecError before anything launches, and warns
     in one line on stderr where CPU ranks would outnumber a node's cores."""
     emulated = EmulatedNetwork.planned(args.emulate_link, args.emulate_nodes) if args.emulate_link else None
+    kubernetes = {field: value for field, value in (("image", args.k8s_image), ("namespace", args.k8s_namespace),
+                                                    ("results_claim", args.k8s_results_claim), ("job", args.k8s_job),
+                                                    ("shm_size", args.k8s_shm)) if value is not None}
+    if args.placement == KubernetesPlacement.name and args.dry_run:
+        if args.out is None:
+            raise SpecError("--placement k8s --dry-run needs --out DIR: the folder each launch's manifest is "
+                            "written to")
+        kubernetes["manifests"] = args.out
     placement = make_placement(args.hostfile, args.nnodes, args.remote_shell, args.slurm, args.slurm_args,
-                               dry_run=args.dry_run, emulated=emulated)
+                               dry_run=args.dry_run, emulated=emulated, named=args.placement, kubernetes=kubernetes)
     # Under Slurm the nodes are not this host (a login node often has no GPU): their devices are described
     # by the flags, as for a dry run, and the job asks Slurm for them.
     machine = Machine.requested(args.device, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
@@ -350,6 +372,8 @@ def command_run(args: argparse.Namespace) -> int:
         raise SpecError(str(error)) from None
     if args.profile_steps:
         os.environ["PARBENCH_PROFILE_STEPS"] = str(args.profile_steps)   # ranks inherit it; rows record it
+    if args.dry_run and isinstance(placement, KubernetesPlacement):
+        return write_manifests(specs, placement, args.out, args.timeout)
     if args.dry_run:   # the plan, with every node's command; launches nothing, writes nothing
         from harness.launch.dry_run import describe_plan
 
@@ -399,6 +423,26 @@ def run_exit_status(results: Sequence[RunResult], *, allow_failed: bool) -> int:
     print(f"parbench: {len(failed)} of {len(results)} launches did not end ok ({kinds}); exit "
           f"{EXIT_CELLS_FAILED} (--allow-failed-cells: exit 0)", file=sys.stderr)
     return EXIT_CELLS_FAILED
+
+
+def write_manifests(specs: list[RunSpec], placement: KubernetesPlacement, out: Path, timeout_s: float) -> int:
+    """A Kubernetes dry run: every launch's manifest written to the folder `out`, and the plan printed."""
+    from harness.launch.dry_run import describe_plan, plan_files
+
+    results = placement.results_file()
+    planned = plan_files(specs, placement, results=results, timeout_s=timeout_s)
+    paths = [[path for path, _ in files] for files in planned]
+    check_folder(out, "--out")
+    left = manifests_left_over(out, [path for cell in paths for path in cell])
+    if left:
+        raise SpecError(f"--out {out} holds {len(left)} manifest(s) this plan does not write, such as {left[0].name} "
+                        f"(an earlier dry run's?): `kubectl create -f {out}` would submit them too; remove them or "
+                        "choose another folder")
+    for files in planned:
+        for path, text in files:
+            path.write_text(text)
+    print(describe_plan(specs, placement, results=results, timeout_s=timeout_s, written=paths))
+    return 0
 
 
 def run_header(plan: "Planned", out: Path) -> str:

@@ -8,6 +8,11 @@ It goes through the same planning as a launch (harness.launch.plan.plan_launch) 
 writes nothing: the files a launch would write (DeepSpeed's hostfile, Slurm's job script) are printed with
 the commands. What is only chosen at launch shows as a placeholder the output names: the rendezvous port
 (`<port>`; under Slurm the job script's own variable) and the launch's marker (`<token>`).
+
+A placement whose plan is its files (Kubernetes manifests, which the user submits) is the exception:
+`plan_files` gives every launch's files, which `run` writes, and the plan lists them by path.
+
+    python -m harness run --matrix scaling --dry-run --nnodes 4 --placement k8s --out k8s/scaling
 """
 
 from __future__ import annotations
@@ -34,21 +39,45 @@ def planned_environment(placement: Placement) -> dict:
     return {**host_type(), **placement.recorded()}
 
 
-def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Path, timeout_s: float) -> str:
-    """The plan of every cell of a run (specs as `placement.place` left them), for rows going to `results`."""
+def plan_files(specs: Sequence[RunSpec], placement: Placement, *, results: Path,
+               timeout_s: float) -> list[list[tuple[Path, str]]]:
+    """The files of every launch of every cell, cell by cell and repeat by repeat (each repeat has its own
+    folder, so its own files): what a dry run writes for a placement whose plan is its files."""
+    environment = planned_environment(placement)
+    port = placement.planned_port()
+    return [[file for repeat in range(spec.repeats) for file in plan_launch(
+                spec, placement, cell_dir=launch_dir(results, spec, repeat, environment=environment),
+                port=port if launcher_of(spec).uses_port else "", timeout_s=timeout_s,
+                environment=launch_environment(spec, TOKEN_AT_LAUNCH)).files]
+            for spec in specs]
+
+
+def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Path, timeout_s: float,
+                  written: Sequence[Sequence[Path]] | None = None) -> str:
+    """The plan of every cell of a run (specs as `placement.place` left them), for rows going to `results`.
+    `written`: the files of each cell's launches, written already (`plan_files`), listed instead of printed."""
     launches = sum(spec.repeats for spec in specs)
     port = placement.planned_port()
-    lines = [f"parbench dry run: {len(specs)} cells, {launches} launches; nothing is launched or written",
-             f"placement: {placement.describe()}"]
+    if written is None:
+        lines = [f"parbench dry run: {len(specs)} cells, {launches} launches; nothing is launched or written"]
+    else:
+        files = sum(len(paths) for paths in written)
+        lines = [f"parbench dry run: {len(specs)} cells, {launches} launches; nothing is launched; {files} files "
+                 "written, each launch's listed under its cell, for you to submit"]
+    lines.append(f"placement: {placement.describe()}")
     if port == PORT_AT_LAUNCH:
         lines.append(f"{PORT_AT_LAUNCH}: a free TCP port, chosen at launch on the cell's first host")
-    lines.append(f"{TOKEN_AT_LAUNCH}: the launch's marker ({CELL_TOKEN_ENV}), new at every launch; a cell's "
-                 "repeats run the same commands, each in its own folder (-r0, -r1, ...)")
-    lines.append("clean-up: when a launch ends, every process here that carries its marker is killed, then its "
-                 "clean-up commands run")
+    if written is None:
+        lines.append(f"{TOKEN_AT_LAUNCH}: the launch's marker ({CELL_TOKEN_ENV}), new at every launch; a cell's "
+                     "repeats run the same commands, each in its own folder (-r0, -r1, ...)")
+        lines.append("clean-up: when a launch ends, every process here that carries its marker is killed, then its "
+                     "clean-up commands run")
+    else:
+        lines.append("each cell's commands are its first launch's (-r0); its other launches' are the same with "
+                     "their own files (-r1, -r2, ...)")
     skipped: Counter[str] = Counter()
     environment = planned_environment(placement)
-    for spec in specs:
+    for index, spec in enumerate(specs):
         launcher = launcher_of(spec)
         cell_dir = launch_dir(results, spec, 0, environment=environment)
         plan = plan_launch(spec, placement, cell_dir=cell_dir, port=port if launcher.uses_port else "",
@@ -58,7 +87,9 @@ def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Pa
         lines += [f"  {target}: {shlex.join(command)}" for target, command in zip(plan.targets, plan.commands)]
         lines += [f"  clean-up on {target}: {shlex.join(command)}"
                   for target, command in zip(plan.cleanup_targets, plan.cleanup)]
-        for path, text in plan.files:
+        if written is not None:
+            lines += [f"  wrote {path}" for path in written[index]]
+        for path, text in ([] if written is not None else plan.files):
             lines.append(f"  file {path}:")
             lines += [f"{FILE_LINE}{line}" for line in text.splitlines()]
         reason = get_strategy(spec.strategy).skip_reason(spec)

@@ -1,0 +1,210 @@
+"""Kubernetes through Kubeflow: a dry run writes every launch as a manifest for `kubectl create -f`; parbench
+itself submits nothing and reaches no cluster.
+
+    python -m harness run --matrix scaling --dry-run --device cuda --gpus-per-node 8 --nnodes 4 \\
+        --placement k8s --out k8s/scaling [--k8s-image REGISTRY/parbench:TAG] [--k8s-job trainjob]
+
+Each cell's launcher runs as it does on a hostfile's hosts, in the image (the repository's Dockerfile), one
+pod per node:
+
+- torchrun (DDP, FSDP2): a PyTorchJob (kubeflow.org/v1), Master (node 0, serving the c10d rendezvous at the
+  operator's $MASTER_ADDR:$MASTER_PORT) and nnodes - 1 Workers; with `--k8s-job trainjob`, a Trainer v2
+  TrainJob on the torch-distributed runtime instead (rendezvous at $PET_MASTER_ADDR:$PET_MASTER_PORT);
+- DeepSpeed's launcher (ZeRO, pipeline): a PyTorchJob whose every pod runs `deepspeed --no_ssh` with the
+  operator's $PET_NODE_RANK as its node rank and the cell's hostfile from the launch's ConfigMap;
+- horovodrun (Horovod): an MPIJob (training-operator's kubeflow.org/v1), horovodrun on its Launcher pod, hosts
+  from the operator's /etc/mpi/hostfile, reaching nnodes Worker pods through the operator's kubexec.sh;
+- python (plain, DataParallel): a batch Job of one pod.
+
+DeepSpeed, Horovod and single-process cells keep those kinds under `--k8s-job trainjob`. A cell's repeats are
+separate launches, a manifest each, named as its cell folder. What the pods share (volumes, GPUs, the script
+each node runs) is harness.launch.k8s_manifest's; the offline checks are harness.launch.k8s_check's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+from typing import Any, Sequence
+
+from harness.launch import k8s_manifest as k8s
+from harness.launch.launcher import Node, Nodes
+from harness.launch.placement.base import HOSTFILE, Placement, hostfile_text
+from harness.launch.plan import (CELL_TOKEN_ENV, FORWARDED_PREFIXES, SPEC_FILE, LaunchPlan, LaunchRequest,
+                                 threads_per_rank, worker_program)
+from harness.spec import DeviceKind, RunSpec
+
+
+class JobKind(StrEnum):
+    """What a torchrun cell becomes (`--k8s-job`)."""
+
+    PYTORCHJOB = "pytorchjob"    # training-operator v1's PyTorchJob
+    TRAINJOB = "trainjob"        # Kubeflow Trainer v2's TrainJob
+
+
+DEFAULT_IMAGE = "parbench:latest"      # the Dockerfile's image, `docker build -t parbench .`
+HOSTS = "PARBENCH_HOSTS"               # horovodrun's -H, made from the MPI operator's hostfile
+MPI_HOSTFILE = "/etc/mpi/hostfile"     # training-operator's MPIJob writes `POD slots=N` lines there
+# The pod's variables a launcher's argv may name, left for the pod's shell to expand (PyTorchJob: MASTER_*,
+# PET_NODE_RANK; TrainJob: PET_*; POD_IP from the downward API).
+POD_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "POD_IP",
+                 HOSTS)
+# Launchers Trainer's torch-distributed runtime is made for: it hands torchrun its PET_* settings.
+TRAINJOB_LAUNCHERS = ("torchrun",)
+# A job's name: its pods and services add "-worker-N", "-launcher", "-node-0-N" and must stay DNS labels (63).
+NAME_LIMIT = 40
+# Settings of this host a pod gets: the harness's and the libraries' knobs, not this host's paths, Python or
+# device numbering, which are the image's and the pod's own.
+POD_FORWARDED = tuple(prefix for prefix in FORWARDED_PREFIXES if prefix not in ("CUDA_", "PYTHON", "LD_LIBRARY_PATH",
+                                                                                "PATH"))
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesPlacement(Placement):
+    name = "k8s"
+    nnodes: int = 1
+    manifests: Path = Path("k8s")              # the folder a dry run writes each launch's manifest to
+    image: str = DEFAULT_IMAGE
+    namespace: str = "default"
+    results_claim: str = "parbench-results"    # a PersistentVolumeClaim every pod mounts at RESULTS_MOUNT
+    job: JobKind = JobKind.PYTORCHJOB
+    shm_size: str = "16Gi"                     # /dev/shm's sizeLimit (memory-backed: counts as the pod's memory)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "job", JobKind(self.job))
+        except ValueError:
+            raise ValueError(f"--k8s-job {self.job!r} is not one of: {', '.join(JobKind)}") from None
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ValueError(f"--k8s-image {self.image!r} is not an image reference")
+        if not DNS_LABEL.fullmatch(self.namespace):
+            raise ValueError(f"--k8s-namespace {self.namespace!r} is not a namespace name (lower case letters, "
+                             "digits and '-', at most 63)")
+        if not (DNS_SUBDOMAIN.fullmatch(self.results_claim) and len(self.results_claim) <= 253):
+            raise ValueError(f"--k8s-results-claim {self.results_claim!r} is not a claim name (lower case letters, "
+                             "digits, '-' and '.')")
+        if not QUANTITY.fullmatch(self.shm_size):
+            raise ValueError(f"--k8s-shm {self.shm_size!r} is not a quantity such as 16Gi")
+
+    def describe(self) -> str:
+        torchrun = "TrainJobs (torch-distributed runtime)" if self.job is JobKind.TRAINJOB else "PyTorchJobs"
+        return (f"Kubernetes: each launch a manifest in {self.manifests} for `kubectl create -f`, submitted by you, "
+                f"not by parbench: torchrun cells as {torchrun}, DeepSpeed's as PyTorchJobs, horovodrun's as "
+                f"MPIJobs, single-process cells as batch Jobs; image {self.image}, namespace {self.namespace}, cell "
+                f"folders and rows on claim {self.results_claim} at {k8s.RESULTS_MOUNT}")
+
+    def rendezvous_port(self, spec: RunSpec) -> str:
+        return "$MASTER_PORT"     # the operator's; a TrainJob's is $PET_MASTER_PORT (plan)
+
+    def planned_port(self) -> str:
+        return "$MASTER_PORT"
+
+    def results_file(self) -> Path:
+        """The run's results file in the pods, which names the cell folders on the claim (a manifest folder
+        k8s/scaling puts them in /parbench/results/scaling-cells/)."""
+        return Path(k8s.RESULTS_MOUNT) / f"{self.manifests.resolve().name or 'k8s'}.jsonl"
+
+    def plan(self, request: LaunchRequest) -> LaunchPlan:
+        spec, launcher, cell_dir = request.spec, request.launcher, request.cell_dir
+        job = job_name(spec, cell_dir.name)
+        repeat = int(cell_dir.name.rsplit("-r", 1)[1])
+        labels = launch_labels(spec, job, repeat)
+        own = {name: value for name, value in os.environ.items() if name.startswith(POD_FORWARDED)}
+        # The launch's marker names its job: in a pod there is no process of another launch to tell apart.
+        environment = {**own, **request.environment, CELL_TOKEN_ENV: job}
+        threads = threads_per_rank(spec)
+        settings = k8s.PodSettings(image=self.image, labels=labels, environment=environment,
+                                   config_map=f"{job}-launch", results_claim=self.results_claim,
+                                   shm_size=self.shm_size, cpus=spec.ranks_per_node * threads,
+                                   gpus=spec.ranks_per_node if spec.device is DeviceKind.CUDA else None)
+        files = {SPEC_FILE: k8s.spec_file_text(spec.to_dict())}
+        program = worker_program(cell_dir, Path(k8s.LAUNCH_MOUNT / SPEC_FILE))
+
+        def script(nodes: Nodes, node: Node, prelude: Sequence[str] = ()) -> list[str]:
+            argv = in_image(launcher.argv(nodes, node))
+            return ["bash", "-c", k8s.node_script(cell=PurePosixPath(cell_dir), node=node.rank, launch=argv,
+                                                  variables=POD_VARIABLES, repeat=repeat, timeout_s=request.timeout_s,
+                                                  placement=self.name, prelude=prelude)]
+
+        hostfile = str(k8s.LAUNCH_MOUNT / HOSTFILE)
+        workload: dict[str, Any]
+        if not launcher.spans_nodes:
+            nodes = Nodes(spec=spec, program=program, first_host="127.0.0.1", port="", host_slots="",
+                          hostfile=hostfile, timeout_s=request.timeout_s)
+            main = k8s.container(k8s.JOB_CONTAINER, script(nodes, Node("0")), settings)
+            workload = k8s.batch_job(job, self.namespace, labels, k8s.pod_template(settings, main, k8s.NEVER))
+        elif launcher.reaches_nodes:
+            nodes = Nodes(spec=spec, program=program, first_host="", port="", host_slots=f"${HOSTS}",
+                          hostfile=hostfile, timeout_s=request.timeout_s)
+            hosts = f'export {HOSTS}="$(sed "s/ slots=/:/" {MPI_HOSTFILE} | paste -sd, -)"'
+            start = k8s.container(k8s.MPI_CONTAINER, script(nodes, Node("0"), [hosts]), settings, runs_ranks=False)
+            # Workers idle until horovodrun starts their ranks through `kubectl exec`.
+            idle = k8s.container(k8s.MPI_CONTAINER, ["sleep", "infinity"], settings)
+            workload = k8s.mpi_job(job, self.namespace, labels, spec.ranks_per_node, k8s.pod_template(settings, start),
+                                   k8s.pod_template(settings, idle), spec.nnodes)
+        elif self.job is JobKind.TRAINJOB and launcher.name in TRAINJOB_LAUNCHERS:
+            nodes = Nodes(spec=spec, program=program, first_host="$PET_MASTER_ADDR", port="$PET_MASTER_PORT",
+                          host_slots="", hostfile=hostfile, timeout_s=request.timeout_s)
+            # One template for every node: torchrun finds whether it hosts the rendezvous from its address.
+            command = script(nodes, Node("$PET_NODE_RANK", "$POD_IP"))
+            workload = k8s.train_job(job, self.namespace, labels, settings, command, spec.nnodes, spec.ranks_per_node)
+        else:
+            nodes = Nodes(spec=spec, program=program, first_host="$MASTER_ADDR", port="$MASTER_PORT", host_slots="",
+                          hostfile=hostfile, timeout_s=request.timeout_s)
+            master = k8s.container(k8s.PYTORCH_CONTAINER, script(nodes, Node("0", "$POD_IP", True)), settings)
+            worker = k8s.container(k8s.PYTORCH_CONTAINER, script(nodes, Node("$PET_NODE_RANK", "$POD_IP", False)),
+                                   settings)
+            if launcher.uses_hostfile:   # in node rank order: the Master is 0, Worker i is i + 1
+                pods = [f"{job}-master-0", *(f"{job}-worker-{index}" for index in range(spec.nnodes - 1))]
+                files[HOSTFILE] = hostfile_text(pods, spec.ranks_per_node)
+            workload = k8s.pytorch_job(job, self.namespace, labels, spec.ranks_per_node,
+                                       k8s.pod_template(settings, master), k8s.pod_template(settings, worker),
+                                       spec.nnodes - 1)
+        documents = [k8s.config_map(settings.config_map, self.namespace, labels, files), workload]
+        manifest = self.manifests / f"{cell_dir.name}.yaml"
+        pods = spec.nnodes + (1 if workload["kind"] == "MPIJob" else 0)
+        return LaunchPlan(commands=(("kubectl", "create", "-f", str(manifest)),),
+                          targets=(f"the cluster: {workload['kind']} {job} in namespace {self.namespace}, "
+                                   f"{pods} pod(s)",),
+                          cleanup=(("kubectl", "delete", "--ignore-not-found", "-f", str(manifest)),),
+                          cleanup_targets=("the cluster",), files=((manifest, k8s.dump(documents)),))
+
+
+def job_name(spec: RunSpec, launch_folder: str) -> str:
+    """The launch's name in the cluster: strategy, world size and workload for people, then the cell's identity
+    and the repeat from its folder's name (harness.launch.cell.launch_dir: <slug>-<identity>-r<repeat>)."""
+    _, identity, repeat = launch_folder.rsplit("-", 2)
+    tail = f"-{identity[:10]}-{repeat}"
+    nodes = f"x{spec.nnodes}" if spec.nnodes > 1 else ""
+    head = k8s.dns_label(f"pb-{spec.strategy}-ws{spec.world_size}{nodes}-{spec.workload}", NAME_LIMIT - len(tail))
+    return head + tail
+
+
+def launch_labels(spec: RunSpec, job: str, repeat: int) -> dict[str, str]:
+    """Labels on the job and every pod, for `kubectl get pods -l parbench/launch=NAME` and the like."""
+    return {"app.kubernetes.io/name": "parbench", "parbench/launch": job, "parbench/cell": k8s.dns_label(spec.label),
+            "parbench/strategy": k8s.dns_label(spec.strategy), "parbench/world-size": str(spec.world_size),
+            "parbench/repeat": str(repeat)}
+
+
+def in_image(argv: Sequence[str]) -> list[str]:
+    """A launcher's argv as the image runs it. The launcher names this host's interpreter and console scripts
+    by path; the image has its own, first on its PATH (the Dockerfile's venv), so they go by name."""
+    words = ["python" if word == sys.executable else word for word in argv]
+    if words and os.path.isabs(words[0]):
+        words[0] = os.path.basename(words[0])
+    return words
+
+
+def manifests_left_over(folder: Path, written: Sequence[Path]) -> list[Path]:
+    """Manifests already in `folder` that this plan does not write (an earlier dry run's): `kubectl create -f
+    FOLDER` would submit them too."""
+    return sorted(set(folder.glob("*.yaml")) - {Path(path) for path in written}) if folder.is_dir() else []
+
