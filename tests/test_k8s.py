@@ -18,7 +18,7 @@ import yaml
 from harness.cli import main
 from harness.launch import k8s_check
 from harness.launch.k8s_check import KUBEFLOW, KUBERNETES, PLAN, TRAINER, check_documents, check_manifest
-from harness.launch.k8s_manifest import GPU_RESOURCE, node_script
+from harness.launch.k8s_manifest import GPU_RESOURCE, RESULTS_MOUNT, node_script
 from harness.launch.placement.k8s import NAME_LIMIT, POD_VARIABLES
 from harness.launch.record_launch import ROW_FILE, launch_row
 from harness.machine import Machine
@@ -346,3 +346,12 @@ def test_a_launch_whose_rank_reported_an_error_is_recorded_failed_with_its_messa
     assert (row.status, row.message, row.repeat, row.environment) == (Status.FAILED, "boom in step 3", 1,
                                                                       {"host": "pod", "placement": "k8s"})
 
+
+def test_the_docs_pod_that_reads_the_results_claim_passes_the_kubernetes_schema():
+    from doc_blocks import code_block
+
+    pod = yaml.safe_load(code_block("docs/clusters.md", "results-reader.yaml"))
+    assert k8s_check.kubernetes_problems(pod) == []
+    volume, mount = pod["spec"]["volumes"][0], pod["spec"]["containers"][0]["volumeMounts"][0]
+    assert (volume["persistentVolumeClaim"]["claimName"], mount["mountPath"]) == ("parbench-results",
+                                                                                  str(RESULTS_MOUNT))
