@@ -85,10 +85,12 @@ def test_horovodrun_allreduces_across_two_hosts_over_ssh(ssh_hosts: SshHosts, tm
 
 # ---- through the CLI -------------------------------------------------------------------------------------
 
-def _run_across(hosts: NamespaceHosts, strategy: str, tmp_path: Path) -> RunResult:
+def _run_across(hosts: NamespaceHosts, strategy: str, tmp_path: Path, exit_status: int = 0) -> RunResult:
+    """The cell's one row; `harness run` must exit `exit_status` (4: the cell failed)."""
     out = tmp_path / "rows.jsonl"
     assert main(["run", "--matrix", "smoke", "--strategy", strategy, "--world-sizes", "2", "--out", str(out),
-                 "--hostfile", str(hosts.hostfile(tmp_path)), "--remote-shell", hosts.remote_shell, *SHORT]) == 0
+                 "--hostfile", str(hosts.hostfile(tmp_path)), "--remote-shell", hosts.remote_shell,
+                 *SHORT]) == exit_status
     [row] = read_results([out])
     return row
 
@@ -156,7 +158,7 @@ def test_a_rank_killed_on_one_host_fails_the_cell_and_leaves_nothing_on_either(s
         ssh, hosts, keep = None, request.getfixturevalue("namespace_hosts"), set()
         monkeypatch.setenv("GLOO_SOCKET_IFNAME", "pbeth")
     monkeypatch.setenv("PARBENCH_FAULT", "kill:rank=1:step=1")      # rank 1 runs on host 1
-    row = _run_across(hosts, strategy, tmp_path)
+    row = _run_across(hosts, strategy, tmp_path, exit_status=4)
     assert row.status is Status.FAILED, (row.status, row.message)
     assert row.spec.nnodes == 2
     # Failed for the planted reason: rank 1 got as far as its steps, and no further.
