@@ -232,6 +232,22 @@ def test_cpu_cells_ask_for_cores_and_no_gpu(tmp_path):
     assert caught(planted, PLAN, "Worker")
 
 
+def test_this_hosts_interfaces_hcas_and_paths_are_not_forwarded_to_pods(tmp_path, monkeypatch):
+    host = {"NCCL_SOCKET_IFNAME": "enp5s0", "GLOO_SOCKET_IFNAME": "enp5s0", "NCCL_IB_HCA": "mlx5_0",
+            "HOROVOD_GLOO_IFACE": "enp5s0", "TORCH_HOME": "/home/me/.cache/torch", "TORCH_EXTENSIONS_DIR": "ext",
+            "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p", "NCCL_DEBUG": "INFO", "NCCL_ALGO": "Ring"}
+    for name, value in host.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "k8s"
+    assert main(["run", "--matrix", "smoke", "--device", "cpu", "--dry-run", "--placement", "k8s", "--repeats", "1",
+                 "--out", str(out)]) == 0
+    for path in out.glob("*.yaml"):
+        _, job = documents(path)
+        container = k8s_check._templates(job)[0][1]["spec"]["containers"][0]
+        env = {item["name"]: item.get("value") for item in container["env"]}
+        assert {name: env.get(name) for name in host if name in env} == {"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Ring"}
+
+
 def test_job_names_are_dns_labels_with_room_for_the_operators_suffixes(scaling):
     for path in scaling[0].glob("*horovod_ws32x4*"):
         name = documents(path)[1]["metadata"]["name"]

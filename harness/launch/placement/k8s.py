@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from harness.launch import k8s_manifest as k8s
 from harness.launch.launcher import Node, Nodes
@@ -61,6 +61,13 @@ NAME_LIMIT = 40
 # device numbering, which are the image's and the pod's own.
 POD_FORWARDED = tuple(prefix for prefix in FORWARDED_PREFIXES if prefix not in ("CUDA_", "PYTHON", "LD_LIBRARY_PATH",
                                                                                 "PATH"))
+# Of those, the ones that choose this host's network devices: a pod has its own interfaces (eth0 on most pod
+# networks) and HCAs, and NCCL, Gloo or Horovod told to use one it lacks fails or falls back unseen.
+HOST_DEVICE_SETTINGS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "HOROVOD_GLOO_IFACE")
+# And the ones that name this host's files (TORCH_HOME, TORCH_EXTENSIONS_DIR, NCCL_DEBUG_FILE, NCCL_TOPO_FILE,
+# HOROVOD_TIMELINE, ...): by a name that says so, or by a value that is a path.
+PATH_NAME_ENDINGS = ("_HOME", "_DIR", "_PATH", "_FILE", "_ROOT")
+PATH_VALUE_STARTS = ("/", "~", "./", "../")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
@@ -116,7 +123,7 @@ class KubernetesPlacement(Placement):
         job = job_name(spec, cell_dir.name)
         repeat = int(cell_dir.name.rsplit("-r", 1)[1])
         labels = launch_labels(spec, job, repeat)
-        own = {name: value for name, value in os.environ.items() if name.startswith(POD_FORWARDED)}
+        own = pod_environment(os.environ)
         # The launch's marker names its job: in a pod there is no process of another launch to tell apart.
         environment = {**own, **request.environment, CELL_TOKEN_ENV: job}
         threads = threads_per_rank(spec)
@@ -185,6 +192,13 @@ def job_name(spec: RunSpec, launch_folder: str) -> str:
     nodes = f"x{spec.nnodes}" if spec.nnodes > 1 else ""
     head = k8s.dns_label(f"pb-{spec.strategy}-ws{spec.world_size}{nodes}-{spec.workload}", NAME_LIMIT - len(tail))
     return head + tail
+
+
+def pod_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """This host's settings a pod gets (POD_FORWARDED), less those that name its network devices or files."""
+    return {name: value for name, value in environment.items()
+            if name.startswith(POD_FORWARDED) and name not in HOST_DEVICE_SETTINGS
+            and not name.endswith(PATH_NAME_ENDINGS) and not value.startswith(PATH_VALUE_STARTS)}
 
 
 def launch_labels(spec: RunSpec, job: str, repeat: int) -> dict[str, str]:
