@@ -18,7 +18,7 @@ import yaml
 from harness.cli import main
 from harness.launch import k8s_check
 from harness.launch.k8s_check import KUBEFLOW, KUBERNETES, PLAN, TRAINER, check_documents, check_manifest
-from harness.launch.k8s_manifest import GPU_RESOURCE, RESULTS_MOUNT, node_script
+from harness.launch.k8s_manifest import GPU_RESOURCE, RESULTS_MOUNT, START_UP_S, node_script
 from harness.launch.placement.k8s import NAME_LIMIT, POD_VARIABLES
 from harness.launch.record_launch import ROW_FILE, launch_row
 from harness.machine import Machine
@@ -164,6 +164,33 @@ def test_replicas_that_do_not_add_up_to_the_cells_nodes_are_caught_by_the_plan_c
     assert caught(planted, PLAN, "Worker.replicas") and caught(planted, PLAN, "slotsPerWorker")
 
 
+def deadline_of(job: dict) -> int | None:
+    spec = job["spec"]
+    return spec["runPolicy"].get("activeDeadlineSeconds") if "runPolicy" in spec else spec.get("activeDeadlineSeconds")
+
+
+def test_every_job_has_a_deadline_of_the_launchs_limit_plus_the_start_up_allowance(scaling, trainjobs):
+    kinds = set()
+    for path in [*scaling[0].glob("*.yaml"), *trainjobs.glob("*.yaml")]:
+        _, job = documents(path)
+        kinds.add(job["kind"])
+        scripts = [k8s_check._script(container) for _, template in k8s_check._templates(job)
+                   for container in template["spec"]["containers"]]
+        assert any("\ntimeout --kill-after=30 900 " in script for script in scripts)   # run's default --timeout
+        assert deadline_of(job) == 900 + START_UP_S, path.name
+    assert kinds == {"Job", "PyTorchJob", "MPIJob", "TrainJob"}
+
+
+@pytest.mark.parametrize("fragment", ["_plain_ws1", "_ddp_ws32x4", "_horovod_ws32x4"])
+def test_a_missing_or_short_deadline_is_caught_by_the_plan_check(scaling, fragment):
+    planted = manifest_of(scaling[0], fragment)
+    policy = planted[1]["spec"].get("runPolicy", planted[1]["spec"])
+    del policy["activeDeadlineSeconds"]
+    assert caught(planted, PLAN, "activeDeadlineSeconds")
+    policy["activeDeadlineSeconds"] = 900     # the launch's own limit, without the kill after it
+    assert caught(planted, PLAN, "activeDeadlineSeconds")
+
+
 def test_the_cached_schema_validator_judges_as_kubernetes_validate_does(scaling):
     import kubernetes_validate
 
@@ -198,6 +225,12 @@ def test_trainjob_makes_torchrun_cells_trainjobs_and_keeps_the_other_kinds(train
         4, 8, {GPU_RESOURCE: "8"})
     assert job["spec"]["runtimeRef"]["name"] == "torch-distributed"
     assert '--rdzv-endpoint="$PET_MASTER_ADDR":"$PET_MASTER_PORT"' in launch_line(trainer)
+
+
+def test_a_trainjob_without_a_deadline_is_caught_by_the_plan_check(trainjobs):
+    planted = manifest_of(trainjobs, "_ddp_ws32x4")
+    del planted[1]["spec"]["activeDeadlineSeconds"]
+    assert caught(planted, PLAN, "spec.activeDeadlineSeconds")
 
 
 def test_a_trainjob_of_a_wrong_type_is_caught_by_the_trainer_models(trainjobs):

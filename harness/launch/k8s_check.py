@@ -18,10 +18,10 @@ Four checks, each named in the problems it reports:
   Without the wrapping, kubernetes-validate has no schema for Kubeflow's kinds and would pass them unchecked.
 - plan: what no schema knows, against the cell's spec.json the manifest carries: each pod that runs ranks asks
   for exactly the cell's ranks per node in GPUs (none on CPU), the replicas add up to the cell's nodes,
-  nprocPerNode / slotsPerWorker / numProcPerNode are its ranks per node, nothing restarts, every pod mounts
-  /dev/shm, the results claim and the launch's ConfigMap, names and labels are valid, and the operators'
-  admission rules this code relies on hold (a PyTorchJob's single Master and its container "pytorch", a
-  TrainJob's reserved env names and runtime patch).
+  nprocPerNode / slotsPerWorker / numProcPerNode are its ranks per node, nothing restarts, the job has a deadline
+  that outlasts the launch's own limit, every pod mounts /dev/shm, the results claim and the launch's ConfigMap,
+  names and labels are valid, and the operators' admission rules this code relies on hold (a PyTorchJob's single
+  Master and its container "pytorch", a TrainJob's reserved env names and runtime patch).
 
 Not checked: what only a cluster decides (that the operators, the runtime, the claim, the image and the GPUs
 exist; quotas; scheduling), and whether the pods' scripts do what they should when they run.
@@ -344,6 +344,7 @@ def plan_problems(documents: Sequence[Any]) -> list[Problem]:
             problem(f"{where}.resources.limits", f"asks for {gpus} {k8s.GPU_RESOURCE} for a CPU cell")
     for where, template in _templates(workload):
         _volume_plan(f"{where}.spec", _get(template, "spec") or {}, _get(config, "metadata", "name"), problem)
+    _deadline_plan(workload, problem)
     _name_plan(workload, problem)
     for document in (config, workload):
         if _get(document, "metadata", "namespace") != _get(workload, "metadata", "namespace"):
@@ -468,6 +469,37 @@ def _volume_plan(where: str, pod: Any, config_map: str, problem: Any) -> None:
             if volume is None or value is None or (expected is not None and value != expected):
                 problem(where, f"container {_get(container, 'name')!r} does not mount {path} from "
                         f"{'.'.join(source)}{' ' + expected if expected else ''}")
+
+
+# Where each kind keeps its deadline.
+DEADLINES = {"Job": ("spec", "activeDeadlineSeconds"), "PyTorchJob": ("spec", "runPolicy", "activeDeadlineSeconds"),
+             "MPIJob": ("spec", "runPolicy", "activeDeadlineSeconds"), "TrainJob": ("spec", "activeDeadlineSeconds")}
+# How a pod's script starts its launcher (harness.launch.k8s_manifest.node_script): its limit, and the grace after it.
+LAUNCH_LIMIT = re.compile(r"^timeout --kill-after=([0-9]+) ([0-9]+) ", re.M)
+
+
+def _deadline_plan(workload: Mapping[str, Any], problem: Any) -> None:
+    """A deadline on the job, which ends a launch stuck before its scripts start (pods Pending) and leaves a
+    launch that started its whole limit, and the kill after it."""
+    path = DEADLINES[workload["kind"]]
+    deadline = _get(workload, *path)
+    limits = [int(grace) + int(limit) for _, template in _templates(workload)
+              for _, container in _containers("", template)
+              for grace, limit in LAUNCH_LIMIT.findall(_script(container))]
+    if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline <= 0:
+        problem(".".join(path), f"must be a number of seconds (a launch stuck before it starts ends there), is "
+                f"{deadline!r}")
+    elif not limits:
+        problem("containers", "no pod runs its launcher under `timeout --kill-after=S LIMIT`")
+    elif deadline < max(limits):
+        problem(".".join(path), f"is {deadline} s, less than the launch's limit and its kill, {max(limits)} s: the "
+                "job would end before the launch does, without its row")
+
+
+def _script(container: Any) -> str:
+    """The script a pod runs (`bash -c SCRIPT`), or ''."""
+    command = _get(container, "command")
+    return command[2] if isinstance(command, list) and len(command) == 3 and isinstance(command[2], str) else ""
 
 
 def _name_plan(workload: Mapping[str, Any], problem: Any) -> None:

@@ -34,6 +34,11 @@ LAUNCH_MOUNT = PurePosixPath("/parbench/launch")     # the launch's ConfigMap: s
 GPU_RESOURCE = "nvidia.com/gpu"                      # NVIDIA's device plugin's resource name
 LOG_FILE = "log.txt"                                 # harness.launch.cell's: node 0's launcher output
 KILL_AFTER_S = 30            # `timeout` sends SIGTERM at the launch's limit, SIGKILL this much later
+# A job's deadline counts from its creation, while the launch's own limit starts only when a pod's script runs:
+# this much more lets the pods be scheduled (waiting for free GPUs: no gang scheduling is asked for), pull the
+# image (several GB, the first time on each node), wait for each other and record the row; a launch stuck
+# longer (pods Pending for ever) ends as the job's failure instead of holding the namespace.
+START_UP_S = 1800
 
 # Kubeflow's API versions and kinds, and the names their operators require (training-operator v1.9:
 # pkg/webhooks/pytorch requires a container "pytorch"; an MPIJob's launcher sets up container 0, "mpi" by
@@ -151,9 +156,15 @@ def metadata(name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, 
     return {"name": name, "namespace": namespace, "labels": dict(labels)}
 
 
-# Kubeflow v1's run policy: no retry, and pods still running when the job ends (an MPIJob's idle workers, a
-# straggling node) are removed; finished pods stay for their logs.
-RUN_POLICY = {"backoffLimit": 0, "cleanPodPolicy": "Running"}
+def active_deadline(timeout_s: float) -> int:
+    """activeDeadlineSeconds of the job of a launch whose limit is `timeout_s`."""
+    return math.ceil(timeout_s) + START_UP_S
+
+
+def run_policy(deadline_s: int) -> dict[str, Any]:
+    """Kubeflow v1's run policy: no retry, a deadline, and pods still running when the job ends (an MPIJob's
+    idle workers, a straggling node) are removed; finished pods stay for their logs."""
+    return {"backoffLimit": 0, "cleanPodPolicy": "Running", "activeDeadlineSeconds": deadline_s}
 
 
 def replica(count: int, template: dict[str, Any]) -> dict[str, Any]:
@@ -161,35 +172,37 @@ def replica(count: int, template: dict[str, Any]) -> dict[str, Any]:
 
 
 def pytorch_job(name: str, namespace: str, labels: Mapping[str, str], ranks_per_node: int,
-                master: dict[str, Any], worker: dict[str, Any] | None, workers: int) -> dict[str, Any]:
+                master: dict[str, Any], worker: dict[str, Any] | None, workers: int, deadline_s: int) -> dict[str, Any]:
     """Kubeflow's PyTorchJob: a Master (node 0, which serves the rendezvous at $MASTER_ADDR:$MASTER_PORT) and
     `workers` Workers; the operator tells every pod PET_NNODES, PET_NPROC_PER_NODE and PET_NODE_RANK."""
     replicas = {"Master": replica(1, master)}
     if workers:
         replicas["Worker"] = replica(workers, worker)
     return {"apiVersion": KUBEFLOW_V1, "kind": "PyTorchJob", "metadata": metadata(name, namespace, labels),
-            "spec": {"nprocPerNode": str(ranks_per_node), "runPolicy": dict(RUN_POLICY),
+            "spec": {"nprocPerNode": str(ranks_per_node), "runPolicy": run_policy(deadline_s),
                      "pytorchReplicaSpecs": replicas}}
 
 
 def mpi_job(name: str, namespace: str, labels: Mapping[str, str], slots: int, launcher: dict[str, Any],
-            worker: dict[str, Any], workers: int) -> dict[str, Any]:
+            worker: dict[str, Any], workers: int, deadline_s: int) -> dict[str, Any]:
     """training-operator's MPIJob (kubeflow.org/v1): the Launcher pod runs horovodrun, which reaches the
     Worker pods through the operator's /etc/mpi/kubexec.sh (`kubectl exec`; Horovod uses it when the operator
     sets OMPI_MCA_plm_rsh_agent to it), hosts from the operator's /etc/mpi/hostfile (`POD slots=N`)."""
     return {"apiVersion": KUBEFLOW_V1, "kind": "MPIJob", "metadata": metadata(name, namespace, labels),
-            "spec": {"slotsPerWorker": slots, "runPolicy": dict(RUN_POLICY),
+            "spec": {"slotsPerWorker": slots, "runPolicy": run_policy(deadline_s),
                      "mpiReplicaSpecs": {"Launcher": replica(1, launcher), "Worker": replica(workers, worker)}}}
 
 
-def batch_job(name: str, namespace: str, labels: Mapping[str, str], template: dict[str, Any]) -> dict[str, Any]:
+def batch_job(name: str, namespace: str, labels: Mapping[str, str], template: dict[str, Any],
+              deadline_s: int) -> dict[str, Any]:
     """A single-process cell needs no operator: a batch Job of one pod, never retried."""
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata(name, namespace, labels),
-            "spec": {"backoffLimit": 0, "completions": 1, "parallelism": 1, "template": template}}
+            "spec": {"backoffLimit": 0, "activeDeadlineSeconds": deadline_s, "completions": 1, "parallelism": 1,
+                     "template": template}}
 
 
 def train_job(name: str, namespace: str, labels: Mapping[str, str], settings: PodSettings, command: Sequence[str],
-              nodes: int, ranks_per_node: int) -> dict[str, Any]:
+              nodes: int, ranks_per_node: int, deadline_s: int) -> dict[str, Any]:
     """Kubeflow Trainer v2's TrainJob on the torch-distributed runtime, which tells each node PET_NNODES,
     PET_NPROC_PER_NODE, PET_NODE_RANK and PET_MASTER_ADDR/PORT. The trainer takes the image, command, env
     and resources; the volumes are a runtime patch of the runtime's "node" job (its webhook refuses env
@@ -200,6 +213,7 @@ def train_job(name: str, namespace: str, labels: Mapping[str, str], settings: Po
     return {"apiVersion": TRAINER_V1ALPHA1, "kind": "TrainJob", "metadata": metadata(name, namespace, labels),
             "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                     "name": TRAINER_RUNTIME},
+                     "activeDeadlineSeconds": deadline_s,    # Trainer >= v2.2, counted from the TrainJob's creation
                      "trainer": {"image": settings.image, "command": list(command), "numNodes": nodes,
                                  "numProcPerNode": ranks_per_node, "env": env_list(settings.environment),
                                  "resourcesPerNode": resources(settings, runs_ranks=True)},

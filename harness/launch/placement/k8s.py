@@ -132,6 +132,7 @@ class KubernetesPlacement(Placement):
                                    shm_size=self.shm_size, cpus=spec.ranks_per_node * threads,
                                    gpus=spec.ranks_per_node if spec.device is DeviceKind.CUDA else None)
         files = {SPEC_FILE: k8s.spec_file_text(spec.to_dict())}
+        deadline = k8s.active_deadline(request.timeout_s)
         program = worker_program(cell_dir, Path(k8s.LAUNCH_MOUNT / SPEC_FILE))
 
         def script(nodes: Nodes, node: Node, prelude: Sequence[str] = ()) -> list[str]:
@@ -146,7 +147,8 @@ class KubernetesPlacement(Placement):
             nodes = Nodes(spec=spec, program=program, first_host="127.0.0.1", port="", host_slots="",
                           hostfile=hostfile, timeout_s=request.timeout_s)
             main = k8s.container(k8s.JOB_CONTAINER, script(nodes, Node("0")), settings)
-            workload = k8s.batch_job(job, self.namespace, labels, k8s.pod_template(settings, main, k8s.NEVER))
+            workload = k8s.batch_job(job, self.namespace, labels, k8s.pod_template(settings, main, k8s.NEVER),
+                                     deadline)
         elif launcher.reaches_nodes:
             nodes = Nodes(spec=spec, program=program, first_host="", port="", host_slots=f"${HOSTS}",
                           hostfile=hostfile, timeout_s=request.timeout_s)
@@ -155,13 +157,14 @@ class KubernetesPlacement(Placement):
             # Workers idle until horovodrun starts their ranks through `kubectl exec`.
             idle = k8s.container(k8s.MPI_CONTAINER, ["sleep", "infinity"], settings)
             workload = k8s.mpi_job(job, self.namespace, labels, spec.ranks_per_node, k8s.pod_template(settings, start),
-                                   k8s.pod_template(settings, idle), spec.nnodes)
+                                   k8s.pod_template(settings, idle), spec.nnodes, deadline)
         elif self.job is JobKind.TRAINJOB and launcher.name in TRAINJOB_LAUNCHERS:
             nodes = Nodes(spec=spec, program=program, first_host="$PET_MASTER_ADDR", port="$PET_MASTER_PORT",
                           host_slots="", hostfile=hostfile, timeout_s=request.timeout_s)
             # One template for every node: torchrun finds whether it hosts the rendezvous from its address.
             command = script(nodes, Node("$PET_NODE_RANK", "$POD_IP"))
-            workload = k8s.train_job(job, self.namespace, labels, settings, command, spec.nnodes, spec.ranks_per_node)
+            workload = k8s.train_job(job, self.namespace, labels, settings, command, spec.nnodes, spec.ranks_per_node,
+                                     deadline)
         else:
             nodes = Nodes(spec=spec, program=program, first_host="$MASTER_ADDR", port="$MASTER_PORT", host_slots="",
                           hostfile=hostfile, timeout_s=request.timeout_s)
@@ -173,7 +176,7 @@ class KubernetesPlacement(Placement):
                 files[HOSTFILE] = hostfile_text(pods, spec.ranks_per_node)
             workload = k8s.pytorch_job(job, self.namespace, labels, spec.ranks_per_node,
                                        k8s.pod_template(settings, master), k8s.pod_template(settings, worker),
-                                       spec.nnodes - 1)
+                                       spec.nnodes - 1, deadline)
         documents = [k8s.config_map(settings.config_map, self.namespace, labels, files), workload]
         manifest = self.manifests / f"{cell_dir.name}.yaml"
         pods = spec.nnodes + (1 if workload["kind"] == "MPIJob" else 0)
