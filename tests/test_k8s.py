@@ -227,6 +227,33 @@ def test_trainjob_makes_torchrun_cells_trainjobs_and_keeps_the_other_kinds(train
     assert '--rdzv-endpoint="$PET_MASTER_ADDR":"$PET_MASTER_PORT"' in launch_line(trainer)
 
 
+def test_each_trainjob_node_tells_torchrun_whether_it_hosts_the_rendezvous_from_its_node_rank(trainjobs):
+    _, job = manifest_of(trainjobs, "_ddp_ws32x4")
+    assert '--rdzv-conf=is_host="$IS_HOST"' in launch_line(job["spec"]["trainer"])
+    assert 'IS_HOST=$([ "$PET_NODE_RANK" = 0 ] && echo true || echo false)' in job["spec"]["trainer"]["command"][2]
+
+
+@pytest.mark.launch
+def test_a_trainjob_nodes_script_says_is_host_true_on_node_0_alone(trainjobs):
+    _, job = manifest_of(trainjobs, "_ddp_ws32x4")
+    prelude = job["spec"]["trainer"]["command"][2].split("\nlaunch=(", 1)[0]   # what it sets before the launcher
+    for rank, is_host in (("0", "true"), ("1", "false"), ("3", "false")):
+        ran = subprocess.run(["bash", "-c", prelude + '\necho "$IS_HOST"'], env={"PET_NODE_RANK": rank},
+                             capture_output=True, text=True)
+        assert ran.stdout == f"{is_host}\n", rank
+
+
+def test_a_torchrun_pod_that_leaves_is_host_to_torchrun_is_caught_by_the_plan_check(scaling, trainjobs):
+    planted = manifest_of(trainjobs, "_ddp_ws32x4")
+    command = planted[1]["spec"]["trainer"]["command"]
+    command[2] = command[2].replace(' --rdzv-conf=is_host="$IS_HOST"', "")
+    assert caught(planted, PLAN, "command")
+    planted = manifest_of(scaling[0], "_ddp_ws32x4")
+    command = planted[1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    command[2] = command[2].replace("is_host=true", "is_host=false")
+    assert caught(planted, PLAN, "Master.template.spec.containers[0].command")
+
+
 def test_a_trainjob_without_a_deadline_is_caught_by_the_plan_check(trainjobs):
     planted = manifest_of(trainjobs, "_ddp_ws32x4")
     del planted[1]["spec"]["activeDeadlineSeconds"]

@@ -43,7 +43,7 @@ from typing import Any, Iterator, Mapping, Sequence, Union, get_args, get_origin
 import yaml
 
 from harness.launch import k8s_manifest as k8s
-from harness.launch.placement.k8s import NAME_LIMIT, TRAINJOB_LAUNCHERS
+from harness.launch.placement.k8s import IS_HOST_PRELUDE, NAME_LIMIT, TRAINJOB_LAUNCHERS
 from harness.launch.plan import SPEC_FILE, launcher_of
 from harness.spec import DeviceKind, RunSpec, SpecError
 
@@ -344,6 +344,8 @@ def plan_problems(documents: Sequence[Any]) -> list[Problem]:
             problem(f"{where}.resources.limits", f"asks for {gpus} {k8s.GPU_RESOURCE} for a CPU cell")
     for where, template in _templates(workload):
         _volume_plan(f"{where}.spec", _get(template, "spec") or {}, _get(config, "metadata", "name"), problem)
+    if launcher.name == "torchrun":
+        _is_host_plan(workload, problem)
     _deadline_plan(workload, problem)
     _name_plan(workload, problem)
     for document in (config, workload):
@@ -494,6 +496,29 @@ def _deadline_plan(workload: Mapping[str, Any], problem: Any) -> None:
     elif deadline < max(limits):
         problem(".".join(path), f"is {deadline} s, less than the launch's limit and its kill, {max(limits)} s: the "
                 "job would end before the launch does, without its row")
+
+
+# torchrun's word that says whether its node hosts the c10d store (harness.launch.launcher.torchrun).
+IS_HOST_WORD = re.compile(r'--rdzv-conf=is_host=(true|false|"\$IS_HOST")(?=\s|\))')
+# What each role of a torchrun cell must say: a PyTorchJob's Master hosts it, its Workers do not, a TrainJob's
+# node works it out from its node rank.
+IS_HOST_BY_ROLE = {"Master": "true", "Worker": "false"}
+
+
+def _is_host_plan(workload: Mapping[str, Any], problem: Any) -> None:
+    """Every torchrun pod tells torchrun whether it hosts the rendezvous store: left to guess from host names,
+    on a pod network it may conclude that no node does."""
+    for where, template in _templates(workload):
+        role = where.split(".")[2] if workload.get("kind") == "PyTorchJob" else None
+        for place, container in _containers(where, template):
+            script = _script(container)
+            said = IS_HOST_WORD.findall(script)
+            expected = IS_HOST_BY_ROLE.get(role, '"$IS_HOST"')
+            if said != [expected]:
+                problem(f"{place}.command", f"torchrun must be told --rdzv-conf=is_host={expected} once, is told "
+                        f"{said or 'nothing'}")
+            elif expected == '"$IS_HOST"' and IS_HOST_PRELUDE not in script.splitlines():
+                problem(f"{place}.command", f"the script must set IS_HOST from its node rank: {IS_HOST_PRELUDE}")
 
 
 def _script(container: Any) -> str:

@@ -39,7 +39,9 @@ class Node:
 
     rank: str                                # its index among the cell's nodes, or a shell expression
     address: str | None = None               # how the other nodes reach it, where the placement knows it
-    serves_rendezvous: bool | None = None    # whether it is the first host, where the placement knows it
+    # Whether it is the first host, where the placement knows it: True or False, or a shell expression that
+    # gives "true" or "false" on the node (one pod template for every node).
+    serves_rendezvous: bool | str | None = None
 
 
 class Launcher(abc.ABC):

@@ -21,15 +21,17 @@ class Torchrun(Launcher):
 
 
 def torchrun_argv(nnodes: int, ranks_per_node: int, endpoint: str, program: Sequence[str],
-                  local_addr: str | None = None, serves_rendezvous: bool | None = None) -> list[str]:
+                  local_addr: str | None = None, serves_rendezvous: bool | str | None = None) -> list[str]:
     """torchrun with a c10d rendezvous at `endpoint` (host:port; the rendezvous id follows the port, which is
     new for every launch, so two launches never meet). Where the placement knows them, a node is told the
     address it is reached at and whether it hosts the rendezvous store: torchrun would otherwise guess both
     from host names, which fails where hosts share a name (network namespaces) or a name resolves to another
-    interface."""
+    interface. `serves_rendezvous` may be a shell expression the node's shell expands to true or false."""
     node = [f"--local-addr={local_addr}"] if local_addr else []
-    if serves_rendezvous is not None:
+    if isinstance(serves_rendezvous, bool):
         node.append(f"--rdzv-conf=is_host={str(serves_rendezvous).lower()}")
+    elif serves_rendezvous is not None:
+        node.append(f"--rdzv-conf=is_host={serves_rendezvous}")
     return [*executable("torchrun", "torch.distributed.run"),
             f"--nnodes={nnodes}", f"--nproc-per-node={ranks_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",

@@ -9,7 +9,8 @@ pod per node:
 
 - torchrun (DDP, FSDP2): a PyTorchJob (kubeflow.org/v1), Master (node 0, serving the c10d rendezvous at the
   operator's $MASTER_ADDR:$MASTER_PORT) and nnodes - 1 Workers; with `--k8s-job trainjob`, a Trainer v2
-  TrainJob on the torch-distributed runtime instead (rendezvous at $PET_MASTER_ADDR:$PET_MASTER_PORT);
+  TrainJob on the torch-distributed runtime instead (rendezvous at $PET_MASTER_ADDR:$PET_MASTER_PORT, node 0
+  hosting it: IS_HOST);
 - DeepSpeed's launcher (ZeRO, pipeline): a PyTorchJob whose every pod runs `deepspeed --no_ssh` with the
   operator's $PET_NODE_RANK as its node rank and the cell's hostfile from the launch's ConfigMap;
 - horovodrun (Horovod): an MPIJob (training-operator's kubeflow.org/v1), horovodrun on its Launcher pod, hosts
@@ -48,11 +49,17 @@ class JobKind(StrEnum):
 
 DEFAULT_IMAGE = "parbench:latest"      # the Dockerfile's image, `docker build -t parbench .`
 HOSTS = "PARBENCH_HOSTS"               # horovodrun's -H, made from the MPI operator's hostfile
+IS_HOST = "IS_HOST"                    # a TrainJob's node: "true" on node 0, which serves the rendezvous
+# A TrainJob's nodes share one template, so each works out whether it hosts the c10d store from its node rank.
+# Left to torchrun, it would compare $PET_MASTER_ADDR (<job>-node-0-0.<job>, a headless service's name) with
+# its host name and FQDN, which that name matches on neither, and fall back to resolving it: where that lookup
+# fails, no node hosts the store and every node waits for it until the rendezvous times out.
+IS_HOST_PRELUDE = f'{IS_HOST}=$([ "$PET_NODE_RANK" = 0 ] && echo true || echo false)'
 MPI_HOSTFILE = "/etc/mpi/hostfile"     # training-operator's MPIJob writes `POD slots=N` lines there
 # The pod's variables a launcher's argv may name, left for the pod's shell to expand (PyTorchJob: MASTER_*,
-# PET_NODE_RANK; TrainJob: PET_*; POD_IP from the downward API).
+# PET_NODE_RANK; TrainJob: PET_*; POD_IP from the downward API; the scripts' own HOSTS and IS_HOST).
 POD_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "POD_IP",
-                 HOSTS)
+                 HOSTS, IS_HOST)
 # Launchers Trainer's torch-distributed runtime is made for: it hands torchrun its PET_* settings.
 TRAINJOB_LAUNCHERS = ("torchrun",)
 # A job's name: its pods and services add "-worker-N", "-launcher", "-node-0-N" and must stay DNS labels (63).
@@ -161,8 +168,7 @@ class KubernetesPlacement(Placement):
         elif self.job is JobKind.TRAINJOB and launcher.name in TRAINJOB_LAUNCHERS:
             nodes = Nodes(spec=spec, program=program, first_host="$PET_MASTER_ADDR", port="$PET_MASTER_PORT",
                           host_slots="", hostfile=hostfile, timeout_s=request.timeout_s)
-            # One template for every node: torchrun finds whether it hosts the rendezvous from its address.
-            command = script(nodes, Node("$PET_NODE_RANK", "$POD_IP"))
+            command = script(nodes, Node("$PET_NODE_RANK", "$POD_IP", f"${IS_HOST}"), [IS_HOST_PRELUDE])
             workload = k8s.train_job(job, self.namespace, labels, settings, command, spec.nnodes, spec.ranks_per_node,
                                      deadline)
         else:
