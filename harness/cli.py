@@ -426,22 +426,27 @@ def run_exit_status(results: Sequence[RunResult], *, allow_failed: bool) -> int:
 
 
 def write_manifests(specs: list[RunSpec], placement: KubernetesPlacement, out: Path, timeout_s: float) -> int:
-    """A Kubernetes dry run: every launch's manifest written to the folder `out`, and the plan printed."""
+    """A Kubernetes dry run: every launch's manifest written to the folder `out`, and what they share (the
+    TrainJobs' runtime), and the plan printed."""
     from harness.launch.dry_run import describe_plan, plan_files
 
     results = placement.results_file()
     planned = plan_files(specs, placement, results=results, timeout_s=timeout_s)
+    shared = placement.shared_files(specs)
     paths = [[path for path, _ in files] for files in planned]
     check_folder(out, "--out")
-    left = manifests_left_over(out, [path for cell in paths for path in cell])
+    left = manifests_left_over(out, [path for cell in paths for path in cell] + [path for path, _ in shared])
     if left:
         raise SpecError(f"--out {out} holds {len(left)} manifest(s) this plan does not write, such as {left[0].name} "
                         f"(an earlier dry run's?): `kubectl create -f {out}` would submit them too; remove them or "
                         "choose another folder")
-    for files in planned:
+    for files in [*planned, shared]:
         for path, text in files:
             path.write_text(text)
     print(describe_plan(specs, placement, results=results, timeout_s=timeout_s, written=paths))
+    for path, _ in shared:
+        print(f"\nalso wrote {path}: the runtime the TrainJobs run on, for a cluster admin to apply once before the "
+              f"first of them: kubectl apply -f {path}")
     return 0
 
 

@@ -27,12 +27,18 @@ from harness.record import read_results
 from harness.spec import DeviceKind, RunSpec, Status
 
 ROOT = Path(__file__).resolve().parent.parent
+RUNTIME = "runtime-parbench-torch-distributed.yaml"
 SCALING = ["run", "--matrix", "scaling", "--dry-run", "--device", "cuda", "--gpus-per-node", "8", "--nnodes", "4",
            "--placement", "k8s"]
 
 
 def documents(path: Path) -> list[dict]:
     return list(yaml.safe_load_all(path.read_text()))
+
+
+def launches(folder: Path) -> list[Path]:
+    """The launches' manifests in a dry run's folder, without the runtime its TrainJobs share."""
+    return sorted(path for path in folder.glob("*.yaml") if path.name != RUNTIME)
 
 
 def manifest_of(folder: Path, fragment: str) -> list[dict]:
@@ -171,7 +177,7 @@ def deadline_of(job: dict) -> int | None:
 
 def test_every_job_has_a_deadline_of_the_launchs_limit_plus_the_start_up_allowance(scaling, trainjobs):
     kinds = set()
-    for path in [*scaling[0].glob("*.yaml"), *trainjobs.glob("*.yaml")]:
+    for path in [*scaling[0].glob("*.yaml"), *launches(trainjobs)]:
         _, job = documents(path)
         kinds.add(job["kind"])
         scripts = [k8s_check._script(container) for _, template in k8s_check._templates(job)
@@ -216,15 +222,57 @@ def trainjobs(tmp_path_factory) -> Path:
 
 
 def test_trainjob_makes_torchrun_cells_trainjobs_and_keeps_the_other_kinds(trainjobs):
-    kinds = {path.name.split("_")[1]: documents(path)[1]["kind"] for path in trainjobs.glob("*.yaml")}
+    kinds = {path.name.split("_")[1]: documents(path)[1]["kind"] for path in launches(trainjobs)}
     assert kinds == {"plain": "Job", "ddp": "TrainJob", "zero2": "PyTorchJob", "horovod": "MPIJob"}
     assert not [str(p) for path in trainjobs.glob("*.yaml") for p in check_manifest(path)]
     _, job = manifest_of(trainjobs, "_ddp_ws32x4")
     trainer = job["spec"]["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"], trainer["resourcesPerNode"]["limits"]) == (
         4, 8, {GPU_RESOURCE: "8"})
-    assert job["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                         "name": "parbench-torch-distributed"}
     assert '--rdzv-endpoint="$PET_MASTER_ADDR":"$PET_MASTER_PORT"' in launch_line(trainer)
+
+
+def test_trainjobs_run_on_parbenchs_runtime_which_never_restarts_a_node_written_once_beside_them(trainjobs):
+    assert sorted(trainjobs.iterdir()) == sorted([*launches(trainjobs), trainjobs / RUNTIME])
+    [runtime] = documents(trainjobs / RUNTIME)
+    assert (runtime["kind"], runtime["metadata"]["name"]) == ("ClusterTrainingRuntime", "parbench-torch-distributed")
+    [node] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node" and node["template"]["spec"]["backoffLimit"] == 0
+    assert node["template"]["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert node["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    assert check_manifest(trainjobs / RUNTIME) == []
+
+
+def test_the_runtime_does_not_make_the_same_dry_run_again_refused_and_is_written_only_for_trainjobs(tmp_path):
+    out = tmp_path / "k8s"
+    smoke = ["run", "--matrix", "smoke", "--device", "cpu", "--nnodes", "2", "--dry-run", "--placement", "k8s",
+             "--repeats", "1", "--out", str(out)]
+    assert main([*smoke, "--k8s-job", "trainjob"]) == 0 and (out / RUNTIME).exists()
+    assert main([*smoke, "--k8s-job", "trainjob"]) == 0      # the same plan again, runtime and all
+    assert main([*smoke, "--k8s-job", "trainjob", "--strategy", "plain"]) == 2    # no TrainJob: the runtime is stale
+    assert main([*smoke[:-1], str(tmp_path / "other"), "--strategy", "ddp"]) == 0
+    assert not (tmp_path / "other" / RUNTIME).exists()       # PyTorchJobs need no runtime
+
+
+@pytest.mark.parametrize("plant, check, where", [
+    (lambda job: job["template"]["spec"].pop("backoffLimit"), PLAN, "template.spec.backoffLimit"),
+    (lambda job: job["template"]["spec"]["template"]["spec"].update(restartPolicy="OnFailure"), PLAN,
+     "restartPolicy"),
+    (lambda job: job["template"]["spec"].update(backofLimit=0), TRAINER, "backofLimit"),
+    (lambda job: job["template"]["spec"]["template"]["spec"].update(hostNetwrk=True), KUBERNETES, "replicated job"),
+])
+def test_an_error_planted_in_the_runtime_is_caught(trainjobs, plant, check, where):
+    planted = documents(trainjobs / RUNTIME)
+    plant(planted[0]["spec"]["template"]["spec"]["replicatedJobs"][0])
+    assert caught(planted, check, where)
+
+
+def test_a_trainjob_on_trainers_own_runtime_is_caught_by_the_plan_check(trainjobs):
+    planted = manifest_of(trainjobs, "_ddp_ws32x4")
+    planted[1]["spec"]["runtimeRef"]["name"] = "torch-distributed"
+    assert caught(planted, PLAN, "spec.runtimeRef")
 
 
 def test_each_trainjob_node_tells_torchrun_whether_it_hosts_the_rendezvous_from_its_node_rank(trainjobs):

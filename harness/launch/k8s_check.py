@@ -9,19 +9,23 @@ Four checks, each named in the problems it reports:
   walk is ours, over the fields and types its models (and the Kubernetes client's, for pod templates) declare:
   an unknown field or a value of another type is a problem. Then the SDK builds the object, which applies
   its models' own rules (required fields).
-- trainer: a TrainJob (trainer.kubeflow.org/v1alpha1) against the Kubeflow Trainer API's pydantic models
-  (kubeflow-trainer-api): the same walk for unknown fields (its `from_dict` drops them), then `from_dict`,
-  whose strict types reject a value of another type.
+- trainer: a TrainJob and the ClusterTrainingRuntime it runs on (trainer.kubeflow.org/v1alpha1) against the
+  Kubeflow Trainer API's pydantic models (kubeflow-trainer-api): the same walk for unknown fields (its
+  `from_dict` drops them), then `from_dict`, whose strict types reject a value of another type. They reach
+  into the runtime's JobSet, its Job templates and their pods.
 - kubernetes: every core object (the launch's ConfigMap, a batch Job) and every pod a Kubeflow object makes,
-  its template wrapped as a core v1 PodTemplate (a TrainJob's from its trainer and its runtime patch), against
-  Kubernetes' JSON schemas with unknown fields rejected (kubernetes-validate, strict), for KUBERNETES_VERSION.
-  Without the wrapping, kubernetes-validate has no schema for Kubeflow's kinds and would pass them unchecked.
+  its template wrapped as a core v1 PodTemplate (a TrainJob's from its trainer and its runtime patch; each of
+  the runtime's replicated jobs as a batch Job), against Kubernetes' JSON schemas with unknown fields rejected
+  (kubernetes-validate, strict), for KUBERNETES_VERSION. Without the wrapping, kubernetes-validate has no schema
+  for Kubeflow's kinds and would pass them unchecked.
 - plan: what no schema knows, against the cell's spec.json the manifest carries: each pod that runs ranks asks
   for exactly the cell's ranks per node in GPUs (none on CPU), the replicas add up to the cell's nodes,
   nprocPerNode / slotsPerWorker / numProcPerNode are its ranks per node, nothing restarts, the job has a deadline
   that outlasts the launch's own limit, every pod mounts /dev/shm, the results claim and the launch's ConfigMap,
   names and labels are valid, and the operators' admission rules this code relies on hold (a PyTorchJob's single
-  Master and its container "pytorch", a TrainJob's reserved env names and runtime patch).
+  Master and its container "pytorch", a TrainJob's reserved env names and runtime patch). The runtime, which
+  carries no cell, is checked for what a benchmark needs of it: its node job's backoffLimit 0, its pods'
+  restartPolicy Never, and what Trainer's webhook wants (one replica, a container "node").
 
 Not checked: what only a cluster decides (that the operators, the runtime, the claim, the image and the GPUs
 exist; quotas; scheduling), and whether the pods' scripts do what they should when they run.
@@ -54,6 +58,8 @@ KUBEFLOW, TRAINER, KUBERNETES, PLAN = "kubeflow", "trainer", "kubernetes", "plan
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml's, where PyYAML was built with it: 10x faster
 VALIDATORS = "kubeflow-training, kubernetes-validate and kubeflow-trainer-api"
 KUBEFLOW_MODELS = {"PyTorchJob": "KubeflowOrgV1PyTorchJob", "MPIJob": "KubeflowOrgV1MPIJob"}
+TRAINER_MODELS = {"TrainJob": "TrainerV1alpha1TrainJob",
+                  "ClusterTrainingRuntime": "TrainerV1alpha1ClusterTrainingRuntime"}
 REPLICAS = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
 # The Kubernetes client's declared primitive types, and the Python types a value of each may have.
 PRIMITIVES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "date": (str,),
@@ -110,7 +116,7 @@ def check_documents(documents: Sequence[Any]) -> list[Problem]:
         kind = document.get("kind")
         if kind in KUBEFLOW_MODELS:
             problems += kubeflow_problems(document)
-        elif kind == "TrainJob":
+        elif kind in TRAINER_MODELS:
             problems += trainer_problems(document)
         problems += kubernetes_problems(document)
     return problems + plan_problems(documents)
@@ -179,12 +185,12 @@ def _openapi_walk(value: Any, kind: str, models: Any, path: str) -> Iterator[tup
 
 def trainer_problems(document: Mapping[str, Any]) -> list[Problem]:
     pydantic = _module("pydantic")
-    train_job = _module("kubeflow_trainer_api.models").TrainerV1alpha1TrainJob
+    model = getattr(_module("kubeflow_trainer_api.models"), TRAINER_MODELS[document["kind"]])
     name = _name(document)
     problems = [Problem(TRAINER, f"{name}: {path}", message)
-                for path, message in _pydantic_walk(document, train_job, pydantic.BaseModel, "")]
+                for path, message in _pydantic_walk(document, model, pydantic.BaseModel, "")]
     try:
-        train_job.from_dict(dict(document))
+        model.from_dict(dict(document))
     except pydantic.ValidationError as error:
         problems += [Problem(TRAINER, f"{name}: {error.title}.{'.'.join(map(str, item['loc']))}", item["msg"])
                      for item in error.errors()]
@@ -271,7 +277,17 @@ def _core_objects(document: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]
                 for role, replica in (replicas.items() if isinstance(replicas, dict) else [])]
     if kind == "TrainJob":
         return [(f"{name}: node pod (trainer and runtime patch)", _pod_template(name, _trainer_pod(document)))]
+    if kind == "ClusterTrainingRuntime":   # each replicated job of its JobSet, and so its pods, as a batch Job
+        return [(f"{name}: replicated job {_get(job, 'name')}",
+                 {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": str(_get(job, "name")),
+                                                                         **(_get(job, "template", "metadata") or {})},
+                  "spec": _get(job, "template", "spec")}) for job in _runtime_jobs(document)]
     return [(name, document)]
+
+
+def _runtime_jobs(document: Mapping[str, Any]) -> list[Any]:
+    jobs = _get(document, "spec", "template", "spec", "replicatedJobs")
+    return [job for job in jobs if isinstance(job, dict)] if isinstance(jobs, list) else []
 
 
 def _pod_template(name: str, template: Any) -> dict[str, Any]:
@@ -310,7 +326,10 @@ def _patched_jobs(document: Mapping[str, Any]) -> list[Any]:
 
 
 def plan_problems(documents: Sequence[Any]) -> list[Problem]:
-    """The manifest against the cell it carries (its ConfigMap's spec.json)."""
+    """The manifest against the cell it carries (its ConfigMap's spec.json); the TrainJobs' runtime, which
+    carries none, against what a benchmark needs of it."""
+    if len(documents) == 1 and _get(documents[0], "kind") == "ClusterTrainingRuntime":
+        return runtime_plan_problems(documents[0])
     maps = [d for d in documents if isinstance(d, dict) and d.get("kind") == "ConfigMap"]
     workloads = [d for d in documents if isinstance(d, dict) and d.get("kind") != "ConfigMap"]
     if len(maps) != 1 or len(workloads) != 1:
@@ -419,10 +438,47 @@ def _mpi_plan(job: Mapping[str, Any], spec: RunSpec, problem: Any) -> list[tuple
     return _containers("spec.mpiReplicaSpecs.Worker.template", _get(replicas, "Worker", "template"))
 
 
+def runtime_plan_problems(runtime: Mapping[str, Any]) -> list[Problem]:
+    """parbench's runtime (harness.launch.k8s_manifest.cluster_training_runtime): a node job that Trainer's
+    webhook takes and that never runs a node twice."""
+    name, problems = _name(runtime), []
+
+    def problem(where: str, message: str) -> None:
+        problems.append(Problem(PLAN, f"{name}: {where}", message))
+
+    if _get(runtime, "metadata", "name") != k8s.TRAINER_RUNTIME:
+        problem("metadata.name", f"the TrainJobs name {k8s.TRAINER_RUNTIME}")
+    if not isinstance(_get(runtime, "spec", "mlPolicy", "torch"), dict):
+        problem("spec.mlPolicy.torch", "missing: the torch plugin hands torchrun its PET_* settings")
+    jobs = [job for job in _runtime_jobs(runtime) if _get(job, "name") == k8s.TRAINER_NODE]
+    if len(jobs) != 1:
+        problem("spec.template.spec.replicatedJobs", f"needs one job named {k8s.TRAINER_NODE!r}")
+    for job in jobs:
+        where = f"spec.template.spec.replicatedJobs[{k8s.TRAINER_NODE}]"
+        if _get(job, "template", "metadata", "labels", k8s.TRAINER_STEP_LABEL) != k8s.TRAINER_STEP:
+            problem(f"{where}.template.metadata.labels", f"{k8s.TRAINER_STEP_LABEL} must be {k8s.TRAINER_STEP}: "
+                    "the job the TrainJob's trainer fills in")
+        if _get(job, "replicas") != 1:   # Trainer's webhook
+            problem(f"{where}.replicas", f"must be 1, is {_get(job, 'replicas')!r}")
+        if _get(job, "template", "spec", "backoffLimit") != 0:
+            problem(f"{where}.template.spec.backoffLimit", "must be 0: a Job's default, 6, re-runs a failed node, "
+                    "whose node 0 then clears the launch's outcome and records it again")
+        pod = _get(job, "template", "spec", "template", "spec")
+        if _get(pod, "restartPolicy") != k8s.NEVER:
+            problem(f"{where}.template.spec.template.spec.restartPolicy", "must be Never: JobSet makes it OnFailure, "
+                    "which restarts a failed node in place")
+        if not any(_get(container, "name") == k8s.TRAINER_NODE for container in _get(pod, "containers") or []):
+            problem(f"{where}.template.spec.template.spec.containers", f"needs the container {k8s.TRAINER_NODE!r} "
+                    "(Trainer's webhook)")
+    return problems
+
+
 def _trainer_plan(job: Mapping[str, Any], spec: RunSpec, problem: Any) -> list[tuple[str, Any]]:
     trainer = _get(job, "spec", "trainer") or {}
-    if _get(job, "spec", "runtimeRef", "name") != k8s.TRAINER_RUNTIME:
-        problem("spec.runtimeRef.name", f"the cell's torchrun needs the {k8s.TRAINER_RUNTIME} runtime")
+    if (_get(job, "spec", "runtimeRef", "name"), _get(job, "spec", "runtimeRef", "kind")) != (
+            k8s.TRAINER_RUNTIME, "ClusterTrainingRuntime"):
+        problem("spec.runtimeRef", f"must name the ClusterTrainingRuntime {k8s.TRAINER_RUNTIME}, which never "
+                "restarts a node (Trainer's torch-distributed does)")
     for field, expected in (("numNodes", spec.nnodes), ("numProcPerNode", spec.ranks_per_node)):
         if _get(trainer, field) != expected:
             problem(f"spec.trainer.{field}", f"is {_get(trainer, field)!r}; the cell's is {expected}")

@@ -46,7 +46,12 @@ START_UP_S = 1800
 KUBEFLOW_V1 = "kubeflow.org/v1"
 TRAINER_V1ALPHA1 = "trainer.kubeflow.org/v1alpha1"
 PYTORCH_CONTAINER, MPI_CONTAINER, TRAINER_NODE, JOB_CONTAINER = "pytorch", "mpi", "node", "parbench"
-TRAINER_RUNTIME = "torch-distributed"
+# TrainJobs run on parbench's copy of Trainer's torch-distributed runtime (cluster_training_runtime), which a
+# dry run writes to this file in its folder, for a cluster admin to apply once.
+TRAINER_RUNTIME = "parbench-torch-distributed"
+RUNTIME_FILE = f"runtime-{TRAINER_RUNTIME}.yaml"
+# Trainer's label on a runtime's replicated job that says which step it is; "trainer" gets the TrainJob's trainer.
+TRAINER_STEP_LABEL, TRAINER_STEP = "trainer.kubeflow.org/trainjob-ancestor-step", "trainer"
 # Who owns the TrainJob's runtime patch: Trainer's webhook wants a domain-prefixed path.
 PATCH_MANAGER = "parbench/placement-k8s"
 # A benchmark must not restart behind our back: a restarted launch would be measured as one.
@@ -203,7 +208,7 @@ def batch_job(name: str, namespace: str, labels: Mapping[str, str], template: di
 
 def train_job(name: str, namespace: str, labels: Mapping[str, str], settings: PodSettings, command: Sequence[str],
               nodes: int, ranks_per_node: int, deadline_s: int) -> dict[str, Any]:
-    """Kubeflow Trainer v2's TrainJob on the torch-distributed runtime, which tells each node PET_NNODES,
+    """Kubeflow Trainer v2's TrainJob on parbench's runtime, which tells each node PET_NNODES,
     PET_NPROC_PER_NODE, PET_NODE_RANK and PET_MASTER_ADDR/PORT. The trainer takes the image, command, env
     and resources; the volumes are a runtime patch of the runtime's "node" job (its webhook refuses env
     there for the node container, so env stays on the trainer)."""
@@ -219,6 +224,23 @@ def train_job(name: str, namespace: str, labels: Mapping[str, str], settings: Po
                                  "resourcesPerNode": resources(settings, runs_ranks=True)},
                      "runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
                          "replicatedJobs": [{"name": TRAINER_NODE, "template": {"spec": {"template": patch}}}]}}}}]}}
+
+
+def cluster_training_runtime(image: str) -> dict[str, Any]:
+    """Trainer v2.3.0's torch-distributed runtime (manifests/base/runtimes/torch_distributed.yaml) under parbench's
+    name, with what a benchmark needs and a TrainJob cannot patch in: backoffLimit 0 on the node job (a Job's
+    default is 6 retries) and restartPolicy Never on its pods (JobSet's webhook makes it OnFailure where the
+    runtime says nothing). Without them a failed or timed-out node runs again in place, and node 0's second run
+    clears the launch's outcome, rewrites log.txt and records a second row. The image is a placeholder: each
+    TrainJob's trainer names its own."""
+    pod = {"spec": {"restartPolicy": NEVER, "containers": [{"name": TRAINER_NODE, "image": image}]}}
+    node = {"name": TRAINER_NODE, "replicas": 1,    # Trainer's webhook: a trainer step is one Job
+            "template": {"metadata": {"labels": {TRAINER_STEP_LABEL: TRAINER_STEP}},
+                         "spec": {"backoffLimit": 0, "template": pod}}}
+    return {"apiVersion": TRAINER_V1ALPHA1, "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": TRAINER_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch",
+                                                             "app.kubernetes.io/name": "parbench"}},
+            "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [node]}}}}
 
 
 def dns_label(text: str, limit: int = 63) -> str:

@@ -9,8 +9,9 @@ pod per node:
 
 - torchrun (DDP, FSDP2): a PyTorchJob (kubeflow.org/v1), Master (node 0, serving the c10d rendezvous at the
   operator's $MASTER_ADDR:$MASTER_PORT) and nnodes - 1 Workers; with `--k8s-job trainjob`, a Trainer v2
-  TrainJob on the torch-distributed runtime instead (rendezvous at $PET_MASTER_ADDR:$PET_MASTER_PORT, node 0
-  hosting it: IS_HOST);
+  TrainJob instead, on parbench's copy of Trainer's torch-distributed runtime, which never restarts a node
+  (written once to the folder, runtime-parbench-torch-distributed.yaml, for a cluster admin to apply; rendezvous
+  at $PET_MASTER_ADDR:$PET_MASTER_PORT, node 0 hosting it: IS_HOST);
 - DeepSpeed's launcher (ZeRO, pipeline): a PyTorchJob whose every pod runs `deepspeed --no_ssh` with the
   operator's $PET_NODE_RANK as its node rank and the cell's hostfile from the launch's ConfigMap;
 - horovodrun (Horovod): an MPIJob (training-operator's kubeflow.org/v1), horovodrun on its Launcher pod, hosts
@@ -36,7 +37,7 @@ from harness.launch import k8s_manifest as k8s
 from harness.launch.launcher import Node, Nodes
 from harness.launch.placement.base import HOSTFILE, Placement, hostfile_text
 from harness.launch.plan import (CELL_TOKEN_ENV, FORWARDED_PREFIXES, SPEC_FILE, LaunchPlan, LaunchRequest,
-                                 threads_per_rank, worker_program)
+                                 launcher_of, threads_per_rank, worker_program)
 from harness.spec import DeviceKind, RunSpec
 
 
@@ -108,7 +109,8 @@ class KubernetesPlacement(Placement):
             raise ValueError(f"--k8s-shm {self.shm_size!r} is not a quantity such as 16Gi")
 
     def describe(self) -> str:
-        torchrun = "TrainJobs (torch-distributed runtime)" if self.job is JobKind.TRAINJOB else "PyTorchJobs"
+        torchrun = (f"TrainJobs (runtime {k8s.TRAINER_RUNTIME})" if self.job is JobKind.TRAINJOB
+                    else "PyTorchJobs")
         return (f"Kubernetes: each launch a manifest in {self.manifests} for `kubectl create -f`, submitted by you, "
                 f"not by parbench: torchrun cells as {torchrun}, DeepSpeed's as PyTorchJobs, horovodrun's as "
                 f"MPIJobs, single-process cells as batch Jobs; image {self.image}, namespace {self.namespace}, cell "
@@ -124,6 +126,18 @@ class KubernetesPlacement(Placement):
         """The run's results file in the pods, which names the cell folders on the claim (a manifest folder
         k8s/scaling puts them in /parbench/results/scaling-cells/)."""
         return Path(k8s.RESULTS_MOUNT) / f"{self.manifests.resolve().name or 'k8s'}.jsonl"
+
+    def makes_trainjob(self, spec: RunSpec) -> bool:
+        launcher = launcher_of(spec)
+        return (self.job is JobKind.TRAINJOB and launcher.spans_nodes and not launcher.reaches_nodes
+                and launcher.name in TRAINJOB_LAUNCHERS)
+
+    def shared_files(self, specs: Sequence[RunSpec]) -> list[tuple[Path, str]]:
+        """What the run's launches share, written once to the folder beside their manifests: the runtime its
+        TrainJobs run on, if it has any."""
+        if not any(self.makes_trainjob(spec) for spec in specs):
+            return []
+        return [(self.manifests / k8s.RUNTIME_FILE, k8s.dump([k8s.cluster_training_runtime(self.image)]))]
 
     def plan(self, request: LaunchRequest) -> LaunchPlan:
         spec, launcher, cell_dir = request.spec, request.launcher, request.cell_dir
@@ -165,7 +179,7 @@ class KubernetesPlacement(Placement):
             idle = k8s.container(k8s.MPI_CONTAINER, ["sleep", "infinity"], settings)
             workload = k8s.mpi_job(job, self.namespace, labels, spec.ranks_per_node, k8s.pod_template(settings, start),
                                    k8s.pod_template(settings, idle), spec.nnodes, deadline)
-        elif self.job is JobKind.TRAINJOB and launcher.name in TRAINJOB_LAUNCHERS:
+        elif self.makes_trainjob(spec):
             nodes = Nodes(spec=spec, program=program, first_host="$PET_MASTER_ADDR", port="$PET_MASTER_PORT",
                           host_slots="", hostfile=hostfile, timeout_s=request.timeout_s)
             command = script(nodes, Node("$PET_NODE_RANK", "$POD_IP", f"${IS_HOST}"), [IS_HOST_PRELUDE])
