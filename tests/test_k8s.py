@@ -19,7 +19,8 @@ from harness.cli import main
 from harness.launch import k8s_check
 from harness.launch.k8s_check import KUBEFLOW, KUBERNETES, PLAN, TRAINER, check_documents, check_manifest
 from harness.launch.k8s_manifest import GPU_RESOURCE, RESULTS_MOUNT, START_UP_S, node_script
-from harness.launch.placement.k8s import NAME_LIMIT, POD_VARIABLES
+from harness.launch.placement.k8s import (FIRST_WORKER, NAME_LIMIT, POD_VARIABLES, RECORD_ON_WORKER,
+                                          wait_for_workers)
 from harness.launch.record_launch import ROW_FILE, launch_row
 from harness.machine import Machine
 from harness.matrix import build_matrix
@@ -420,15 +421,18 @@ def cpu_spec(**fields) -> RunSpec:
                    warmup_steps=1, timed_steps=1, device=DeviceKind.CPU, **fields)
 
 
-def run_script(tmp_path: Path, launch: list[str], spec: RunSpec, timeout_s: float) -> subprocess.CompletedProcess:
+def run_script(tmp_path: Path, launch: list[str], spec: RunSpec, timeout_s: float,
+               **options) -> subprocess.CompletedProcess:
     """A node-0 pod's script, run under bash here: the ConfigMap's spec.json and the claim are folders in
-    tmp_path, `python` the interpreter running the tests, imports from this checkout."""
+    tmp_path, `python` the interpreter running the tests, imports from this checkout, and the MPI operator's
+    /etc/mpi/ is tmp_path/mpi/. `options`: node_script's."""
     spec_file = tmp_path / "launch" / "spec.json"
     spec_file.parent.mkdir()
     spec_file.write_text(json.dumps(spec.to_dict()))
     cell = tmp_path / "results" / "run-cells" / "cell-0123456789ab-r0"
     script = node_script(cell=PurePosixPath(cell), node="0", launch=launch, variables=POD_VARIABLES, repeat=0,
-                         timeout_s=timeout_s, placement="k8s", spec_file=PurePosixPath(spec_file))
+                         timeout_s=timeout_s, placement="k8s", spec_file=PurePosixPath(spec_file), **options)
+    script = script.replace("/etc/mpi/", f"{tmp_path}/mpi/")
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                    "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(["bash", "-c", script], cwd=ROOT, env=environment, capture_output=True, text=True,
@@ -458,6 +462,77 @@ def test_a_pods_launch_that_outlives_its_limit_is_recorded_as_a_timeout(tmp_path
     assert ran.returncode == 124
     [row] = read_results([cell / ROW_FILE])
     assert row.status is Status.TIMEOUT and "no result within 1 s" in row.message
+
+
+# The MPI operator's kubexec.sh (`kubectl exec POD -- /bin/sh -c "$*"`), here: it runs the line in this
+# machine's sh with PARBENCH_POD naming the pod (a PARBENCH_ variable: rows record it), logs each call, and
+# makes the Workers named in $LATE answer only from their second try, those in $DOWN never.
+KUBEXEC = """#!/bin/sh
+pod=$1
+shift
+echo "$pod" >> "$(dirname "$0")/calls"
+tries=$(grep -cx "$pod" "$(dirname "$0")/calls")
+case " $DOWN " in *" $pod "*) exit 1 ;; esac
+case " $LATE " in *" $pod "*) [ "$tries" -ge 2 ] || exit 1 ;; esac
+PARBENCH_POD=$pod exec /bin/sh -c "$*"
+"""
+
+
+def mpi_operator(tmp_path: Path) -> Path:
+    """What the operator mounts at /etc/mpi/ on a Launcher: two Workers' hostfile and kubexec.sh."""
+    mpi = tmp_path / "mpi"
+    mpi.mkdir()
+    (mpi / "hostfile").write_text("job-worker-0 slots=1\njob-worker-1 slots=1\n")
+    (mpi / "kubexec.sh").write_text(KUBEXEC)
+    (mpi / "kubexec.sh").chmod(0o755)
+    return mpi
+
+
+@pytest.mark.launch
+def test_an_mpijob_launcher_waits_for_its_workers_and_records_the_row_on_the_first(tmp_path, monkeypatch):
+    mpi = mpi_operator(tmp_path)
+    monkeypatch.setenv("LATE", "job-worker-1")
+    ran = run_script(tmp_path, ["sh", "-c", "exit 3"], cpu_spec(), timeout_s=60,
+                     prelude=[*wait_for_workers(), FIRST_WORKER], record_through=RECORD_ON_WORKER,
+                     workdir=PurePosixPath(ROOT))
+    assert ran.returncode == 3, ran.stderr[-2000:]
+    # Each Worker answered before the launch (job-worker-1 at its second try), then the row was taken on worker 0.
+    assert (mpi / "calls").read_text().split() == ["job-worker-0", "job-worker-1", "job-worker-1", "job-worker-0"]
+    [row] = read_results([tmp_path / "results" / "run-cells" / "cell-0123456789ab-r0" / ROW_FILE])
+    assert row.environment["env"]["PARBENCH_POD"] == "job-worker-0" and row.launch_command == ["sh", "-c", "exit 3"]
+    assert row.status is Status.FAILED
+
+
+@pytest.mark.launch
+def test_an_mpijob_launcher_whose_worker_never_answers_stops_in_one_line(tmp_path, monkeypatch):
+    mpi_operator(tmp_path)
+    monkeypatch.setenv("DOWN", "job-worker-1")
+    ran = run_script(tmp_path, ["sh", "-c", f"echo started > {tmp_path}/started"], cpu_spec(), timeout_s=60,
+                     prelude=wait_for_workers(limit_s=1))
+    assert ran.returncode == 1 and not (tmp_path / "started").exists()
+    assert ran.stderr.strip().splitlines()[-1] == ("parbench: Worker job-worker-1 did not answer "
+                                                   f"{tmp_path}/mpi/kubexec.sh within 1 s; horovodrun was not started")
+
+
+def test_the_horovod_manifests_launcher_waits_for_the_workers_and_records_on_the_first(scaling):
+    _, job = manifest_of(scaling[0], "_horovod_ws32x4")
+    script = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"][2]
+    before, after = script.split("\nlaunch=(", 1)
+    assert 'until timeout 30 /etc/mpi/kubexec.sh "$host" true >/dev/null 2>&1; do' in before
+    assert "first_worker=$(head -n 1 /etc/mpi/hostfile | cut -d' ' -f1)" in before
+    assert """/etc/mpi/kubexec.sh "$first_worker" 'cd /parbench && '"${record[*]@Q}" \\\n""" in after
+
+
+@pytest.mark.parametrize("old, new", [
+    ("until timeout 30", "until true || timeout 30"),                             # no wait
+    ('/etc/mpi/kubexec.sh "$first_worker" \'cd /parbench && \'"${record[*]@Q}"', '"${record[@]}"'),   # recorded here
+])
+def test_an_mpijob_launcher_that_does_not_wait_or_records_on_itself_is_caught_by_the_plan_check(scaling, old, new):
+    planted = manifest_of(scaling[0], "_horovod_ws32x4")
+    command = planted[1]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert old in command[2]
+    command[2] = command[2].replace(old, new)
+    assert caught(planted, PLAN, "Launcher.template.spec.containers[0].command")
 
 
 def test_a_launch_whose_rank_reported_an_error_is_recorded_failed_with_its_message(tmp_path, monkeypatch):

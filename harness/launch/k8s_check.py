@@ -47,7 +47,8 @@ from typing import Any, Iterator, Mapping, Sequence, Union, get_args, get_origin
 import yaml
 
 from harness.launch import k8s_manifest as k8s
-from harness.launch.placement.k8s import IS_HOST_PRELUDE, NAME_LIMIT, TRAINJOB_LAUNCHERS
+from harness.launch.placement.k8s import (FIRST_WORKER, IS_HOST_PRELUDE, NAME_LIMIT, RECORD_ON_WORKER,
+                                          TRAINJOB_LAUNCHERS, wait_for_workers)
 from harness.launch.plan import SPEC_FILE, launcher_of
 from harness.spec import DeviceKind, RunSpec, SpecError
 
@@ -435,6 +436,8 @@ def _mpi_plan(job: Mapping[str, Any], spec: RunSpec, problem: Any) -> list[tuple
         if k8s.GPU_RESOURCE in (_get(container, "resources", "limits") or {}):
             # The operator lists a launcher that asks for GPUs in the hostfile, as a host for ranks.
             problem(f"{where}.resources.limits", "the Launcher runs no rank and must ask for no GPU")
+        if where.endswith("containers[0]"):   # the one the operator sets up, which runs horovodrun
+            _launcher_script_plan(f"{where}.command", _script(container), problem)
     return _containers("spec.mpiReplicaSpecs.Worker.template", _get(replicas, "Worker", "template"))
 
 
@@ -471,6 +474,21 @@ def runtime_plan_problems(runtime: Mapping[str, Any]) -> list[Problem]:
             problem(f"{where}.template.spec.template.spec.containers", f"needs the container {k8s.TRAINER_NODE!r} "
                     "(Trainer's webhook)")
     return problems
+
+
+def _launcher_script_plan(where: str, script: str, problem: Any) -> None:
+    """An MPIJob Launcher waits for every Worker before horovodrun tries them, and records the row on the first
+    Worker, whose environment is the ranks' (harness.launch.placement.k8s)."""
+    lines = script.splitlines()
+    start = next((index for index, line in enumerate(lines) if line.startswith("launch=(")), len(lines))
+    wait = wait_for_workers()
+    if not any(lines[index:index + len(wait)] == wait for index in range(start)):
+        problem(where, "the Launcher must wait until every host of the hostfile answers kubexec.sh before "
+                "horovodrun starts: Horovod tries each 5 times at once and gives up")
+    if FIRST_WORKER not in lines[:start] or not any(
+            line.strip().startswith(RECORD_ON_WORKER) and "${record[*]@Q}" in line for line in lines[start:]):
+        problem(where, "the Launcher must record the row on the first Worker (kubexec.sh): its own pod has no GPU "
+                "and would give the row another cell's hardware")
 
 
 def _trainer_plan(job: Mapping[str, Any], spec: RunSpec, problem: Any) -> list[tuple[str, Any]]:

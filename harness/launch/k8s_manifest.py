@@ -10,7 +10,8 @@ memory-backed emptyDir (a container's default 64 MB /dev/shm is too small for NC
 Each pod that runs ranks asks for its node's GPUs (`nvidia.com/gpu`), or on CPU for a core per rank thread.
 
 Each node runs `bash -c` of `node_script`: the launcher's argv under `timeout`, its output kept in the cell
-folder on the claim, and on node 0 afterwards the launch's row recorded there (harness.launch.record_launch).
+folder on the claim, and on node 0 afterwards the launch's row recorded there (harness.launch.record_launch),
+in node 0's pod or, where that pod runs no rank (an MPIJob's Launcher), in one that does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE
 
 RESULTS_MOUNT = PurePosixPath("/parbench/results")   # the results claim: cell folders and rows
 LAUNCH_MOUNT = PurePosixPath("/parbench/launch")     # the launch's ConfigMap: spec.json, DeepSpeed's hostfile
+IMAGE_WORKDIR = PurePosixPath("/parbench")           # the Dockerfile's WORKDIR, where a pod's script starts
 GPU_RESOURCE = "nvidia.com/gpu"                      # NVIDIA's device plugin's resource name
 LOG_FILE = "log.txt"                                 # harness.launch.cell's: node 0's launcher output
 KILL_AFTER_S = 30            # `timeout` sends SIGTERM at the launch's limit, SIGKILL this much later
@@ -116,12 +118,15 @@ def pod_template(settings: PodSettings, main: dict[str, Any], restart_policy: st
 
 def node_script(*, cell: PurePosixPath, node: str, launch: Sequence[str], variables: Sequence[str],
                 repeat: int, timeout_s: float, placement: str, prelude: Sequence[str] = (),
-                spec_file: PurePosixPath = LAUNCH_MOUNT / SPEC_FILE) -> str:
+                spec_file: PurePosixPath = LAUNCH_MOUNT / SPEC_FILE, record_through: str = "",
+                workdir: PurePosixPath = IMAGE_WORKDIR) -> str:
     """What one pod runs (`bash -c`): `launch`, the launcher's argv in which only `variables` expand, under
     `timeout`, its output in the cell folder on the claim. `node` is the pod's node rank, "0" or a variable
     the operator sets. Node 0 also puts the cell's spec.json in the cell folder and clears an earlier
     launch's outcome before it starts, and records the row after it (harness.launch.record_launch).
-    `spec_file`: where the pod finds the cell's spec.json (its ConfigMap's)."""
+    `spec_file`: where the pod finds the cell's spec.json (its ConfigMap's). `record_through`: shell words of a
+    command that runs its last argument, a shell line, in another pod, where node 0 records the row (in
+    `workdir` there) instead of in its own; "" records it here."""
     limit = math.ceil(timeout_s)
     stale = " ".join(f'"$cell"/{name}' for name in (MEASUREMENTS_FILE, ERROR_FILE.format(rank="*")))
     return "\n".join([
@@ -144,8 +149,11 @@ def node_script(*, cell: PurePosixPath, node: str, launch: Sequence[str], variab
         f'timeout --kill-after={KILL_AFTER_S} {limit} "${{launch[@]}}" 2>&1 | tee -a "$log"',
         "status=${PIPESTATUS[0]}",
         'if [ "$node" = 0 ]; then',
-        f'    python -m harness.launch.record_launch --cell "$cell" --repeat {repeat} --exit-status "$status" \\',
-        f'        --wall-s "$SECONDS" --timeout-s {limit} --placement {placement} -- "${{launch[@]}}" \\',
+        f'    record=(python -m harness.launch.record_launch --cell "$cell" --repeat {repeat} --exit-status "$status"',
+        f'            --wall-s "$SECONDS" --timeout-s {limit} --placement {placement} -- "${{launch[@]}}")',
+        # Quoted by bash's @Q, in single quotes, which the other pod's `sh -c` reads back word for word.
+        (f'    {record_through} {shlex.quote(f"cd {workdir} && ")}"${{record[*]@Q}}" \\' if record_through
+         else '    "${record[@]}" \\'),
         """        || echo "parbench: the launch's row was not recorded in $cell" >&2""",
         "fi",
         'exit "$status"',

@@ -1,5 +1,6 @@
 """The row of a launch the harness did not start itself, recorded where it ran: in a Kubernetes pod, after
-node 0's launcher exits (each manifest of `run --placement k8s` calls this; harness.launch.k8s_manifest).
+node 0's launcher exits (each manifest of `run --placement k8s` calls this; harness.launch.k8s_manifest), in
+node 0's pod or, for an MPIJob, whose Launcher pod runs no rank, on its first Worker.
 
     python -m harness.launch.record_launch --cell /parbench/results/scaling-cells/<launch> --repeat 0 \\
         --exit-status 0 --wall-s 312 --timeout-s 900 --placement k8s -- torchrun --nnodes=4 ...

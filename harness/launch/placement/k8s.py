@@ -15,7 +15,8 @@ pod per node:
 - DeepSpeed's launcher (ZeRO, pipeline): a PyTorchJob whose every pod runs `deepspeed --no_ssh` with the
   operator's $PET_NODE_RANK as its node rank and the cell's hostfile from the launch's ConfigMap;
 - horovodrun (Horovod): an MPIJob (training-operator's kubeflow.org/v1), horovodrun on its Launcher pod, hosts
-  from the operator's /etc/mpi/hostfile, reaching nnodes Worker pods through the operator's kubexec.sh;
+  from the operator's /etc/mpi/hostfile, reaching nnodes Worker pods through the operator's kubexec.sh once
+  each answers it; the row is recorded on the first Worker, where the ranks' GPUs are;
 - python (plain, DataParallel): a batch Job of one pod.
 
 DeepSpeed, Horovod and single-process cells keep those kinds under `--k8s-job trainjob`. A cell's repeats are
@@ -57,6 +58,19 @@ IS_HOST = "IS_HOST"                    # a TrainJob's node: "true" on node 0, wh
 # fails, no node hosts the store and every node waits for it until the rendezvous times out.
 IS_HOST_PRELUDE = f'{IS_HOST}=$([ "$PET_NODE_RANK" = 0 ] && echo true || echo false)'
 MPI_HOSTFILE = "/etc/mpi/hostfile"     # training-operator's MPIJob writes `POD slots=N` lines there
+MPI_KUBEXEC = "/etc/mpi/kubexec.sh"    # and `kubexec.sh POD WORDS...` runs `sh -c "WORDS..."` in that pod
+# The operator starts the Launcher as soon as it has made the Workers, ready or not (training-operator v1.9 has
+# no readiness gate), and Horovod gives up after trying each host 5 times back to back ("could not connect to
+# some hosts"). So the Launcher first waits for every host to answer, as long as a Worker may take to be
+# scheduled and pull the image: within START_UP_S, which still bounds a launch whose Workers never come.
+WORKER_WAIT_S = 600
+# The row is recorded on the first Worker: its environment is the ranks' (GPUs, CPU, node), where the
+# Launcher's is a pod without GPUs (the operator sets its NVIDIA_VISIBLE_DEVICES to "") that may run on any
+# node, and the row's hardware is part of its cell's identity (harness.derive.identity), so a row taken there
+# would never group with the DDP and ZeRO rows of the same GPUs. The Launcher keeps its exit status, wall time
+# and limit, which it passes.
+FIRST_WORKER = f"first_worker=$(head -n 1 {MPI_HOSTFILE} | cut -d' ' -f1)"
+RECORD_ON_WORKER = f'{MPI_KUBEXEC} "$first_worker"'
 # The pod's variables a launcher's argv may name, left for the pod's shell to expand (PyTorchJob: MASTER_*,
 # PET_NODE_RANK; TrainJob: PET_*; POD_IP from the downward API; the scripts' own HOSTS and IS_HOST).
 POD_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "POD_IP",
@@ -156,11 +170,11 @@ class KubernetesPlacement(Placement):
         deadline = k8s.active_deadline(request.timeout_s)
         program = worker_program(cell_dir, Path(k8s.LAUNCH_MOUNT / SPEC_FILE))
 
-        def script(nodes: Nodes, node: Node, prelude: Sequence[str] = ()) -> list[str]:
+        def script(nodes: Nodes, node: Node, prelude: Sequence[str] = (), record_through: str = "") -> list[str]:
             argv = in_image(launcher.argv(nodes, node))
             return ["bash", "-c", k8s.node_script(cell=PurePosixPath(cell_dir), node=node.rank, launch=argv,
                                                   variables=POD_VARIABLES, repeat=repeat, timeout_s=request.timeout_s,
-                                                  placement=self.name, prelude=prelude)]
+                                                  placement=self.name, prelude=prelude, record_through=record_through)]
 
         hostfile = str(k8s.LAUNCH_MOUNT / HOSTFILE)
         workload: dict[str, Any]
@@ -174,7 +188,9 @@ class KubernetesPlacement(Placement):
             nodes = Nodes(spec=spec, program=program, first_host="", port="", host_slots=f"${HOSTS}",
                           hostfile=hostfile, timeout_s=request.timeout_s)
             hosts = f'export {HOSTS}="$(sed "s/ slots=/:/" {MPI_HOSTFILE} | paste -sd, -)"'
-            start = k8s.container(k8s.MPI_CONTAINER, script(nodes, Node("0"), [hosts]), settings, runs_ranks=False)
+            prelude = [*wait_for_workers(), hosts, FIRST_WORKER]
+            start = k8s.container(k8s.MPI_CONTAINER, script(nodes, Node("0"), prelude, RECORD_ON_WORKER), settings,
+                                  runs_ranks=False)
             # Workers idle until horovodrun starts their ranks through `kubectl exec`.
             idle = k8s.container(k8s.MPI_CONTAINER, ["sleep", "infinity"], settings)
             workload = k8s.mpi_job(job, self.namespace, labels, spec.ranks_per_node, k8s.pod_template(settings, start),
@@ -215,6 +231,22 @@ def job_name(spec: RunSpec, launch_folder: str) -> str:
     nodes = f"x{spec.nnodes}" if spec.nnodes > 1 else ""
     head = k8s.dns_label(f"pb-{spec.strategy}-ws{spec.world_size}{nodes}-{spec.workload}", NAME_LIMIT - len(tail))
     return head + tail
+
+
+def wait_for_workers(limit_s: int = WORKER_WAIT_S) -> list[str]:
+    """An MPIJob Launcher's script lines that wait until every host of the operator's hostfile runs a command
+    through kubexec.sh, at most `limit_s` (each try at most 30 s: `kubectl exec` may hang), or exit 1 saying so."""
+    return [f"deadline=$((SECONDS + {limit_s}))",
+            f"for host in $(cut -d' ' -f1 {MPI_HOSTFILE}); do",
+            f'    until timeout 30 {MPI_KUBEXEC} "$host" true >/dev/null 2>&1; do',
+            '        if [ "$SECONDS" -ge "$deadline" ]; then',
+            f'            echo "parbench: Worker $host did not answer {MPI_KUBEXEC} within {limit_s} s;'
+            ' horovodrun was not started" >&2',
+            "            exit 1",
+            "        fi",
+            "        sleep 5",
+            "    done",
+            "done"]
 
 
 def pod_environment(environment: Mapping[str, str]) -> dict[str, str]:
