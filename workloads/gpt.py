@@ -70,11 +70,14 @@ class Block(nn.Module):
             nn.init.normal_(projection.weight, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Heads are counted from c_attn's output, not taken from the config: under tensor parallelism it holds
+        # only this rank's heads, their q, k and v in that order (harness.strategies.tensor_parallel). Whole,
+        # it is the same computation as split(d) into n_head heads.
         batch, seq, d = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
-        q, k, v = (t.view(batch, seq, self.n_head, d // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=2)
+        q, k, v = (t.reshape(batch, seq, -1, d // self.n_head).transpose(1, 2) for t in (q, k, v))
         attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(attention.transpose(1, 2).reshape(batch, seq, d))
+        x = x + self.attn_proj(attention.transpose(1, 2).reshape(batch, seq, -1))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
