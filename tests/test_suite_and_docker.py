@@ -48,3 +48,13 @@ def test_dockerfile_and_make_share_the_install_scripts():
     assert "scripts/install.sh" in (ROOT / "scripts" / "setup-env.sh").read_text()
     assert "install-horovod.sh" in (ROOT / "scripts" / "install.sh").read_text()
     assert 'ENTRYPOINT ["python", "-m", "harness"]' in dockerfile
+
+
+def test_the_image_checks_torchs_cuda_before_anything_compiles_against_it():
+    # The check runs in the build right after torch is installed, in the same RUN (a failing check fails the
+    # build), and before install.sh builds Horovod against the base's toolkit.
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    torch_line = next(i for i, line in enumerate(lines) if line.startswith("RUN") and "torch==" in line)
+    install_line = next(i for i, line in enumerate(lines) if line.startswith("RUN") and "scripts/install.sh" in line)
+    assert "&& python scripts/check_torch_cuda.py" in lines[torch_line] and torch_line < install_line
+    assert lines[next(i for i, line in enumerate(lines) if line.startswith("FROM"))] == "FROM ${BASE_IMAGE}"
