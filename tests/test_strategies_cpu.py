@@ -25,8 +25,10 @@ pytestmark = pytest.mark.launch   # every test here reads cells launched for rea
 
 MULTI_PROCESS = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
 WORKLOADS = ("resnet20-cifar", "gpt-tiny")
+# Strategies that split transformer blocks: gpt-tiny only (a ResNet cell is skipped).
+TRANSFORMER_ONLY = ("tp",)
 # Strategies whose step has a point between gradient reduction and update, where the norms are read.
-PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2")
+PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp")
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,19 @@ def test_strategy_at_two_ranks_trains_like_the_plain_loop(fp32_rows, strategy, w
     assert row.measurements["precision_recipe"] == "fp32"
 
 
+@pytest.mark.parametrize("strategy", TRANSFORMER_ONLY)
+def test_a_transformer_only_strategy_trains_gpt_tiny_like_the_plain_loop_and_skips_resnet(fp32_rows, strategy):
+    row, reference = fp32_rows["gpt-tiny", strategy], fp32_rows["gpt-tiny", "plain"]
+    assert row.status is Status.OK and row.spec.world_size == 2, row.message
+    parity = verdict(row, reference)
+    assert parity.verdict is Verdict.MATCH, parity
+    assert set(parity.deviations) == {Quantity.FIRST_LOSS, Quantity.LATER_LOSSES, *NORMS, *TENSOR_NORMS}
+    skipped = fp32_rows["resnet20-cifar", strategy]
+    assert skipped.status is Status.SKIPPED and "resnet20-cifar has none" in skipped.message
+
+
 @pytest.mark.parametrize("world_size", (1, 2))
-@pytest.mark.parametrize("strategy", MULTI_PROCESS)
+@pytest.mark.parametrize("strategy", MULTI_PROCESS + TRANSFORMER_ONLY)
 def test_strategy_trains_like_the_plain_loop_in_bf16(bf16_rows, strategy, world_size):
     row, reference = bf16_rows[strategy, world_size], bf16_rows["plain", 1]
     assert row.status is Status.OK, row.message
@@ -74,12 +87,13 @@ def test_strategy_trains_like_the_plain_loop_in_bf16(bf16_rows, strategy, world_
 # parameters under autocast, and the pipeline engine all-reduces in its communication_data_type (the
 # gradients' fp32 without the bf16 section); DeepSpeed ZeRO's torch_autocast section communicates the
 # gradients of Linear and Conv weights in bf16 (deepspeed/runtime/torch_autocast.py, 0.19.8).
+# Tensor parallelism reduces no gradient, but sums its row-parallel outputs in bf16 under autocast.
 BF16_TOLERANCE_SET = {"ddp": "bf16", "horovod": "bf16", "fsdp2": "bf16", "pipeline": "bf16",
-                      "zero1": "bf16-comm", "zero2": "bf16-comm", "zero3": "bf16-comm"}
+                      "zero1": "bf16-comm", "zero2": "bf16-comm", "zero3": "bf16-comm", "tp": "bf16-comm"}
 
 
 @pytest.mark.parametrize("world_size", (1, 2))
-@pytest.mark.parametrize("strategy", MULTI_PROCESS)
+@pytest.mark.parametrize("strategy", MULTI_PROCESS + TRANSFORMER_ONLY)
 def test_a_strategy_s_bf16_row_is_held_to_the_tolerances_of_the_dtype_its_library_reduces_in(bf16_rows, strategy,
                                                                                             world_size):
     # A strategy that declared bf16 reduction where it reduces fp32 would be held 300 times looser on the
@@ -119,7 +133,7 @@ def test_the_norms_by_tensor_are_named_as_the_plain_loop_names_them_and_add_up_t
 def test_each_strategy_was_started_by_its_own_launcher(rows):
     launchers = {name: " ".join(row.launch_command) for name, row in rows.items() if row.status is Status.OK}
     assert "horovodrun" in launchers["horovod"] and "--gloo" in launchers["horovod"]
-    for name in ("ddp", "fsdp2"):
+    for name in ("ddp", "fsdp2", "tp"):
         assert "/torchrun " in launchers[name] and "--nproc-per-node=2" in launchers[name]
     for name in ("zero1", "zero2", "zero3", "pipeline"):     # DeepSpeed's own, from a hostfile of this host
         assert "/deepspeed " in launchers[name] and "--no_ssh --node_rank=0" in launchers[name]

@@ -79,3 +79,54 @@ def test_gpt_tiny_at_tp_2_trains_as_the_whole_model_and_a_misplaced_head_does_no
     # Without the reordering rank 0 gets all of q and half of k as "its heads": the loss departs at once.
     planted = _losses(tmp_path, 2, planted=True)
     assert planted[0] != pytest.approx(whole[0], rel=1e-4)
+
+
+PLANTED_STRATEGIES = r'''
+"""The tp strategy with one of the two bugs a tensor-parallel run can hide (issue 36): its ranks fed different
+batches, or a row-parallel output left unreduced (each rank carries on with its own partial sum)."""
+import torch.distributed.tensor.parallel as tensor_parallel_api
+from torch.distributed.tensor import Partial
+
+from harness.strategies.tp import TensorParallel
+
+
+class FedApart(TensorParallel):
+    name = "tp-fed-apart"
+
+    def replica(self, spec, context):
+        return context.rank
+
+
+class UnreducedRowwise(tensor_parallel_api.RowwiseParallel):
+    def __init__(self):
+        super().__init__(output_layouts=Partial())
+
+
+class Unreduced(TensorParallel):
+    name = "tp-unreduced"
+
+    def wrap(self, spec, context, workload, layers):
+        tensor_parallel_api.RowwiseParallel = UnreducedRowwise     # what parallelize_blocks imports
+        return super().wrap(spec, context, workload, layers)
+
+
+STRATEGIES = {"tp-fed-apart": FedApart(), "tp-unreduced": Unreduced()}
+'''
+
+
+@pytest.mark.launch
+def test_the_two_planted_tensor_parallel_bugs_make_parity_mismatch_where_tp_matches(tmp_path):
+    from harness.derive.parity import Verdict, judge
+
+    (tmp_path / "planted.py").write_text(PLANTED_STRATEGIES)
+    out = tmp_path / "rows.jsonl"
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", "smoke", "--workload", "gpt-tiny",
+                           "--strategy", "plain,tp,tp-fed-apart,tp-unreduced", "--world-sizes", "2",
+                           "--warmup-steps", "1", "--timed-steps", "3", "--device", "cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PARBENCH_EXTRA_STRATEGIES": f"{tmp_path / 'planted.py'}:STRATEGIES"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    verdicts = {row["spec"]["strategy"]: judgement.verdict for row, judgement in zip(rows, judge(rows))}
+    assert verdicts == {"plain": Verdict.REFERENCE, "tp": Verdict.MATCH, "tp-fed-apart": Verdict.MISMATCH,
+                        "tp-unreduced": Verdict.MISMATCH}, [row["message"] for row in rows]

@@ -26,6 +26,7 @@ from harness.strategies.fsdp2 import FSDP2
 from harness.strategies.horovod import Horovod
 from harness.strategies.pipeline import Pipeline
 from harness.strategies.plain import Plain
+from harness.strategies.tp import TensorParallel
 from harness.strategies.zero import ZeRO
 
 STRATEGIES: dict[str, Strategy] = {
@@ -38,6 +39,7 @@ STRATEGIES: dict[str, Strategy] = {
     "zero3": ZeRO(stage=3),
     "fsdp2": FSDP2(),
     "pipeline": Pipeline(),
+    "tp": TensorParallel(),
 }
 
 

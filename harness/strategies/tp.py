@@ -1,0 +1,173 @@
+"""Tensor parallelism with DTensor (`torch.distributed.tensor.parallel`), started by torchrun: every rank
+holds a slice of each block's four linear layers and runs the whole batch, Megatron's layout
+(harness.strategies.tensor_parallel). The transformer workloads only; a ResNet cell is skipped.
+
+Every rank sees the same samples (one data-parallel replica of world-size ranks), so the global batch, the
+micro-batches and the losses are the plain loop's. Embeddings, layer norms and the tied head stay whole on
+every rank and compute the same values from the same inputs, so their gradients need no reduction.
+
+Traffic per optimizer step per rank, K micro-batches of b samples of s tokens, hidden size h, L blocks:
+forward all-reduces each block's two row-parallel outputs, and backward the input gradient of each block's two
+column-parallel layers (q, k and v are one fused layer here; Megatron-LM counts the same 2 + 2, sec. 3 of
+Shoeybi et al. 2019): 4 L K all-reduces of b s h values among the tensor-parallel ranks. They are DTensor's
+functional collectives, counted in the last warm-up step (harness.rank.comm_counter). Sequence parallelism,
+loss parallelism and a 2-D mesh with FSDP2 are not built yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.derive.comm import Collective
+from harness.derive.memory import zero_plan
+from harness.rank.memory_model import torch_model_state_tensors
+from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, MicroBatch,
+                                     PrecisionRecipe, Strategy, Trainer, accumulate, make_adamw,
+                                     optimizer_description, torchrun_context, unwrapped_parameter_names)
+from workloads import Family, Workload, get_workload
+
+MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
+
+
+@dataclass
+class TPTrainer(Trainer):
+    model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    workload: Workload | None = None
+    spec: RunSpec | None = None
+
+    def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          multipliers=self.loss_multipliers)
+        if gradients_ready is not None:     # nothing to reduce: every gradient is whole or a rank's own slice
+            gradients_ready()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def model_state_tensors(self):
+        return torch_model_state_tensors(self.model, self.optimizer)
+
+    def _parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _slices(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
+        """Each tensor as a part whose squares add up over the ranks: a sliced one's local slice; a whole one
+        (held alike by every rank) on rank 0 only, an empty tensor elsewhere."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        parts = []
+        for tensor in tensors:
+            if isinstance(tensor, DTensor) and any(isinstance(p, Shard) for p in tensor.placements):
+                parts.append(tensor.to_local())
+            else:
+                whole = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                parts.append(whole if self.context.rank == 0 else whole.new_empty(0))
+        return parts, True
+
+    def local_parameters(self):
+        return self._slices(self._parameters())
+
+    def local_gradients(self):
+        return self._slices([p.grad for p in self._parameters()])
+
+    def parameter_names(self):
+        return unwrapped_parameter_names(self.model)
+
+    def parameters_held(self, whole_model: int) -> int:
+        from torch.distributed.tensor import DTensor
+
+        return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in self._parameters())
+
+
+class TensorParallel(Strategy):
+    name = "tp"
+    launcher = "torchrun"
+    description = "DTensor tensor parallelism, Megatron's layout of each block (torchrun)"
+    comm_interception = ("torch.distributed collectives, and DTensor's functional collectives in the last "
+                         "warm-up step (a dispatch mode)")
+
+    def validate(self, spec: RunSpec) -> None:
+        if spec.warmup_steps < 1:
+            raise SpecError("strategy tp needs --warmup-steps >= 1: its collectives are counted in the last "
+                            "warm-up step")
+
+    def skip_reason(self, spec: RunSpec) -> str | None:
+        workload = get_workload(spec.workload)
+        if workload.family is not Family.GPT:
+            return f"tensor parallelism splits transformer blocks; {spec.workload} has none"
+        heads = workload.config.n_head
+        if heads % spec.world_size:
+            return f"tensor parallelism of {spec.world_size} must divide {spec.workload}'s {heads} heads"
+        if spec.device is DeviceKind.CUDA and spec.nnodes > 1:
+            return "tensor parallelism's all-reduces sit inside every layer: it runs within one node"
+        return super().skip_reason(spec)
+
+    def layout(self, spec: RunSpec) -> Layout:
+        return Layout(data_parallel=1, pipeline_stages=1, per_replica_batch=spec.global_batch,
+                      micro_batches=max(1, spec.global_batch // spec.micro_batch))
+
+    def replica(self, spec, context) -> int:
+        return 0            # every rank is part of the one replica: the same samples
+
+    def instrument(self, counter) -> None:
+        counter.install_torch()
+        counter.install_functional()
+
+    def compute_only_unavailable(self, spec: RunSpec) -> str:
+        return ("tensor parallelism's all-reduces sit between a block's matmuls: a rank's slices have no "
+                "communication-free run that is the same work")
+
+    def model_state_plan(self, data_parallel, recipe, options):
+        """Nothing sharded beyond what each rank holds: its slices of the split layers and the rest whole, all
+        counted in the parameters it holds (`parameters_held`), with torch AdamW's 4 + 4 + 8 bytes each."""
+        weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
+        return zero_plan(0, 1, weights, gradients, optimizer,
+                         basis=f"{recipe.value}: torch AdamW over this rank's slices of the split layers and the "
+                               "whole of the rest")
+
+    def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
+        if spec.world_size == 1:
+            return ExpectedTraffic()
+        config = get_workload(spec.workload).config
+        values = spec.micro_batch * config.seq_len * config.n_embd
+        calls = 2 * config.n_layer * self.layout(spec).micro_batches      # each of forward and backward
+        # Forward sums the row-parallel outputs in the dtype autocast computed them in (bf16), backward the
+        # column-parallel input gradients in the inputs' fp32 (a LayerNorm's output under autocast).
+        forward_bytes = 2 if spec.precision is Precision.BF16 else 4
+        return ExpectedTraffic(collectives=(
+            ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * forward_bytes, calls=calls,
+                               ranks=spec.world_size),
+            ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * 4, calls=calls,
+                               ranks=spec.world_size)))
+
+    def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
+        """No gradient is reduced, but under autocast the row-parallel outputs are summed over the ranks in
+        bf16 (their input gradients in fp32; measured: 32 all-reduces of each on gpt-tiny at TP 2): rounding
+        that reaches the gradients as a bf16 gradient reduction's does, so parity holds such rows to its
+        `bf16-comm` tolerances (gpt-tiny TP 2: gradient norm 1.1e-5 and a tensor's up to 1.2e-3 off the plain
+        loop, against 1.3e-7 and 1.2e-6 for a reduction in fp32)."""
+        return ("bfloat16", "float32") if spec.precision is Precision.BF16 else ("float32",)
+
+    def start(self, spec):
+        return torchrun_context(spec.device)
+
+    def wrap(self, spec, context, workload, layers):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from harness.rank.comm_counter import label_group
+        from harness.strategies.tensor_parallel import parallelize_blocks
+
+        model = nn.Sequential(*layers).to(context.device)
+        mesh = init_device_mesh(context.device.type, (context.world_size,), mesh_dim_names=(MESH_DIMENSION,))
+        label_group(mesh.get_group(MESH_DIMENSION), MESH_DIMENSION)
+        blocks = parallelize_blocks(list(model), mesh)
+        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
+        return TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
+                         workload=workload, spec=spec, precision_recipe=recipe,
+                         config={"tensor_parallel": context.world_size, "split_blocks": len(blocks),
+                                 **optimizer_description(context.device)})
