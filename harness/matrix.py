@@ -151,12 +151,17 @@ class Cells:
             return tuple(size for size in self.sizes if size <= self.machine.devices_per_node)
         return self.sizes
 
-    def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int) -> None:
+    def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int,
+            options: dict[str, object] | None = None, precision: Precision | None = None) -> None:
+        """One cell; `options` are the matrix's choice for it (the user's --option wins), and `precision`
+        replaces the plan's."""
         if strategy not in self.chosen:
             return
-        options = {"stages": min(2, world_size)} if strategy == "pipeline" else {}
+        if options is None:     # two-way model parallelism where there are two ranks
+            options = {"pipeline": {"stages": min(2, world_size)},
+                       "fsdp2-tp": {"tp": min(2, world_size)}}.get(strategy, {})
         fields = dict(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
-                      micro_batch=plan.micro_batch, precision=self.plan.precision,
+                      micro_batch=plan.micro_batch, precision=precision or self.plan.precision,
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
                       repeats=self.repeats, device=self.machine.device)
         fields.update(self.select.overrides)
@@ -279,12 +284,57 @@ def ci(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# Short runs: a hybrid cell's questions are its parity, its traffic by group and its memory, which need the
+# warm-up step that counts DTensor's collectives and a few timed steps; gpt-tiny's 4 heads allow TP 2 and 4.
+HYBRID_PLANS = {
+    DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=5)},
+    DeviceKind.CUDA: {name: BatchPlan(micro_batch=2, per_device_batch=4, warmup_steps=5, timed_steps=20)
+                      for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+}
+HYBRID_STRATEGIES = ("ddp", "fsdp2", "tp", "fsdp2-tp", "pipeline")
+
+
+def hybrid_options(strategy: str, world_size: int, machine: Machine, workload: str) -> dict[str, object]:
+    """A hybrid cell's layout: tensor parallelism inside a node at the largest degree dividing the world size,
+    the ranks of a node and the heads (2 where that is 1 and the world size is even: the cell is then skipped
+    with the reason), FSDP2 across; pipeline stages one per node the cell spans, at most one per layer, at
+    least 2 where the world size is even (the largest such divisor of the world size), data parallel over the
+    rest."""
+    two_if_even = 2 if world_size % 2 == 0 else 1
+    model = get_workload(workload)
+    if strategy == "fsdp2-tp":
+        return {"tp": max(two_if_even, math.gcd(world_size, machine.devices_per_node, model.config.n_head))}
+    if strategy == "pipeline":
+        most = max(two_if_even, min(world_size // machine.devices_per_node, model.layer_count))
+        return {"stages": max(d for d in range(1, most + 1) if world_size % d == 0)}
+    return {}
+
+
+def hybrid(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Tensor parallelism (`tp`), 2-D FSDP2 x TP (`fsdp2-tp`) and pipeline x data parallel beside DDP and
+    FSDP2 on the transformers, at world sizes 2 and 4 on CPU (gpt-tiny, fp32 and bf16, each against the plain
+    loop in its precision) and 2, 4, ... up to the devices on GPUs (GPT-2 small to xl in bf16); TP stays
+    inside a node and pipeline stages span nodes (`hybrid_options`)."""
+    on_cpu = machine.device is DeviceKind.CPU
+    sizes = (2, 4) if on_cpu else _powers_of_two_up_to(machine.devices)[1:] or (2,)
+    precisions = (Precision.FP32, Precision.BF16) if on_cpu else (Precision.BF16,)
+    cells = Cells(machine, select, Plan(HYBRID_STRATEGIES, sizes, repeats=1, precision=precisions[0]))
+    for workload, plan in _plans(machine, select, HYBRID_PLANS, "hybrid plan").items():
+        for precision in precisions:
+            for strategy in cells.chosen:
+                for world_size in cells.sizes_for(strategy):
+                    cells.add(workload, plan, strategy, world_size, plan.global_batch(cells.largest),
+                              options=hybrid_options(strategy, world_size, machine, workload), precision=precision)
+    return cells.specs
+
+
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
     "scaling": scaling,
     "zero-memory": zero_memory,
     "ci": ci,
+    "hybrid": hybrid,
 }
 
 

@@ -39,11 +39,11 @@ def test_counts_bytes_and_calls_per_step_in_a_real_process_group(tmp_path):
                            "dtypes": {"float32": {"bytes": 4000.0, "element_bytes": 4},
                                       "float64": {"bytes": 80.0, "element_bytes": 8}},
                            "bytes_by_group_size": {"1": 4080.0},
-                           "by_group": {"world": {"calls": 2.0, "bytes": 4080.0}}},
+                           "by_group": {"world": {"calls": 2.0, "bytes": 4080.0}}, "group_ranks": {"world": 1}},
             "all_gather": {"bytes": 1024.0, "calls": 1.0,
                            "dtypes": {"float32": {"bytes": 1024.0, "element_bytes": 4}},
                            "bytes_by_group_size": {"1": 1024.0},
-                           "by_group": {"world": {"calls": 1.0, "bytes": 1024.0}}}}
+                           "by_group": {"world": {"calls": 1.0, "bytes": 1024.0}}, "group_ranks": {"world": 1}}}
     finally:
         counter.uninstall()
         dist.destroy_process_group()
@@ -119,4 +119,4 @@ def test_a_dtensor_tensor_parallel_step_is_counted_as_worked_out_by_hand(tmp_pat
         "all_reduce": {"bytes": 6 * activation, "calls": 6,
                        "dtypes": {"float32": {"bytes": 6 * activation, "element_bytes": 4}},
                        "bytes_by_group_size": {"2": 6 * activation},
-                       "by_group": {"tp": {"calls": 6, "bytes": 6 * activation}}}}
+                       "by_group": {"tp": {"calls": 6, "bytes": 6 * activation}}, "group_ranks": {"tp": 2}}}

@@ -51,8 +51,10 @@ def test_zero2_under_torch_autocast_reduces_linear_gradients_in_bf16_and_the_res
 
 def test_zero2_expects_the_bytes_its_recipe_reduces(row):
     assert row["comm_expected_per_step"]["collectives"] == [
-        {"collective": "reduce_scatter", "size_bytes": 2 * LINEAR + 4 * OTHER, "calls": K, "ranks": 2},
-        {"collective": "all_gather", "size_bytes": 4 * (LINEAR + OTHER), "calls": 1, "ranks": 2}]
+        {"collective": "reduce_scatter", "size_bytes": 2 * LINEAR + 4 * OTHER, "calls": K, "ranks": 2,
+         "group": "world", "stride": 1},
+        {"collective": "all_gather", "size_bytes": 4 * (LINEAR + OTHER), "calls": 1, "ranks": 2, "group": "world",
+         "stride": 1}]
 
 
 def test_zero2_compute_only_baseline_steps_half_the_optimizer_state(cell, row):

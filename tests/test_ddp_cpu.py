@@ -78,7 +78,8 @@ def test_ddp_all_reduces_exactly_its_gradient_bytes_each_step(smoke_rows):
             assert per_rank["all_reduce"]["bytes"] == gradient_bytes
             assert set(per_rank) == {"all_reduce"}
         assert m["comm_expected_per_step"]["collectives"] == [
-            {"collective": "all_reduce", "size_bytes": gradient_bytes, "calls": 1, "ranks": 2}]
+            {"collective": "all_reduce", "size_bytes": gradient_bytes, "calls": 1, "ranks": 2, "group": "world",
+             "stride": 1}]
 
 
 @pytest.mark.launch

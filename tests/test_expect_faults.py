@@ -58,7 +58,7 @@ def with_ddp(honest, row):
 def test_the_suites_ci_cells_meet_the_committed_expectations(honest, tmp_path, capsys):
     code, out = run_expect(tmp_path, capsys, honest)
     assert code == 0, "\n".join(out)
-    assert out == [f"10 cells, {out[0].split()[2]} figures: as expected"]
+    assert out == [f"11 cells, {out[0].split()[2]} figures: as expected"]
 
 
 def test_one_extra_all_reduce_per_step_fails_on_ddps_traffic(honest, planted, tmp_path, capsys):
@@ -68,12 +68,13 @@ def test_one_extra_all_reduce_per_step_fails_on_ddps_traffic(honest, planted, tm
     was = load(CI)["cells"][DDP]
     # 1,024 fp32 zeros: 4,096 bytes more per step, all-reduced among 2 ranks (a ring sends 2 x (2 - 1) / 2 of it).
     added = {"all_reduce bytes per step in float32": 4096, "all_reduce bytes per step in groups of 2": 4096,
-             "all_reduce bytes per step": 4096, "all_reduce calls per step": 1, "wire bytes per step": 4096}
+             "all_reduce bytes per step": 4096, "all_reduce calls per step": 1, "wire bytes per step": 4096,
+             "all_reduce bytes per step in group world": 4096, "all_reduce calls per step in group world": 1}
     expected = [f"{DDP}: {name} on rank {r} {was[f'{name} on rank {r}']} -> {was[f'{name} on rank {r}'] + more} "
                 "(expected -> measured)" for r in (0, 1) for name, more in added.items()]
     assert code == 1
     assert sorted(out[:-1]) == sorted(expected)
-    assert out[-1].startswith("10 difference(s) from the expectations over 10 cells")
+    assert out[-1].startswith("14 difference(s) from the expectations over 11 cells")
 
 
 def test_an_fp32_copy_of_the_weights_fails_on_ddps_census(honest, planted, tmp_path, capsys):

@@ -274,7 +274,8 @@ def test_extra_all_reduce_is_one_counted_all_reduce_of_4096_bytes_in_every_step_
         # Steps 2 and 3 issue one all-reduce of 1024 fp32 zeros each: 2 calls and 8,192 bytes over 4 steps.
         assert counter.per_step()["all_reduce"] == {
             "bytes": 2048.0, "calls": 0.5, "dtypes": {"float32": {"bytes": 2048.0, "element_bytes": 4}},
-            "bytes_by_group_size": {"1": 2048.0}, "by_group": {"world": {"bytes": 2048.0, "calls": 0.5}}}
+            "bytes_by_group_size": {"1": 2048.0}, "by_group": {"world": {"bytes": 2048.0, "calls": 0.5}},
+            "group_ranks": {"world": 1}}
     finally:
         counter.uninstall()
         dist.destroy_process_group()

@@ -26,9 +26,9 @@ pytestmark = pytest.mark.launch   # every test here reads cells launched for rea
 MULTI_PROCESS = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
 WORKLOADS = ("resnet20-cifar", "gpt-tiny")
 # Strategies that split transformer blocks: gpt-tiny only (a ResNet cell is skipped).
-TRANSFORMER_ONLY = ("tp",)
+TRANSFORMER_ONLY = ("tp", "fsdp2-tp")
 # Strategies whose step has a point between gradient reduction and update, where the norms are read.
-PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp")
+PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp")
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +87,11 @@ def test_strategy_trains_like_the_plain_loop_in_bf16(bf16_rows, strategy, world_
 # parameters under autocast, and the pipeline engine all-reduces in its communication_data_type (the
 # gradients' fp32 without the bf16 section); DeepSpeed ZeRO's torch_autocast section communicates the
 # gradients of Linear and Conv weights in bf16 (deepspeed/runtime/torch_autocast.py, 0.19.8).
-# Tensor parallelism reduces no gradient, but sums its row-parallel outputs in bf16 under autocast.
+# Tensor parallelism reduces no gradient, but sums its row-parallel outputs in bf16 under autocast (under
+# fsdp2-tp too, whose FSDP2 reduces fp32 gradients).
 BF16_TOLERANCE_SET = {"ddp": "bf16", "horovod": "bf16", "fsdp2": "bf16", "pipeline": "bf16",
-                      "zero1": "bf16-comm", "zero2": "bf16-comm", "zero3": "bf16-comm", "tp": "bf16-comm"}
+                      "zero1": "bf16-comm", "zero2": "bf16-comm", "zero3": "bf16-comm", "tp": "bf16-comm",
+                      "fsdp2-tp": "bf16-comm"}
 
 
 @pytest.mark.parametrize("world_size", (1, 2))
@@ -133,7 +135,7 @@ def test_the_norms_by_tensor_are_named_as_the_plain_loop_names_them_and_add_up_t
 def test_each_strategy_was_started_by_its_own_launcher(rows):
     launchers = {name: " ".join(row.launch_command) for name, row in rows.items() if row.status is Status.OK}
     assert "horovodrun" in launchers["horovod"] and "--gloo" in launchers["horovod"]
-    for name in ("ddp", "fsdp2", "tp"):
+    for name in ("ddp", "fsdp2", "tp", "fsdp2-tp"):
         assert "/torchrun " in launchers[name] and "--nproc-per-node=2" in launchers[name]
     for name in ("zero1", "zero2", "zero3", "pipeline"):     # DeepSpeed's own, from a hostfile of this host
         assert "/deepspeed " in launchers[name] and "--no_ssh --node_rank=0" in launchers[name]

@@ -1,6 +1,7 @@
 """Rows -> one line per launch and one line per cell, every figure derived here, for every reader.
 
-    python -c "from harness.derive.cells import cell_table; from harness.derive.comm import comm_columns
+    python -c "from harness.derive.cells import cell_table; from harness.derive.activations import predicted_activation_bytes
+from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_communication
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
@@ -28,6 +29,7 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from harness.derive.beyond_ws1 import step_beyond_ws1
+from harness.derive.activations import predicted_activation_bytes
 from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_columns
 from harness.derive.hosts import cell_host_load, row_host_load
@@ -61,6 +63,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
         return record
     record.update(launch_throughput(row, basis))
     record.update(_memory(m))
+    record["activation_bytes_predicted"] = predicted_activation_bytes(s, m)
     record.update(_communication(m))
     record.update(_exposed(m, int(s["world_size"])))
     record.update(_mfu(row, record))
@@ -141,6 +144,7 @@ def _mfu(row: Row, figures: dict) -> dict[str, Any]:
 MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples_per_s",
                   "samples_per_s_all_steps", "tokens_per_s", "peak_rss_bytes_max", "peak_allocated_bytes_max",
                   "model_state_bytes_predicted", "model_state_census_bytes_max", "model_state_bytes_measured_max",
+                  "activation_bytes_predicted",
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
                   "exposed_comm_share", "framework_overhead_share", "mfu")
 FIRST_COLUMNS = ("compute_only_kind", "exposed_comm_note", "framework_overhead_note", "mfu_unavailable_because",
@@ -166,7 +170,8 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
                      "launches": len(group), "ok": len(ok),
                      "status": ("ok" if len(ok) == len(group) else str(first["status"]) if ok.empty else "partial"),
                      "message": "" if not ok.empty else first["message"], "throughput_basis": basis.value})
-        for column in MEDIAN_COLUMNS:
+        by_group = [c for c in launches.columns if c.startswith("comm_group_")]      # tp, dp, world: comm_columns
+        for column in (*MEDIAN_COLUMNS, *by_group):
             values = [float(v) for v in ok.get(column, pd.Series(dtype=float)).tolist() if _present(v)]
             line[column] = median(values) if values else None
         for column in FIRST_COLUMNS:

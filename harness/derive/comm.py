@@ -96,6 +96,21 @@ def rank_wire_bytes(counted: Mapping[str, Mapping[str, Any]], ranks: int) -> dic
     return wire
 
 
+def group_wire_bytes(counted: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """{group label: wire bytes per step} of one rank's counted collectives, recv left out, for rows whose counter
+    named its groups (`by_group` with `group_ranks`: a tensor-parallel "tp" group apart from a data-parallel
+    "dp" one, the default group "world"); {} for rows without."""
+    wire: dict[str, float] = {}
+    for collective, figures in counted.items():
+        if collective in RECEIVED_ONLY:
+            continue
+        ranks = figures.get("group_ranks") or {}
+        for label, by_group in (figures.get("by_group") or {}).items():
+            if label in ranks:
+                wire[label] = wire.get(label, 0.0) + wire_bytes(collective, by_group["bytes"], ranks[label])
+    return wire
+
+
 def sent_total(wire: Mapping[str, float]) -> float:
     """A rank's wire bytes summed over collective types, recv left out (a peer's send counts it)."""
     return sum(value for collective, value in wire.items() if collective not in RECEIVED_ONLY)
@@ -149,7 +164,9 @@ def comm_columns(measurements: Mapping[str, Any]) -> dict[str, Any]:
     - `comm_<type>_wire_bytes_per_step`: bytes on the wire, largest rank;
     - `comm_wire_bytes_per_step`: the largest rank's total wire bytes (recv left out);
     - `comm_expected_wire_bytes_per_step`: the same for the strategy's expected traffic;
-    - `comm_wire_over_expected`: their ratio, where both exist and the expectation is not 0."""
+    - `comm_wire_over_expected`: their ratio, where both exist and the expectation is not 0;
+    - `comm_group_<label>_wire_bytes_per_step`: the largest rank's wire bytes in each named group (`tp`, `dp`,
+      `world`: `group_wire_bytes`), so that tensor parallelism's traffic shows apart from data parallelism's."""
     by_rank = measurements.get("comm_per_step_by_rank")
     if not by_rank:
         return {}
@@ -166,4 +183,7 @@ def comm_columns(measurements: Mapping[str, Any]) -> dict[str, Any]:
     columns["comm_wire_bytes_per_step"] = counted_total
     columns["comm_expected_wire_bytes_per_step"] = expected_total
     columns["comm_wire_over_expected"] = counted_total / expected_total if expected_total else None
+    by_group = [group_wire_bytes(counted) for counted in by_rank]
+    for label in sorted({label for wire in by_group for label in wire}):
+        columns[f"comm_group_{label}_wire_bytes_per_step"] = max(wire.get(label, 0.0) for wire in by_group)
     return columns

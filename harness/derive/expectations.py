@@ -86,6 +86,9 @@ def figures(row: Row, verdict: str) -> dict[str, Any]:
             found[f"{collective} bytes per step on rank {rank}"] = counts["bytes"]
             for group, size in (counts.get("bytes_by_group_size") or {}).items():
                 found[f"{collective} bytes per step in groups of {group} on rank {rank}"] = size
+            for label, figures in (counts.get("by_group") or {}).items():     # tp and dp told apart
+                found[f"{collective} calls per step in group {label} on rank {rank}"] = figures["calls"]
+                found[f"{collective} bytes per step in group {label} on rank {rank}"] = figures["bytes"]
             for dtype, by_dtype in (counts.get("dtypes") or {}).items():
                 found[f"{collective} bytes per step in {dtype} on rank {rank}"] = by_dtype["bytes"]
         found[f"wire bytes per step on rank {rank}"] = sent_total(rank_wire_bytes(counted, ranks))

@@ -152,6 +152,7 @@ class CollectiveCounter:
         self.bytes_by_group_size: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self.bytes_by_group: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.calls_by_group: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.group_ranks: dict[str, dict[str, int]] = defaultdict(dict)    # kind -> group label -> its ranks
         self.steps = 0
         # The functional collectives' own tally (install_functional), over the steps it sampled.
         self.functional: CollectiveCounter | None = None
@@ -224,6 +225,7 @@ class CollectiveCounter:
         """One call of `kind` over `tensors` (each counted `scale` times: a functional all-gather's input)."""
         self.calls[kind] += 1
         self.calls_by_group[kind][group] += 1
+        self.group_ranks[kind][group] = group_size
         for tensor in tensors:
             size = tensor.numel() * tensor.element_size() * scale
             name = dtype_name(tensor.dtype)
@@ -258,7 +260,8 @@ class CollectiveCounter:
         """Means per counted step, per collective type:
         {"bytes": nccl-tests size, "calls": calls,
          "dtypes": {dtype name: {"bytes": size in that dtype, "element_bytes": its bytes per element}},
-         "bytes_by_group_size": {ranks in the group (as text, a JSON key): size among that many ranks}}"""
+         "bytes_by_group_size": {ranks in the group (as text, a JSON key): size among that many ranks},
+         "by_group": {group label: {"calls": calls, "bytes": size}}, "group_ranks": {group label: its ranks}}"""
         means = self._means()
         if self.functional is not None and self.functional.steps:
             for kind, figures in self.functional._means().items():
@@ -276,7 +279,8 @@ class CollectiveCounter:
                                                for group, size in sorted(self.bytes_by_group_size[kind].items())},
                        "by_group": {group: {"calls": self.calls_by_group[kind][group] / steps,
                                             "bytes": self.bytes_by_group[kind][group] / steps}
-                                    for group in sorted(self.calls_by_group[kind])}}
+                                    for group in sorted(self.calls_by_group[kind])},
+                       "group_ranks": dict(sorted(self.group_ranks[kind].items()))}
                 for kind in self.calls}
 
 
@@ -286,6 +290,8 @@ def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for key, value in b.items():
         if key not in merged:
             merged[key] = value
+        elif key == "group_ranks":          # a group's size, not a count: the same group has the same size
+            merged[key] = {**merged[key], **value}
         elif isinstance(value, dict):
             merged[key] = _merged(merged[key], value)
         elif key == "element_bytes":

@@ -407,6 +407,7 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "shared_device": context.shared_device,
         "device_name": _device_name(context.device),
         "workload_family": workload.family.value,    # decides which TF32 switch governs (harness.derive.peaks)
+        "workload_description": workload.describe(),   # its shape: layers, width, heads (harness.derive.activations)
         "threads_per_rank": torch.get_num_threads(),
         "hosts": sorted({r["host"] for r in by_rank}),
         "node_rank_by_rank": [r["node"] for r in by_rank],

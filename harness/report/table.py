@@ -96,6 +96,19 @@ def _all_steps(key: str, scale: float = 1.0) -> Callable[[Line], str]:
                          else "")
 
 
+GROUP_PREFIX, GROUP_SUFFIX = "comm_group_", "_wire_bytes_per_step"
+
+
+def _wire_by_group(line: Line) -> str:
+    """Wire MiB per step in each named process group (harness.derive.comm.group_wire_bytes), where a cell ran
+    in groups other than the default one: tensor parallelism's "tp" apart from data parallelism's "dp"."""
+    groups = {key.removeprefix(GROUP_PREFIX).removesuffix(GROUP_SUFFIX): line[key] for key in sorted(line)
+              if key.startswith(GROUP_PREFIX) and key.endswith(GROUP_SUFFIX) and _present(line[key])}
+    if set(groups) <= {"world"}:
+        return ""
+    return ", ".join(f"{label} {_number(float(value) / MIB)}" for label, value in groups.items())
+
+
 @dataclass(frozen=True)
 class Column:
     title: str
@@ -125,11 +138,14 @@ COLUMNS = [
     Column(OVERHEAD_TITLE, _beyond_compute_only("framework_overhead_share")),
     Column("wire MiB/step", _scaled("comm_wire_bytes_per_step", 1 / MIB)),
     Column("expected wire MiB/step", _scaled("comm_expected_wire_bytes_per_step", 1 / MIB)),
+    Column("wire MiB/step by group", _wire_by_group),
     Column("peak RSS MiB", _scaled("peak_rss_bytes_max", 1 / MIB)),
     Column("peak allocated MiB", _scaled("peak_allocated_bytes_max", 1 / MIB)),
     Column("model states, allocated MiB", _scaled("model_state_bytes_measured_max", 1 / MIB)),
     Column("model states, census MiB", _scaled("model_state_census_bytes_max", 1 / MIB)),
     Column("model states, predicted MiB", _scaled("model_state_bytes_predicted", 1 / MIB)),
+    # Korthikanti et al. 2022 redone for the workloads' blocks (harness.derive.activations): one micro-batch.
+    Column("block activations, predicted MiB", _scaled("activation_bytes_predicted", 1 / MIB)),
     Column("MFU", _share("mfu")),
     Column("parity", _text("parity")),
     Column("host load", _text("host_load")),

@@ -23,6 +23,7 @@ from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strate
 from harness.strategies.dataparallel import DataParallel
 from harness.strategies.ddp import DDP
 from harness.strategies.fsdp2 import FSDP2
+from harness.strategies.fsdp2_tp import FSDP2TensorParallel
 from harness.strategies.horovod import Horovod
 from harness.strategies.pipeline import Pipeline
 from harness.strategies.plain import Plain
@@ -40,6 +41,7 @@ STRATEGIES: dict[str, Strategy] = {
     "fsdp2": FSDP2(),
     "pipeline": Pipeline(),
     "tp": TensorParallel(),
+    "fsdp2-tp": FSDP2TensorParallel(),
 }
 
 

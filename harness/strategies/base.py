@@ -115,6 +115,11 @@ class ExpectedCollective:
     size_bytes: int      # nccl-tests size of one call (harness.derive.comm): a whole-model buffer
     calls: int           # such calls per optimizer step (an implementation splits each into buckets)
     ranks: int           # ranks in the group it runs among
+    group: str = "world"  # that group's name in the counts (harness.rank.comm_counter.label_group)
+    # Ranks between one member of the group and the next: 1 where the members are neighbours (a node holds them
+    # together: tensor parallelism's group), the inner mesh dimensions' size where they are spread (a 2-D
+    # mesh's dp group, one rank per tp slice): where it crosses nodes, how many groups share a node's links.
+    stride: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +131,7 @@ class ExpectedTraffic:
 
     def to_dict(self) -> dict[str, Any]:
         return {"collectives": [{"collective": c.collective.value, "size_bytes": c.size_bytes, "calls": c.calls,
-                                 "ranks": c.ranks} for c in self.collectives],
+                                 "ranks": c.ranks, "group": c.group, "stride": c.stride} for c in self.collectives],
                 "not_modelled_because": self.not_modelled_because}
 
 
@@ -336,8 +341,17 @@ class Strategy(abc.ABC):
         return Layout(data_parallel=replicas, pipeline_stages=1, per_replica_batch=per_replica,
                       micro_batches=max(1, per_replica // spec.micro_batch))
 
+    def layout_refusal(self, spec: RunSpec) -> str | None:
+        """Why this strategy cannot lay out `spec`'s model over its ranks on any machine (a tensor-parallel
+        degree that does not divide the heads, tensor parallelism across nodes), or None: a skip before launch,
+        and a size the projection leaves out."""
+        return None
+
     def skip_reason(self, spec: RunSpec) -> str | None:
         """Why this cell cannot run on this machine (checked before launch), or None."""
+        refusal = self.layout_refusal(spec)
+        if refusal:
+            return refusal
         missing = [module for module in self.requires if not _importable(module)]
         if missing:
             return f"{self.name} needs {', '.join(missing)}, which is not installed here"
@@ -380,6 +394,18 @@ class Strategy(abc.ABC):
         freshly built (unwrapped) layers: parity's tolerances depend on it (harness.derive.parity). Default:
         the weights' own dtype, as `traffic_bytes` (fp32 under torch.autocast)."""
         return tuple(sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}))
+
+    def planned_parameters_held(self, spec: RunSpec, layers: Sequence[nn.Module]) -> int:
+        """Parameters one rank holds before any sharding under `spec`'s layout, from unwrapped layers (a tied
+        weight once): the whole model, unless the strategy cuts it (`Trainer.parameters_held` is what a run
+        measured)."""
+        unique = {id(p): p for layer in layers for p in layer.parameters()}
+        return sum(p.numel() for p in unique.values())
+
+    def bubble_factor(self, options: Mapping[str, OptionValue], micro_batches: int) -> float:
+        """A step's time over its ranks' own work, from the schedule alone: 1, except a pipeline's, whose stages
+        wait while it fills and drains."""
+        return 1.0
 
     def expected_collectives(self, *, data_parallel: int, micro_batches: int, options: Mapping[str, OptionValue],
                              traffic: TrafficBytes) -> ExpectedTraffic:

@@ -20,8 +20,8 @@ import torch
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors, optimizer_state_tensors
 from harness.spec import Layout, Precision, RunSpec, SpecError
-from harness.strategies.base import (ExpectedTraffic, MicroBatch, Option, PrecisionRecipe, Strategy, Trainer,
-                                     make_adamw, optimizer_description)
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
+                                     Strategy, Trainer, make_adamw, optimizer_description)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
                                                  throughput_timer_state)
 from workloads import get_workload
@@ -132,7 +132,92 @@ class Pipeline(Strategy):
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         return ExpectedTraffic(not_modelled_because=(
             "most of a pipeline's traffic is the activations and their gradients sent between stages, whose "
-            "size depends on where the model is cut and on the micro-batch's shape, not on the parameters"))
+            "size depends on where the model is cut and on the micro-batch's shape, not on the parameters: "
+            "expected from the layers (`expected_traffic`)"))
+
+    def bubble_factor(self, options, micro_batches: int) -> float:
+        """(K + S - 1) / K for K micro-batches through S stages: DeepSpeed's 1F1B schedule (TrainSchedule) runs
+        K + S - 1 forward and backward slots on each stage, idle in S - 1 of them, the bubble GPipe has
+        (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+        Megatron-LM", sec. 2.2.1: the bubble is (p - 1) / (m + p - 1) of the step)."""
+        return (micro_batches + options["stages"] - 1) / micro_batches
+
+    def _stages(self, spec: RunSpec, layers) -> tuple[list[int], list[int], list[int]]:
+        """(DeepSpeed's boundaries, each stage's parameters, each layer's stage): a tied layer's copy on another
+        stage holds its owner's whole module there (TiedLayerSpec builds it), on the owner's stage it is the
+        owner's."""
+        from harness.strategies.pipeline_traffic import stage_boundaries
+
+        options, workload = spec.resolved_options, get_workload(spec.workload)
+        stages = options["stages"]
+        boundaries = stage_boundaries(layers, workload.ties(), stages, options["partition_method"])
+        stage_of = [next(s for s in range(stages) if boundaries[s] <= i < boundaries[s + 1]) for i in range(len(layers))]
+        owners = {tie.user: tie.owner for tie in workload.ties()}
+
+        def count(i: int) -> int:
+            return sum(p.numel() for p in layers[owners.get(i, i)].parameters() if p.requires_grad)
+
+        held = [sum(count(i) for i in range(boundaries[s], boundaries[s + 1])
+                    if i not in owners or stage_of[owners[i]] != s) for s in range(stages)]
+        return boundaries, held, stage_of
+
+    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
+        """The largest stage's parameters, a tied copy included."""
+        return max(self._stages(spec, layers)[1])
+
+    def stage_traffic(self, spec: RunSpec, layers) -> list:
+        """Every stage's traffic per optimizer step (harness.strategies.pipeline_traffic), from freshly built
+        layers: stages cut as DeepSpeed cuts them, activations' shapes from a meta-device forward."""
+        from harness.strategies.pipeline_traffic import boundary_bytes, stage_traffic
+
+        options, layout, workload = spec.resolved_options, self.layout(spec), get_workload(spec.workload)
+        boundaries, held, stage_of = self._stages(spec, layers)
+        # DeepSpeed's bf16 section keeps the model in bf16, so it sends bf16; autocast's block outputs (a
+        # residual sum, a batch norm) and fp32 send fp32.
+        bf16_model = spec.precision is Precision.BF16 and options["precision_recipe"] == "deepspeed-bf16"
+        inputs, _ = workload.batch(spec.seed, 0, torch.arange(spec.micro_batch), torch.device("cpu"))
+        with torch.device("meta"):
+            shapes = workload.build_layers()
+        activations = boundary_bytes(shapes, inputs, 2 if bf16_model else 4)
+        tied_stages, tied_bytes = [], 0
+        for tie in workload.ties():
+            tied_stages = [stage_of[tie.owner], stage_of[tie.user]]
+            tied_bytes = 4 * _attribute(layers[tie.owner], tie.weight_attr).numel()   # fp32 (the bf16 recipe's _hp_grad)
+        return stage_traffic(boundaries=boundaries, activation_bytes=activations,
+                             stage_gradient_bytes=[4 * count for count in held], tied_stages=tied_stages,
+                             tied_gradient_bytes=tied_bytes, replicas=layout.data_parallel,
+                             micro_batches=layout.micro_batches)
+
+    def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
+        """The busiest stage's traffic per optimizer step (every stage's: `stage_traffic`), in the groups the
+        counter names: point to point on the default group, the tied gradients between the first and the last
+        stage ("tied"), the stage's gradients among its replicas ("dp": neighbours, DeepSpeed's topology puts
+        the data axis innermost), the loss along the pipeline ("pp", members a replica's width apart)."""
+        from harness.derive.comm import Collective, wire_bytes
+
+        stages, layout = spec.resolved_options["stages"], self.layout(spec)
+        replicas = layout.data_parallel
+        by_stage = []
+        for traffic in self.stage_traffic(spec, layers):
+            # A stage's peer is a replica's width away (DeepSpeed's topology: rank = stage x replicas + replica).
+            entries = [ExpectedCollective(collective=kind, size_bytes=size, calls=calls, ranks=2, group=WORLD,
+                                          stride=replicas)
+                       for kind, moves in ((Collective.SEND, traffic.sends), (Collective.RECV, traffic.receives))
+                       for calls, size in moves]
+            if traffic.tied_all_reduce:
+                entries.append(ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=traffic.tied_all_reduce,
+                                                  calls=1, ranks=2, group="tied", stride=(stages - 1) * replicas))
+            for size in (traffic.gradient_all_reduce, traffic.loss_all_reduce):
+                if size:
+                    entries.append(ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=size, calls=1,
+                                                      ranks=replicas, group="dp"))
+            if traffic.loss_broadcast:
+                entries.append(ExpectedCollective(collective=Collective.BROADCAST, size_bytes=traffic.loss_broadcast,
+                                                  calls=1, ranks=stages, group="pp", stride=replicas))
+            by_stage.append(entries)
+        busiest = max(by_stage, key=lambda entries: sum(
+            e.calls * wire_bytes(e.collective, e.size_bytes, e.ranks) for e in entries if e.collective != "recv"))
+        return ExpectedTraffic(collectives=tuple(busiest))
 
     def wrap(self, spec, context, workload, layers):
         import deepspeed
@@ -160,9 +245,30 @@ class Pipeline(Strategy):
                                                config=config)
         if engine.grid.get_data_parallel_id() != self.replica(spec, context):
             raise RuntimeError("DeepSpeed's topology disagrees with the data-parallel index the data was cut by")
-        parts = list(module.parts)
+        _label_groups(engine, module)
+        parts = [int(part) for part in module.parts]     # numpy integers from partition_balanced
         return PipelineTrainer(context=context, engine=engine, precision_recipe=recipe,
                                config={"deepspeed_config": config, **throughput_timer_state(engine),
                                        "stages": options["stages"],
                                        "partition_method": options["partition_method"], "layer_boundaries": parts,
                                        "stage": engine.stage_id, **optimizer_description(context.device)})
+
+
+WORLD = "world"     # harness.rank.comm_counter's label of the default group, where DeepSpeed's p2p sends
+
+
+def _attribute(module: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        module = getattr(module, name)
+    return module
+
+
+def _label_groups(engine: Any, module: Any) -> None:
+    """Name DeepSpeed's groups in the counts: the stage's replicas ("dp"), the pipeline ("pp"), each tied
+    weight's stages ("tied")."""
+    from harness.rank.comm_counter import label_group
+
+    label_group(engine.grid.get_data_parallel_group(), "dp")
+    label_group(engine.grid.get_pipe_parallel_group(), "pp")
+    for comm in module.tied_comms.values():
+        label_group(comm["group"], "tied")

@@ -10,8 +10,8 @@ Traffic per optimizer step per rank, K micro-batches of b samples of s tokens, h
 forward all-reduces each block's two row-parallel outputs, and backward the input gradient of each block's two
 column-parallel layers (q, k and v are one fused layer here; Megatron-LM counts the same 2 + 2, sec. 3 of
 Shoeybi et al. 2019): 4 L K all-reduces of b s h values among the tensor-parallel ranks. They are DTensor's
-functional collectives, counted in the last warm-up step (harness.rank.comm_counter). Sequence parallelism,
-loss parallelism and a 2-D mesh with FSDP2 are not built yet.
+functional collectives, counted in the last warm-up step (harness.rank.comm_counter). The 2-D mesh with FSDP2
+is `fsdp2-tp` (harness.strategies.fsdp2_tp); sequence and loss parallelism are not built yet.
 """
 
 from __future__ import annotations
@@ -21,24 +21,26 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from harness.derive.comm import Collective
 from harness.derive.memory import zero_plan
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
-from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, MicroBatch,
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, MicroBatch,
                                      PrecisionRecipe, Strategy, Trainer, accumulate, make_adamw,
                                      optimizer_description, torchrun_context, unwrapped_parameter_names)
+from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
+                                                split_parameter_count)
 from workloads import Family, Workload, get_workload
 
 MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
 
 
 @dataclass
-class TPTrainer(Trainer):
+class TPTrainer(SlicedParameters, Trainer):
     model: nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
     workload: Workload | None = None
     spec: RunSpec | None = None
+    tp_coordinate: int = 0
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
@@ -52,36 +54,13 @@ class TPTrainer(Trainer):
     def model_state_tensors(self):
         return torch_model_state_tensors(self.model, self.optimizer)
 
-    def _parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def _slices(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
-        """Each tensor as a part whose squares add up over the ranks: a sliced one's local slice; a whole one
-        (held alike by every rank) on rank 0 only, an empty tensor elsewhere."""
-        from torch.distributed.tensor import DTensor, Shard
-
-        parts = []
-        for tensor in tensors:
-            if isinstance(tensor, DTensor) and any(isinstance(p, Shard) for p in tensor.placements):
-                parts.append(tensor.to_local())
-            else:
-                whole = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-                parts.append(whole if self.context.rank == 0 else whole.new_empty(0))
-        return parts, True
-
-    def local_parameters(self):
-        return self._slices(self._parameters())
-
-    def local_gradients(self):
-        return self._slices([p.grad for p in self._parameters()])
-
     def parameter_names(self):
         return unwrapped_parameter_names(self.model)
 
     def parameters_held(self, whole_model: int) -> int:
         from torch.distributed.tensor import DTensor
 
-        return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in self._parameters())
+        return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in self._trainable())
 
 
 class TensorParallel(Strategy):
@@ -96,7 +75,7 @@ class TensorParallel(Strategy):
             raise SpecError("strategy tp needs --warmup-steps >= 1: its collectives are counted in the last "
                             "warm-up step")
 
-    def skip_reason(self, spec: RunSpec) -> str | None:
+    def layout_refusal(self, spec: RunSpec) -> str | None:
         workload = get_workload(spec.workload)
         if workload.family is not Family.GPT:
             return f"tensor parallelism splits transformer blocks; {spec.workload} has none"
@@ -105,7 +84,7 @@ class TensorParallel(Strategy):
             return f"tensor parallelism of {spec.world_size} must divide {spec.workload}'s {heads} heads"
         if spec.device is DeviceKind.CUDA and spec.nnodes > 1:
             return "tensor parallelism's all-reduces sit inside every layer: it runs within one node"
-        return super().skip_reason(spec)
+        return None
 
     def layout(self, spec: RunSpec) -> Layout:
         return Layout(data_parallel=1, pipeline_stages=1, per_replica_batch=spec.global_batch,
@@ -134,16 +113,13 @@ class TensorParallel(Strategy):
         if spec.world_size == 1:
             return ExpectedTraffic()
         config = get_workload(spec.workload).config
-        values = spec.micro_batch * config.seq_len * config.n_embd
-        calls = 2 * config.n_layer * self.layout(spec).micro_batches      # each of forward and backward
-        # Forward sums the row-parallel outputs in the dtype autocast computed them in (bf16), backward the
-        # column-parallel input gradients in the inputs' fp32 (a LayerNorm's output under autocast).
-        forward_bytes = 2 if spec.precision is Precision.BF16 else 4
-        return ExpectedTraffic(collectives=(
-            ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * forward_bytes, calls=calls,
-                               ranks=spec.world_size),
-            ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * 4, calls=calls,
-                               ranks=spec.world_size)))
+        return ExpectedTraffic(collectives=activation_all_reduces(
+            micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
+            micro_batches=self.layout(spec).micro_batches, tp=spec.world_size,
+            bf16=spec.precision is Precision.BF16, group=MESH_DIMENSION))
+
+    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
+        return split_parameter_count(layers, spec.world_size)
 
     def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
         """No gradient is reduced, but under autocast the row-parallel outputs are summed over the ranks in
@@ -160,7 +136,6 @@ class TensorParallel(Strategy):
         from torch.distributed.device_mesh import init_device_mesh
 
         from harness.rank.comm_counter import label_group
-        from harness.strategies.tensor_parallel import parallelize_blocks
 
         model = nn.Sequential(*layers).to(context.device)
         mesh = init_device_mesh(context.device.type, (context.world_size,), mesh_dim_names=(MESH_DIMENSION,))
@@ -168,6 +143,6 @@ class TensorParallel(Strategy):
         blocks = parallelize_blocks(list(model), mesh)
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
-                         workload=workload, spec=spec, precision_recipe=recipe,
+                         workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank,
                          config={"tensor_parallel": context.world_size, "split_blocks": len(blocks),
                                  **optimizer_description(context.device)})

@@ -1,0 +1,165 @@
+"""2-D parallelism: tensor parallelism inside, FSDP2 across, on one `(dp, tp)` device mesh (torchrun). The
+plan and its order are torchtitan's 2-D recipe (`apply_tp`, then `fully_shard` on the dp mesh; torchtitan
+v0.2.2, torchtitan/models/llama3/infra/parallelize.py): every GPT block put in Megatron's layout over the `tp`
+ranks (harness.strategies.tensor_parallel), then each block and the root sharded by FSDP2 over the `dp` ranks.
+
+The mesh is (world size / tp, tp), row-major as `init_device_mesh` lays it out: rank = dp index x tp + tp
+index, so the `tp` ranks of one replica are neighbours (one node's GPUs) and see the same samples. The
+transformer workloads only; ResNet cells are skipped.
+
+Traffic per optimizer step per rank, K micro-batches per replica: tensor parallelism's 4 L K activation
+all-reduces among the tp ranks (harness.strategies.tensor_parallel.activation_all_reduces), and FSDP2's
+calls among the dp ranks, one per unit (each block, and the root holding the embeddings, the final norm and
+the head), each of the parameters this rank's tp slice holds of that unit (the split layers divided by tp, the
+rest whole), in fp32: a block is all-gathered twice per micro-batch (forward, and again in backward after
+being freed), the root once (fully_shard's default keeps the root gathered from forward to backward, as
+torchtitan does; measured: gpt-tiny dp 2 counted K x (2 x 4 + 1) all-gathers), and every unit's gradient
+reduce-scattered once, on the last micro-batch. At dp 1 FSDP2
+issues none (measured: gpt-tiny at tp 2, world size 2, counted only the 64 tensor-parallel all-reduces).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from torch import nn
+
+from harness.derive.comm import Collective
+from harness.derive.memory import zero_plan
+from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option,
+                                     PrecisionRecipe, is_block, make_adamw, optimizer_description)
+from harness.strategies.fsdp2 import FSDP2Trainer
+from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
+                                                split_parameter_count)
+from harness.strategies.tp import TensorParallel
+from workloads import Family, get_workload
+
+TP, DP = "tp", "dp"       # the mesh's dimensions, and the groups' names in the counts
+
+
+@dataclass
+class FSDP2TPTrainer(SlicedParameters, FSDP2Trainer):
+    """FSDP2's trainer (accumulation with gradient sync off but on the last micro-batch), its parameters and
+    gradients read as tensor-parallel slices."""
+
+    tp_coordinate: int = 0
+
+    def parameters_held(self, whole_model: int) -> int:
+        """Parameters of this rank's tensor-parallel slice before FSDP2 shards it over the dp ranks: its local
+        DTensor pieces times the dp ranks sharing them (no padding on the workloads' shapes)."""
+        from torch.distributed.tensor import DTensor
+
+        held = 0
+        for p in self._trainable():
+            names = p.device_mesh.mesh_dim_names or () if isinstance(p, DTensor) else ()
+            dp_shards = p.device_mesh.size(names.index(DP)) if DP in names else 1
+            held += (p.to_local().numel() if isinstance(p, DTensor) else p.numel()) * dp_shards
+        return held
+
+
+class FSDP2TensorParallel(TensorParallel):
+    """`tp` (its counting, its bf16 tolerances, its want of a compute-only pass) with FSDP2 across the replicas."""
+
+    name = "fsdp2-tp"
+    description = "2-D: DTensor tensor parallelism inside, FSDP2 across, on a (dp, tp) mesh (torchrun)"
+    options = {"tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
+                               "FSDP2", minimum=1)}
+
+    def _tp(self, spec: RunSpec) -> int:
+        return spec.resolved_options["tp"]
+
+    def validate(self, spec: RunSpec) -> None:
+        tp = self._tp(spec)
+        if spec.world_size % tp:
+            raise SpecError(f"fsdp2-tp: tp={tp} must divide world_size {spec.world_size} (tp x dp = world size)")
+        if spec.global_batch % ((spec.world_size // tp) * spec.micro_batch):
+            raise SpecError(f"fsdp2-tp: global_batch {spec.global_batch} must be divisible by dp x micro_batch = "
+                            f"{spec.world_size // tp} x {spec.micro_batch}")
+        if spec.warmup_steps < 1:
+            raise SpecError("strategy fsdp2-tp needs --warmup-steps >= 1: its tensor-parallel collectives are "
+                            "counted in the last warm-up step")
+
+    def layout_refusal(self, spec: RunSpec) -> str | None:
+        workload, tp = get_workload(spec.workload), self._tp(spec)
+        if workload.family is not Family.GPT:
+            return f"tensor parallelism splits transformer blocks; {spec.workload} has none"
+        if workload.config.n_head % tp:
+            return f"tensor parallelism of {tp} must divide {spec.workload}'s {workload.config.n_head} heads"
+        if spec.device is DeviceKind.CUDA and (spec.world_size // spec.nnodes) % tp:
+            return (f"tp={tp} must divide the {spec.world_size // spec.nnodes} GPUs per node: tensor "
+                    "parallelism's all-reduces sit inside every layer and stay within a node")
+        return None
+
+    def layout(self, spec: RunSpec) -> Layout:
+        replicas = spec.world_size // self._tp(spec)
+        per_replica = spec.global_batch // replicas
+        return Layout(data_parallel=replicas, pipeline_stages=1, per_replica_batch=per_replica,
+                      micro_batches=max(1, per_replica // spec.micro_batch))
+
+    def replica(self, spec, context) -> int:
+        return context.rank // self._tp(spec)      # the mesh's row: the tp ranks of a replica share samples
+
+    def model_state_plan(self, data_parallel, recipe, options):
+        """FSDP2 shards weights, gradients and AdamW state of this rank's tensor-parallel slice (counted in
+        `parameters_held`) over the dp ranks, like ZeRO-3, in the parameters' fp32."""
+        weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
+        return zero_plan(3, data_parallel, weights, gradients, optimizer,
+                         basis=f"{recipe.value}: torch AdamW over fully_shard's fp32 shards of this rank's "
+                               "tensor-parallel slice, all three sharded over the dp ranks")
+
+    def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
+        tp, layout, config = self._tp(spec), self.layout(spec), get_workload(spec.workload).config
+        collectives = ()
+        if tp > 1:
+            collectives = activation_all_reduces(
+                micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
+                micro_batches=layout.micro_batches, tp=tp, bf16=spec.precision is Precision.BF16, group=TP)
+        if layout.data_parallel == 1:       # FSDP2 skips its collectives over a group of one rank
+            return ExpectedTraffic(collectives=collectives)
+        # One call per FSDP2 unit: each block, then the root holding the rest (embeddings, final norm, head).
+        units = Counter(4 * split_parameter_count([layer], tp) for layer in layers if is_block(layer))
+        root_bytes = 4 * split_parameter_count([layer for layer in layers if not is_block(layer)], tp)
+        gathers = [ExpectedCollective(collective=Collective.ALL_GATHER, size_bytes=size,
+                                      calls=2 * layout.micro_batches * count, ranks=layout.data_parallel, group=DP,
+                                      stride=tp)
+                   for size, count in sorted(units.items()) if count]
+        reduces = [ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=size, calls=count,
+                                      ranks=layout.data_parallel, group=DP, stride=tp)
+                   for size, count in sorted(units.items()) if count]
+        return ExpectedTraffic(collectives=(
+            *collectives, *gathers,
+            # The root stays gathered from its forward to its backward (fully_shard's default for the root).
+            ExpectedCollective(collective=Collective.ALL_GATHER, size_bytes=root_bytes, calls=layout.micro_batches,
+                               ranks=layout.data_parallel, group=DP, stride=tp),
+            *reduces,
+            ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=root_bytes, calls=1,
+                               ranks=layout.data_parallel, group=DP, stride=tp)))
+
+    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
+        """This rank's tensor-parallel slice, before FSDP2 shards it over the dp ranks."""
+        return split_parameter_count(layers, self._tp(spec))
+
+    def wrap(self, spec, context, workload, layers):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        from harness.rank.comm_counter import label_group
+
+        tp = self._tp(spec)
+        mesh = init_device_mesh(context.device.type, (context.world_size // tp, tp), mesh_dim_names=(DP, TP))
+        label_group(mesh.get_group(TP), TP)
+        label_group(mesh.get_group(DP), DP)
+        model = nn.Sequential(*layers).to(context.device)
+        blocks = parallelize_blocks(list(model), mesh[TP])
+        for layer in model:
+            if is_block(layer):
+                fully_shard(layer, mesh=mesh[DP])
+        fully_shard(model, mesh=mesh[DP])
+        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
+        return FSDP2TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
+                              workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank % tp,
+                              config={"tensor_parallel": tp, "data_parallel": context.world_size // tp,
+                                      "split_blocks": len(blocks), "sharded_units": len(blocks) + 1,
+                                      **optimizer_description(context.device)})
