@@ -193,12 +193,25 @@ def test_cluster_model_prices_each_collective_with_its_chosen_algorithm():
     assert ClusterModel(CLUSTER).collective_seconds("all_reduce", 1e9, 16) == pytest.approx(75.076e-3, rel=1e-12)
 
 
+# ---- point to point: a pipeline's sends ---------------------------------------------------------------------
+
+def test_a_send_is_one_hop_inside_a_node_or_across_and_its_recv_costs_nothing():
+    # 1 MB between two GPUs of a node: 2 us + 1e6 x 1e-11 s = 12 us; from each of a node's 8 GPUs to the next
+    # node at once (stages a node apart), each with 1/8 of its 25 GB/s: 10 us + 1e6 x 8 x 4e-11 s = 330 us; on one
+    # link: 10 us + 1 ms.
+    assert collective_time("send", 1e6, 2, CLUSTER) == pytest.approx(2e-6 + 1e6 * 1e-11)
+    across = CLUSTER.seen_by_interleaved_groups(8)       # the 8 ranks of a node each send to the next node at once
+    assert collective_time("send", 1e6, 2, across) == pytest.approx(10e-6 + 1e6 * 8 * 4e-11)
+    assert one_link_time("send", 1e6, 2, LINK) == pytest.approx(10e-6 + 1e6 * 1e-9)
+    assert collective_time("recv", 1e6, 2, CLUSTER) == 0.0
+
+
 # ---- bad input: one line naming what is wrong and what is allowed -------------------------------------------
 
 @pytest.mark.parametrize("call, words", [
     (lambda: collective_time("all_reduce", 1e9, 12, CLUSTER), ["12", "whole nodes of 8", "multiple of 8"]),
     (lambda: collective_time("all_gather", 1e9, 16, CLUSTER, "tree"), ["tree", "all_gather", "ring"]),
-    (lambda: collective_time("send", 1e6, 2, CLUSTER), ["send", "all_reduce"]),
+    (lambda: collective_time("scatter", 1e6, 2, CLUSTER), ["scatter", "all_reduce"]),
     (lambda: collective_time("all_reduce", -1.0, 2, CLUSTER), ["size", ">= 0"]),
     (lambda: collective_time("all_reduce", 1e6, 0, CLUSTER), ["ranks", ">= 1"]),
     (lambda: one_link_time("all_reduce", 1e6, 4, LINK, "hierarchical"), ["hierarchical", "ring, tree"]),

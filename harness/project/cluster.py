@@ -81,6 +81,26 @@ class Cluster:
     def layout(self, ranks: int) -> "NodeLayout":
         return node_layout(ranks, self.gpus_per_node)
 
+    def seen_by_interleaved_groups(self, stride: int) -> "Cluster":
+        """The cluster as one of several process groups that run at once sees it, whose members are `stride`
+        ranks apart (a 2-D mesh's dp group, one member per tp slice; the others hold the ranks between): a node
+        holds gpus_per_node / stride members of each group (1 where stride >= gpus_per_node), and min(stride,
+        gpus_per_node) groups cross its boundary at once, each with that share of the node's NICs. A GPU's link
+        inside its node is its own. Stride 1 is the cluster itself."""
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise SpecError(f"a group's stride must be a whole number >= 1, got {stride!r}")
+        sharing = min(stride, self.gpus_per_node)
+        if stride == 1:
+            return self
+        if self.gpus_per_node % sharing:
+            raise SpecError(f"groups {stride} ranks apart do not tile nodes of {self.gpus_per_node} GPUs; allowed: "
+                            f"a divisor or a multiple of {self.gpus_per_node}")
+        return Cluster(name=f"{self.name}, 1 of {sharing} interleaved groups", gpus_per_node=self.gpus_per_node // sharing,
+                       intra_node=self.intra_node,
+                       inter_node=Link(latency_s=self.inter_node.latency_s,
+                                       bandwidth_bytes_per_s=self.inter_node.bandwidth_bytes_per_s / sharing),
+                       description=self.description, sources=self.sources)
+
 
 @dataclass(frozen=True, slots=True)
 class NodeLayout:

@@ -67,9 +67,12 @@ DEFAULT_ALGORITHMS: dict[str, Algorithm] = {
     Collective.BROADCAST: Algorithm.CHAIN,
     Collective.REDUCE: Algorithm.CHAIN,
     Collective.ALL_TO_ALL: Algorithm.PAIRWISE,
+    # A pipeline's point to point: a send is one hop, alpha + n beta on the link between the two ranks (a chain
+    # of 2); its recv is the same bytes arriving, carried by the peer's send, so it is priced at nothing.
+    Collective.SEND: Algorithm.CHAIN,
+    Collective.RECV: Algorithm.CHAIN,
 }
-# send/recv are not modelled: `harness comm` does not measure them, and their cost depends on where the
-# pipeline's stages sit, which a cluster description does not say.
+POINT_TO_POINT = ("send", "recv")
 
 
 class Library(enum.StrEnum):
@@ -91,7 +94,7 @@ LIBRARY_ALGORITHMS: dict[Library, dict[str, tuple[Algorithm, ...]]] = {
     Library.NCCL: {Collective.ALL_REDUCE: (Algorithm.RING, Algorithm.TREE),
                    Collective.ALL_GATHER: (Algorithm.RING,), Collective.REDUCE_SCATTER: (Algorithm.RING,),
                    Collective.BROADCAST: (Algorithm.CHAIN,), Collective.REDUCE: (Algorithm.CHAIN,),
-                   Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,)},
+                   Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,), **{c: (Algorithm.CHAIN,) for c in POINT_TO_POINT}},
     # gloo: gloo::allreduce is a ring (gloo/allreduce.cc; PyTorch's ProcessGroupGloo sets
     # Algorithm::RING, Horovod's GlooAllreduce takes the default), gloo::allgather a ring. A reduce-scatter
     # is priced as the ring's; PyTorch's gloo runs it as an all-reduce of the whole buffer and a slice
@@ -101,7 +104,7 @@ LIBRARY_ALGORITHMS: dict[Library, dict[str, tuple[Algorithm, ...]]] = {
     Library.GLOO: {Collective.ALL_REDUCE: (Algorithm.RING,), Collective.ALL_GATHER: (Algorithm.RING,),
                    Collective.REDUCE_SCATTER: (Algorithm.RING,),
                    Collective.BROADCAST: (Algorithm.CHAIN,), Collective.REDUCE: (Algorithm.CHAIN,),
-                   Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,)},
+                   Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,), **{c: (Algorithm.CHAIN,) for c in POINT_TO_POINT}},
     # MPI as MPICH (Thakur et al. 2005): all-reduce by Rabenseifner's halving-doubling for long messages
     # (its reduce-scatter exchanges the larger halves with the nearer ranks, its all-gather in reverse); where
     # p is not a power of two MPICH folds the extra ranks in first, which is not modelled: the ring then.
@@ -111,7 +114,7 @@ LIBRARY_ALGORITHMS: dict[Library, dict[str, tuple[Algorithm, ...]]] = {
     Library.MPI: {Collective.ALL_REDUCE: (Algorithm.RING, Algorithm.HALVING_DOUBLING),
                   Collective.ALL_GATHER: (Algorithm.RING,), Collective.REDUCE_SCATTER: (Algorithm.RING,),
                   Collective.BROADCAST: (Algorithm.CHAIN,), Collective.REDUCE: (Algorithm.CHAIN,),
-                  Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,)},
+                  Collective.ALL_TO_ALL: (Algorithm.PAIRWISE,), **{c: (Algorithm.CHAIN,) for c in POINT_TO_POINT}},
 }
 
 
@@ -189,6 +192,9 @@ ONE_LINK_FORMS: dict[tuple[str, Algorithm], Form] = {
     # each a rank exchanges the n/p bytes meant for one peer with that peer: (p-1) alpha + (p-1)/p n beta.
     (Collective.ALL_TO_ALL, Algorithm.PAIRWISE): Form(
         lambda p: p - 1, BUSBW_FACTORS[Collective.ALL_TO_ALL], THAKUR_2005),
+    # One message between two ranks (Hockney's alpha + n beta); the receiving side's time is the send's.
+    (Collective.SEND, Algorithm.CHAIN): Form(lambda p: p - 1, BUSBW_FACTORS[Collective.SEND], "Hockney 1994"),
+    (Collective.RECV, Algorithm.CHAIN): Form(lambda p: 0, lambda p: 0.0, "the peer's send carries it"),
 }
 
 
@@ -337,6 +343,8 @@ TWO_LEVEL: dict[tuple[str, Algorithm], Callable[[float, NodeLayout, Cluster], fl
     (Collective.BROADCAST, Algorithm.CHAIN): _chain,
     (Collective.REDUCE, Algorithm.CHAIN): _chain,
     (Collective.ALL_TO_ALL, Algorithm.PAIRWISE): _pairwise_all_to_all,
+    (Collective.SEND, Algorithm.CHAIN): _chain,       # 2 ranks: one hop, inside a node or across
+    (Collective.RECV, Algorithm.CHAIN): lambda n, layout, cluster: 0.0,
 }
 
 

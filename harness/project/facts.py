@@ -46,6 +46,39 @@ class RegistryFacts:
         return chosen.expected_collectives(data_parallel=data_parallel, micro_batches=micro_batches,
                                            options=resolved, traffic=traffic).to_dict()
 
+    def expected_for_cell(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str,
+                          world_size: int, global_batch: int, micro_batch: int,
+                          gpus_per_node: int | None = None) -> tuple[dict[str, Any], int, int]:
+        """(the strategy's ExpectedTraffic as a dict, its data-parallel size, the parameters a rank holds before
+        sharding: `Strategy.planned_parameters_held`) for the cell of `workload` at
+        `world_size` and `global_batch`, on GPUs `gpus_per_node` to a node (None: one node): for strategies
+        whose traffic runs in named groups of their own sizes (tensor parallelism's "tp", a 2-D mesh's "dp"),
+        which the parameter counts of `expected_per_step` cannot describe. The workload's layers are built on
+        the meta device (shapes, no memory). A layout the strategy refuses there (`Strategy.layout_refusal`)
+        is a SpecError naming the rule."""
+        import torch
+
+        from harness.spec import DeviceKind, RunSpec
+        from workloads import get_workload
+
+        nodes = max(1, world_size // gpus_per_node) if gpus_per_node else 1
+        chosen, _ = self._strategy(strategy, options)
+        cell = RunSpec(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
+                       micro_batch=micro_batch, precision=precision, options=dict(options), device=DeviceKind.CUDA,
+                       nnodes=nodes if world_size % nodes == 0 else 1)
+        refusal = chosen.layout_refusal(cell)
+        if refusal:
+            raise SpecError(refusal)
+        with torch.device("meta"):
+            layers = get_workload(workload).build_layers()
+        return (chosen.expected_traffic(cell, layers).to_dict(), cell.layout.data_parallel,
+                chosen.planned_parameters_held(cell, layers))
+
+    def bubble_factor(self, strategy: str, options: Mapping[str, Any], micro_batches: int) -> float:
+        """A step's time over its ranks' own work by the strategy's schedule (`Strategy.bubble_factor`)."""
+        chosen, resolved = self._strategy(strategy, options)
+        return float(chosen.bubble_factor(resolved, micro_batches))
+
     def wire_calls(self, strategy: str, options: Mapping[str, Any], collective: str, counted_calls: float,
                    bytes_per_step: float, backward_s: float) -> float:
         """How many collectives the counted calls of one type per step become on the wire

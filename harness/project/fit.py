@@ -212,10 +212,17 @@ class Calibration:
     not_modelled: tuple[str, ...] = ()    # collectives the rows measured that the model has no form for
 
     def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
+        if collective == "recv":            # carried by the peer's send (harness.project.collectives)
+            return 0.0
+        if collective == "send" and "send" not in self.fits:
+            # `harness comm` times no send; a broadcast between 2 ranks is one (a chain of one hop).
+            return self.fit("broadcast").seconds(size_bytes, 2)
         return self.fit(collective).seconds(size_bytes, ranks)
 
     def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
         """The algorithm the collective's fit assumed, at any size and rank count."""
+        if collective in ("send", "recv") and collective not in self.fits:
+            return "chain"
         return self.fit(collective).algorithm.value
 
     def link(self, collective: str) -> Link:

@@ -74,14 +74,15 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 
 from harness.derive.beyond_ws1 import one_rank_launches
-from harness.derive.comm import wire_bytes
+from harness.derive.comm import RECEIVED_ONLY, wire_bytes
 from harness.derive.exposed import exposed_communication, slowest_rank_per_step, stalled_steps
 from harness.derive.hosts import row_host_load
 from harness.derive.identity import conditions_id, distinguishing_suffixes, row_conditions
 from harness.derive.memory import ModelStatePlan, plan_bytes
 from harness.derive.rows import is_ok, measurements, options_text, shared_device, spec
-from harness.project.cluster import Cluster
-from harness.project.collectives import DEFAULT_ALGORITHMS, LIBRARY_ALGORITHMS, ClusterModel, CommModel, Library
+from harness.project.cluster import Cluster, Link
+from harness.project.collectives import (DEFAULT_ALGORITHMS, LIBRARY_ALGORITHMS, POINT_TO_POINT, ClusterModel,
+                                         CommModel, Library)
 from harness.project.fit import Calibration
 from harness.record import PROJECTION_KIND
 from harness.spec import SpecError
@@ -116,6 +117,12 @@ class StrategyFacts(Protocol):
     def model_state_plan(self, strategy: str, options: Mapping[str, Any], data_parallel: int,
                          recipe: str) -> ModelStatePlan: ...
 
+    def expected_for_cell(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str,
+                          world_size: int, global_batch: int, micro_batch: int,
+                          gpus_per_node: int | None = None) -> tuple[dict[str, Any], int, int]: ...
+
+    def bubble_factor(self, strategy: str, options: Mapping[str, Any], micro_batches: int) -> float: ...
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Scheduled:
@@ -126,6 +133,8 @@ class Scheduled:
     calls: float                # per optimizer step
     group: int | None = None    # ranks it runs among; None: the data-parallel group, N at the target
     origin: str = "counted"     # "counted" in the rows, or "expected" (the strategy's, not counted)
+    label: str = ""             # the group's name where the strategy names its groups ("tp", "dp")
+    stride: int = 1             # ranks between its members (ExpectedCollective.stride): > 1 spreads it over nodes
 
     def ranks(self, world_size: int) -> int:
         return world_size if self.group is None else self.group
@@ -158,6 +167,9 @@ class Basis:
     run_ids: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     conditions: str = ""               # what tells it from a basis of the same cell measured elsewhere ("@50Mbit/s")
+    # Traffic in groups of the strategy's own (tensor parallelism's "tp", a 2-D mesh's "dp"): its schedule at a
+    # target is the strategy's expected traffic for the cell at that size (`grouped_schedule_at`).
+    grouped: bool = False
 
     @property
     def label(self) -> str:
@@ -196,13 +208,39 @@ class Projected:
 # ---- pricing -------------------------------------------------------------------------------------------
 
 
+def priced_on(model: CommModel, item: Scheduled, world_size: int) -> CommModel:
+    """The model that prices `item` in a step of `world_size` ranks: on a described cluster, a group whose
+    members are `stride` ranks apart is priced on the cluster as such interleaved groups see it
+    (Cluster.seen_by_interleaved_groups: fewer of its ranks per node, the node's NICs shared with the groups
+    beside it). A pipeline's send to the next stage, `stride` ranks on, crosses a node boundary somewhere once
+    the ranks fill more than a node, and the step waits for the slowest boundary: there the min(stride, g)
+    ranks of a node send across at once, each with that share of its NICs. A calibration is one level, the
+    same for every group."""
+    if not isinstance(model, ClusterModel):
+        return model
+    cluster = model.cluster
+    if item.collective in POINT_TO_POINT:
+        if world_size <= cluster.gpus_per_node:
+            return model
+        sharing = min(item.stride, cluster.gpus_per_node)
+        crossing = Cluster(name=f"{cluster.name}, a stage boundary across nodes", gpus_per_node=1,
+                           intra_node=cluster.intra_node,
+                           inter_node=Link(latency_s=cluster.inter_node.latency_s,
+                                           bandwidth_bytes_per_s=cluster.inter_node.bandwidth_bytes_per_s / sharing))
+        return ClusterModel(crossing, dict(model.algorithms), model.library)
+    if item.stride <= 1:
+        return model
+    return ClusterModel(cluster.seen_by_interleaved_groups(item.stride), dict(model.algorithms), model.library)
+
+
 def comm_seconds(schedule: Iterable[Scheduled], world_size: int, model: CommModel,
                  factors: Mapping[str, float] | None = None) -> float:
     """Seconds of communication per step: every call priced alone (its latency terms are per call), each
     collective's time scaled by `factors` (the interval's percentiles) where given."""
     total = 0.0
     for item in schedule:
-        seconds = model.collective_seconds(item.collective, item.size_bytes, item.ranks(world_size))
+        seconds = priced_on(model, item, world_size).collective_seconds(item.collective, item.size_bytes,
+                                                                        item.ranks(world_size))
         total += item.calls * seconds * (factors or {}).get(item.collective, 1.0)
     return total
 
@@ -290,6 +328,74 @@ def _stand_ins(schedule: Sequence[Scheduled], expected: Mapping[str, tuple[float
     return {unexpected[0]: missing[0]} if len(unexpected) == 1 and len(missing) == 1 else {}
 
 
+GROUPED_NOTE = ("schedule: the strategy's expected traffic for the cell at this size, group by group (its counted "
+                "traffic equals it call for call where tested: tests/test_hybrid.py); a group of neighbours stays "
+                "inside a node, a group spread over the mesh (stride > 1) shares each node's links with the groups "
+                "beside it; compute: the samples a rank's replica runs over the ranks that split them, though "
+                "what tensor parallelism does not split (embeddings, norms, the optimizer's unsplit state) is "
+                "not divided")
+
+
+def grouped_schedule_at(basis: Basis, world_size: int, global_batch: int, facts: StrategyFacts,
+                        gpus_per_node: int | None = None) -> tuple[tuple[Scheduled, ...], int, int, int]:
+    """(the step's collectives, the data-parallel size, micro-batches per replica, the parameters a rank holds
+    before sharding) of a grouped basis's cell at
+    `world_size` and `global_batch` on nodes of `gpus_per_node`, from the strategy's own expected traffic there
+    (SpecError where the strategy refuses that layout: tensor parallelism across nodes, or of a degree that
+    does not divide the heads)."""
+    expected, data_parallel, held = facts.expected_for_cell(
+        workload=basis.workload, strategy=basis.strategy, options=basis.options, precision=basis.precision,
+        world_size=world_size, global_batch=global_batch, micro_batch=basis.micro_batch, gpus_per_node=gpus_per_node)
+    if expected.get("not_modelled_because"):
+        raise SpecError(f"{basis.strategy}: its traffic is not modelled ({expected['not_modelled_because']})")
+    schedule = tuple(Scheduled(collective=e["collective"], size_bytes=float(e["size_bytes"]), calls=float(e["calls"]),
+                               group=int(e["ranks"]), origin="expected", label=str(e.get("group", "")),
+                               stride=int(e.get("stride", 1)))
+                     for e in expected["collectives"] if e["calls"])
+    return schedule, data_parallel, max(1, global_batch // (data_parallel * basis.micro_batch)), held
+
+
+def is_grouped(m: Mapping[str, Any]) -> bool:
+    """Whether a row's strategy names its groups other than the default one (tensor parallelism, 2-D meshes)."""
+    entries = (m.get("comm_expected_per_step") or {}).get("collectives") or ()
+    return any(e.get("group", "world") != "world" for e in entries)
+
+
+def labelled_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
+    """The busiest rank's counted collectives per type and named group, each among its group's recorded ranks,
+    with the stride the strategy gave that group (the counter names groups: harness.rank.comm_counter)."""
+    strides = {e.get("group"): int(e.get("stride", 1))
+               for e in (m.get("comm_expected_per_step") or {}).get("collectives") or ()}
+    schedule = []
+    for collective, figures in sorted(busiest_counts(m).items()):
+        ranks = figures.get("group_ranks") or {}
+        for label, counts in sorted((figures.get("by_group") or {}).items()):
+            if counts["calls"] and counts["bytes"] and label in ranks:
+                schedule.append(Scheduled(collective=collective, size_bytes=counts["bytes"] / counts["calls"],
+                                          calls=counts["calls"], group=int(ranks[label]), label=label,
+                                          stride=strides.get(label, 1)))
+    return tuple(schedule)
+
+
+def counted_against_expected(m: Mapping[str, Any]) -> tuple[str, ...]:
+    """A note for each (collective, group) whose counted calls or bytes per step differ from the row's own
+    expected traffic: a grouped basis is projected on its expected traffic, so a difference is said."""
+    expected: dict[tuple[str, str], list[float]] = {}
+    for e in (m.get("comm_expected_per_step") or {}).get("collectives") or ():
+        totals = expected.setdefault((e["collective"], e.get("group", "world")), [0.0, 0.0])
+        totals[0] += e["calls"]
+        totals[1] += e["calls"] * e["size_bytes"]
+    counted = {(item.collective, item.label): [item.calls, item.calls * item.size_bytes]
+               for item in labelled_schedule(m)}
+    notes = []
+    for key in sorted(set(expected) | set(counted)):
+        want, got = expected.get(key, [0.0, 0.0]), counted.get(key, [0.0, 0.0])
+        if any(abs(a - b) > 1e-9 * max(abs(a), abs(b), 1.0) for a, b in zip(want, got)):
+            notes.append(f"counted {key[0]} in group {key[1]}: {got[0]:g} calls, {got[1]:.6g} B a step, against "
+                         f"{want[0]:g} calls, {want[1]:.6g} B expected: projected on the expected")
+    return tuple(notes)
+
+
 # ---- projecting -----------------------------------------------------------------------------------------
 
 
@@ -306,7 +412,12 @@ def project(basis: Basis, world_sizes: Sequence[int], model: CommModel, facts: S
                 skipped.append(f"{basis.label} strong at {n}: the global batch {basis.global_batch} does not "
                                f"split over {n} ranks")
                 continue
-            points.append(_point(basis, scaling, n, model, facts, interval))
+            try:
+                points.append(_point(basis, scaling, n, model, facts, interval))
+            except SpecError as error:
+                if not basis.grouped:
+                    raise
+                skipped.append(f"{basis.label} {scaling.value} at {n}: {error}")   # a layout refused at n
     return points, skipped
 
 
@@ -318,7 +429,18 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
         per_device = basis.global_batch / n
         micro_batches = max(1, int(per_device) // basis.micro_batch)
         compute = basis.compute_s * per_device / basis.per_device_batch
-    schedule, notes = schedule_at(basis, n, micro_batches, facts)
+    if basis.grouped:
+        gpus_per_node = model.cluster.gpus_per_node if isinstance(model, ClusterModel) else None
+        schedule, data_parallel, micro_batches, parameters = grouped_schedule_at(
+            basis, n, round(per_device * n), facts, gpus_per_node)
+        notes: tuple[str, ...] = (GROUPED_NOTE,)
+        bubble = facts.bubble_factor(basis.strategy, basis.options, micro_batches)
+        if bubble != 1.0:       # a pipeline: its stages idle while it fills and drains
+            compute *= bubble
+            notes += (f"compute includes the pipeline's bubble: x {bubble:.4g} = (K + S - 1) / K at K = "
+                      f"{micro_batches} micro-batches",)
+    else:
+        (schedule, notes), data_parallel, parameters = schedule_at(basis, n, micro_batches, facts), n, basis.parameters
     notes += above_one_note(basis.exposed_fraction)
     comm = comm_seconds(schedule, n, model)
     exposed = exposed_seconds(comm, compute, basis.exposed_fraction)
@@ -332,10 +454,12 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
     one_device = basis.compute_s * (basis.per_device_batch if scaling is Scaling.WEAK else basis.global_batch) \
         / basis.per_device_batch
     efficiency = one_device / step if scaling is Scaling.WEAK else one_device / (n * step)
-    plan = facts.model_state_plan(basis.strategy, basis.options, n, basis.recipe)
-    memory = plan_bytes(plan, basis.parameters, basis.kept_whole)["total"]
-    wire = sum(item.calls * wire_bytes(item.collective, item.size_bytes, item.ranks(n)) for item in schedule)
-    algorithms = tuple(model.algorithm(item.collective, item.size_bytes, item.ranks(n)) for item in schedule)
+    plan = facts.model_state_plan(basis.strategy, basis.options, data_parallel, basis.recipe)
+    memory = plan_bytes(plan, parameters, basis.kept_whole)["total"]
+    wire = sum(item.calls * wire_bytes(item.collective, item.size_bytes, item.ranks(n)) for item in schedule
+               if item.collective not in RECEIVED_ONLY)       # a recv is its peer's send
+    algorithms = tuple(priced_on(model, item, n).algorithm(item.collective, item.size_bytes, item.ranks(n))
+                       for item in schedule)
     return Projected(basis=basis, scaling=scaling, world_size=n, global_batch=global_batch, per_device_batch=per_device,
                      micro_batches=micro_batches, compute_s=compute, comm_s=comm, exposed_s=exposed, step_s=step,
                      step_low_s=low, step_high_s=high, samples_per_s=samples,
@@ -366,18 +490,23 @@ def check_world_sizes(world_sizes: Sequence[int], model: CommModel) -> None:
 # ---- bases from measured rows ---------------------------------------------------------------------------
 
 
-def counted_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
-    """Collectives per step of the busiest rank, per type and group size (calls shared out by bytes where a
-    type ran in groups of several sizes). Rows without group sizes (schema 1) ran every collective among
-    the data-parallel group."""
-    data_parallel = int(m.get("data_parallel") or 1)
+def busiest_counts(m: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """{collective: the counts of the rank that moved the most bytes of it} (`comm_per_step_by_rank`)."""
     busiest: dict[str, Mapping[str, Any]] = {}
     for counted in m.get("comm_per_step_by_rank") or ():
         for collective, figures in counted.items():
             if figures["bytes"] >= busiest.get(collective, {"bytes": -1.0})["bytes"]:
                 busiest[collective] = figures
+    return busiest
+
+
+def counted_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
+    """Collectives per step of the busiest rank, per type and group size (calls shared out by bytes where a
+    type ran in groups of several sizes). Rows without group sizes (schema 1) ran every collective among
+    the data-parallel group."""
+    data_parallel = int(m.get("data_parallel") or 1)
     schedule = []
-    for collective, figures in sorted(busiest.items()):
+    for collective, figures in sorted(busiest_counts(m).items()):
         if not figures["calls"] or not figures["bytes"]:
             continue
         groups = figures.get("bytes_by_group_size") or {str(data_parallel): figures["bytes"]}
@@ -455,6 +584,12 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
     for row in rows:
         if is_ok(row) and not shared_device(row):
             groups.setdefault(_group_key(row), []).append(row)
+    # The plain loop's cells by what fixes its work (workload, precision, micro-batch, device, conditions): the
+    # compute of a strategy that has neither a world-size-1 cell nor a compute-only pass.
+    plains: dict[tuple, list[Mapping[str, Any]]] = {}
+    for key, members in groups.items():
+        if key[1] == "plain":
+            plains.setdefault(key[:1] + key[3:], []).extend(members)
     bases = []
     tags = dict(zip(groups, distinguishing_suffixes([(str(key[:-1]), row_conditions(members[0]))
                                                       for key, members in groups.items()])))
@@ -481,8 +616,10 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
             at_batch = [r for r in chosen if int(spec(r)["global_batch"]) == batch]
             named = label + (f" at global batch {batch}" if len(batches) > 1 else "")
             try:
-                one_device = one_device_step(members, batch / top)
-                bases.append(replace(_basis(at_batch, facts, measuring_host, one_device, compute_factor),
+                one_device, whose = one_device_step(members, batch / top), "the strategy's"
+                if one_device is None and not any(compute_only_seconds(measurements(r)) for r in at_batch):
+                    one_device, whose = one_device_step(plains.get(key[:1] + key[3:], []), batch / top), "the plain loop's"
+                bases.append(replace(_basis(at_batch, facts, measuring_host, one_device, compute_factor, whose),
                                      conditions=tags[key]))
             except SpecError as error:
                 skipped.append(f"{named}: {error}")
@@ -490,7 +627,8 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
 
 
 def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibration | None,
-           one_device: tuple[float, float] | None = None, compute_factor: ComputeFactor | None = None) -> Basis:
+           one_device: tuple[float, float] | None = None, compute_factor: ComputeFactor | None = None,
+           whose: str = "the strategy's") -> Basis:
     first = rows[0]
     s, m = spec(first), measurements(first)
     if s["strategy"] == "plain":
@@ -501,12 +639,16 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
     if one_device is not None:
         # The strategy's own step on one device, in proportion to the samples: it holds the strategy's
         # work on the rank (ZeRO-3's and FSDP2's parameter bookkeeping, DeepSpeed's flattening), which the
-        # compute-only pass (the model's forward and backward alone) leaves out, and no network.
+        # compute-only pass (the model's forward and backward alone) leaves out, and no network. Where the
+        # strategy has neither (tensor parallelism, a pipeline, measured above one rank only), the plain loop's.
         compute = one_device[0] * per_device / one_device[1]
-        compute_source = f"the strategy's world-size-1 step, {one_device[0] * 1e3:.4g} ms at {one_device[1]:g} samples"
-        beyond_what = "step beyond the strategy's world-size-1 step"       # harness.derive.beyond_ws1's figure
+        compute_source = f"{whose} world-size-1 step, {one_device[0] * 1e3:.4g} ms at {one_device[1]:g} samples"
+        beyond_what = f"step beyond {whose} world-size-1 step"       # harness.derive.beyond_ws1's figure
         steps = [t for t in (unstalled_median_step_s(measurements(r)) for r in rows) if t is not None]
-        exposed = [t - compute * factor for t in steps]
+        # A pipeline's stages idle in its bubble: not communication (Strategy.bubble_factor, 1 elsewhere).
+        bubble = facts.bubble_factor(s["strategy"], dict(s.get("options") or {}),
+                                     int(m.get("micro_batches_per_step") or 1))
+        exposed = [t - compute * factor * bubble for t in steps]
     else:
         computes = [c for c in (compute_only_seconds(measurements(r)) for r in rows) if c is not None]
         if not computes:
@@ -516,16 +658,20 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
         beyond_what = "exposed communication (step beyond the compute-only pass)"
         exposed = [e for e in (exposed_communication(measurements(r)).exposed_comm_s for r in rows) if e is not None]
     data_parallel = int(m.get("data_parallel") or world_size)
-    if data_parallel != world_size:
-        raise SpecError(f"{data_parallel} data-parallel replicas over {world_size} ranks: only pure data "
-                        "parallelism is projected")
+    grouped = is_grouped(m)
+    if data_parallel != world_size and not grouped:
+        raise SpecError(f"{data_parallel} data-parallel replicas over {world_size} ranks: only data parallelism and "
+                        "strategies whose traffic names its groups (tp, fsdp2-tp, pipeline) are projected")
     parameters = int(max(m.get("parameters_held_by_rank") or [m.get("parameters") or 0]))
     if parameters < 1:
         raise SpecError("the row records no parameter count")
     micro_batches = int(m.get("micro_batches_per_step") or 1)
     options = dict(s.get("options") or {})
-    schedule, notes = on_the_wire(counted_schedule(m), facts, s["strategy"], options,
-                                  backward_s=BACKWARD_SHARE * compute * factor / micro_batches)
+    if grouped:
+        schedule, notes = labelled_schedule(m), counted_against_expected(m)
+    else:
+        schedule, notes = on_the_wire(counted_schedule(m), facts, s["strategy"], options,
+                                      backward_s=BACKWARD_SHARE * compute * factor / micro_batches)
     gradient_bytes, gathered_bytes = _traffic_bytes(m, parameters)
     if world_size < 2 or not exposed:
         fraction, source = 1.0, NO_OVERLAP + (f" (measured at world size {world_size})" if world_size < 2 else "")
@@ -545,7 +691,7 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
                  world_size=world_size, micro_batches=micro_batches, schedule=schedule,
                  gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
                  overlap_source=source, compute_source=compute_source,
-                 run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=notes)
+                 run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=notes, grouped=grouped)
 
 
 def on_the_wire(schedule: Sequence[Scheduled], facts: StrategyFacts, strategy: str, options: Mapping[str, Any],
