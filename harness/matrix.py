@@ -158,8 +158,8 @@ class Cells:
         if strategy not in self.chosen:
             return
         if options is None:     # two-way model parallelism where there are two ranks
-            options = {"pipeline": {"stages": min(2, world_size)},
-                       "fsdp2-tp": {"tp": min(2, world_size)}}.get(strategy, {})
+            options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)},
+                       "autotp": {"tp": min(2, world_size)}}.get(strategy, {})
         fields = dict(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
                       micro_batch=plan.micro_batch, precision=precision or self.plan.precision,
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
@@ -291,7 +291,7 @@ HYBRID_PLANS = {
     DeviceKind.CUDA: {name: BatchPlan(micro_batch=2, per_device_batch=4, warmup_steps=5, timed_steps=20)
                       for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
 }
-HYBRID_STRATEGIES = ("ddp", "fsdp2", "tp", "fsdp2-tp", "pipeline")
+HYBRID_STRATEGIES = ("ddp", "fsdp2", "tp", "fsdp2-tp", "autotp", "pipeline")
 
 
 def hybrid_options(strategy: str, world_size: int, machine: Machine, workload: str) -> dict[str, object]:
@@ -302,7 +302,7 @@ def hybrid_options(strategy: str, world_size: int, machine: Machine, workload: s
     rest."""
     two_if_even = 2 if world_size % 2 == 0 else 1
     model = get_workload(workload)
-    if strategy == "fsdp2-tp":
+    if strategy in ("fsdp2-tp", "autotp"):
         return {"tp": max(two_if_even, math.gcd(world_size, machine.devices_per_node, model.config.n_head))}
     if strategy == "pipeline":
         most = max(two_if_even, min(world_size // machine.devices_per_node, model.layer_count))
@@ -311,10 +311,10 @@ def hybrid_options(strategy: str, world_size: int, machine: Machine, workload: s
 
 
 def hybrid(machine: Machine, select: Selection) -> list[RunSpec]:
-    """Tensor parallelism (`tp`), 2-D FSDP2 x TP (`fsdp2-tp`) and pipeline x data parallel beside DDP and
-    FSDP2 on the transformers, at world sizes 2 and 4 on CPU (gpt-tiny, fp32 and bf16, each against the plain
-    loop in its precision) and 2, 4, ... up to the devices on GPUs (GPT-2 small to xl in bf16); TP stays
-    inside a node and pipeline stages span nodes (`hybrid_options`)."""
+    """Tensor parallelism (`tp`; DeepSpeed's `autotp` with ZeRO-1 across), 2-D FSDP2 x TP (`fsdp2-tp`) and
+    pipeline x data parallel beside DDP and FSDP2 on the transformers, at world sizes 2 and 4 on CPU (gpt-tiny,
+    fp32 and bf16, each against the plain loop in its precision) and 2, 4, ... up to the devices on GPUs (GPT-2
+    small to xl in bf16); TP stays inside a node and pipeline stages span nodes (`hybrid_options`)."""
     on_cpu = machine.device is DeviceKind.CPU
     sizes = (2, 4) if on_cpu else _powers_of_two_up_to(machine.devices)[1:] or (2,)
     precisions = (Precision.FP32, Precision.BF16) if on_cpu else (Precision.BF16,)

@@ -28,6 +28,7 @@ def test_the_hybrid_matrix_on_two_cores_runs_each_layout_at_2_and_4_ranks_in_fp3
             expected |= {("ddp", world_size, precision, ()), ("fsdp2", world_size, precision, ()),
                          ("tp", world_size, precision, ()),
                          ("fsdp2-tp", world_size, precision, (("tp", 2),)),         # dp 1, then dp 2
+                         ("autotp", world_size, precision, (("tp", 2),)),
                          ("pipeline", world_size, precision, (("stages", 2),))}     # dp 1, then dp 2
     assert cells == expected
     assert {(s.workload, s.global_batch, s.micro_batch) for s in specs} == {("gpt-tiny", 32, 4)}   # 8 x 4 ranks
@@ -41,6 +42,7 @@ def test_the_hybrid_matrix_plans_tensor_parallelism_inside_8_gpu_nodes_and_stage
     # and 25 heads for small, medium, large and xl).
     tp = {(w, n): by_cell[(w, "fsdp2-tp", n)].options_dict["tp"] for w in ("gpt2-small", "gpt2-medium",
                                                                           "gpt2-large") for n in (2, 8, 32)}
+    assert tp == {(w, n): by_cell[(w, "autotp", n)].options_dict["tp"] for w, n in tp}
     assert tp == {("gpt2-small", 2): 2, ("gpt2-small", 8): 4, ("gpt2-small", 32): 4,
                   ("gpt2-medium", 2): 2, ("gpt2-medium", 8): 8, ("gpt2-medium", 32): 8,
                   ("gpt2-large", 2): 2, ("gpt2-large", 8): 4, ("gpt2-large", 32): 4}
@@ -77,24 +79,25 @@ H = 64
 BLOCK_SPLIT_AT_TP_2 = (2 * 2 * H + (3 * H * H + 3 * H) // 2 + H * H // 2 + H      # row-parallel biases stay whole
                        + (4 * H * H + 4 * H) // 2 + 4 * H * H // 2 + H)          # = 25,184
 ROOT_PARAMETERS = 512 * H + 64 * H + 2 * H                                         # = 36,992
+HELD = 4 * BLOCK_SPLIT_AT_TP_2 + ROOT_PARAMETERS                                    # = 137,728 a rank
 
 
 @pytest.mark.launch
-def test_fsdp2_tp_on_four_ranks_counts_its_schedule_by_hand_matches_the_plain_loop_and_a_planted_bug_does_not(
+def test_fsdp2_tp_and_autotp_on_four_ranks_count_their_schedules_by_hand_match_the_plain_loop_and_a_bug_does_not(
         tmp_path):
     from harness.derive.parity import Verdict, judge
 
     (tmp_path / "planted.py").write_text(PLANTED)
     out = tmp_path / "rows.jsonl"
     done = subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", "smoke", "--workload", "gpt-tiny",
-                           "--strategy", "plain,fsdp2-tp,fsdp2-tp-fed-apart", "--world-sizes", "4",
+                           "--strategy", "plain,fsdp2-tp,fsdp2-tp-fed-apart,autotp", "--world-sizes", "4",
                            "--warmup-steps", "1", "--timed-steps", "3", "--device", "cpu", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env={**os.environ, "PARBENCH_EXTRA_STRATEGIES": f"{tmp_path / 'planted.py'}:STRATEGIES"})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     verdicts = {row["spec"]["strategy"]: judgement.verdict for row, judgement in zip(rows, judge(rows))}
-    assert verdicts == {"plain": Verdict.REFERENCE, "fsdp2-tp": Verdict.MATCH,
+    assert verdicts == {"plain": Verdict.REFERENCE, "fsdp2-tp": Verdict.MATCH, "autotp": Verdict.MATCH,
                         "fsdp2-tp-fed-apart": Verdict.MISMATCH}, [row["message"] for row in rows]
 
     row = next(r for r in rows if r["spec"]["strategy"] == "fsdp2-tp")
@@ -122,4 +125,28 @@ def test_fsdp2_tp_on_four_ranks_counts_its_schedule_by_hand_matches_the_plain_lo
         group["calls"] += entry["calls"]
         group["bytes"] += entry["calls"] * entry["size_bytes"]
     assert expected == by_hand
-    assert row["measurements"]["parameters_held_by_rank"] == [4 * BLOCK_SPLIT_AT_TP_2 + ROOT_PARAMETERS] * 4
+    assert row["measurements"]["parameters_held_by_rank"] == [HELD] * 4
+
+    # AutoTP (tp 2, ZeRO-1 over dp 2), as DeepSpeed 0.19.8 runs it on gloo: the same 64 tensor-parallel all-reduces,
+    # and one more of a 4-byte fp32 scalar (the gradient norm's squares summed over the model-parallel group);
+    # among the replicas ZeRO-1 reduces the slice's fp32 gradients (137,728 parameters: 550,912 B) with one
+    # all-reduce (on gloo, not a reduce-scatter: docs/methodology.md), sums the norm's 4 bytes, and all-gathers the
+    # updated slice once.
+    row = next(r for r in rows if r["spec"]["strategy"] == "autotp")
+    counted_by_hand = {
+        "all_reduce": {"tp": {"calls": 64 + 1, "bytes": 64 * activation + 4},
+                       "dp": {"calls": 2, "bytes": 4 * HELD + 4}},
+        "all_gather": {"dp": {"calls": 1, "bytes": 4 * HELD}},
+    }
+    for rank, counts in enumerate(row["measurements"]["comm_per_step_by_rank"]):
+        assert {kind: figures["by_group"] for kind, figures in counts.items()} == counted_by_hand, f"rank {rank}"
+    # Its expected traffic is the algorithm's: ZeRO-1's reduce-scatter where gloo all-reduces.
+    expected = {}
+    for entry in row["measurements"]["comm_expected_per_step"]["collectives"]:
+        group = expected.setdefault(entry["collective"], {}).setdefault(entry["group"], {"calls": 0, "bytes": 0})
+        group["calls"] += entry["calls"]
+        group["bytes"] += entry["calls"] * entry["size_bytes"]
+    assert expected == {"all_reduce": {"tp": {"calls": 64, "bytes": 64 * activation}},
+                        "reduce_scatter": {"dp": {"calls": 1, "bytes": 4 * HELD}},
+                        "all_gather": {"dp": {"calls": 1, "bytes": 4 * HELD}}}
+    assert row["measurements"]["parameters_held_by_rank"] == [HELD] * 4

@@ -136,7 +136,7 @@ def test_ci_runs_the_plain_loop_and_every_other_strategy_at_two_ranks_on_gpt_tin
     pairs = sorted((s.strategy, s.world_size) for s in specs)
     # DataParallel's one process drives one node's devices: none at 2 ranks on a one-device node.
     one_node = ["dataparallel"] if machine.devices_per_node >= 2 else []
-    others = ["ddp", "fsdp2", "fsdp2-tp", "horovod", "pipeline", "tp", "zero1", "zero2", "zero3"]
+    others = ["autotp", "ddp", "fsdp2", "fsdp2-tp", "horovod", "pipeline", "tp", "zero1", "zero2", "zero3"]
     assert pairs == sorted([("plain", 1)] + [(name, 2) for name in one_node + others])
     assert {(s.workload, s.precision.value, s.global_batch, s.micro_batch, s.warmup_steps, s.timed_steps)
             for s in specs} == {("gpt-tiny", "fp32", 16, 4, 2, 3)}

@@ -26,9 +26,9 @@ pytestmark = pytest.mark.launch   # every test here reads cells launched for rea
 MULTI_PROCESS = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
 WORKLOADS = ("resnet20-cifar", "gpt-tiny")
 # Strategies that split transformer blocks: gpt-tiny only (a ResNet cell is skipped).
-TRANSFORMER_ONLY = ("tp", "fsdp2-tp")
+TRANSFORMER_ONLY = ("tp", "fsdp2-tp", "autotp")
 # Strategies whose step has a point between gradient reduction and update, where the norms are read.
-PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp")
+PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp", "autotp")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_strategy_trains_like_the_plain_loop_in_bf16(bf16_rows, strategy, world_
 # fsdp2-tp too, whose FSDP2 reduces fp32 gradients).
 BF16_TOLERANCE_SET = {"ddp": "bf16", "horovod": "bf16", "fsdp2": "bf16", "pipeline": "bf16",
                       "zero1": "bf16-comm", "zero2": "bf16-comm", "zero3": "bf16-comm", "tp": "bf16-comm",
-                      "fsdp2-tp": "bf16-comm"}
+                      "fsdp2-tp": "bf16-comm", "autotp": "bf16-comm"}
 
 
 @pytest.mark.parametrize("world_size", (1, 2))
@@ -137,7 +137,7 @@ def test_each_strategy_was_started_by_its_own_launcher(rows):
     assert "horovodrun" in launchers["horovod"] and "--gloo" in launchers["horovod"]
     for name in ("ddp", "fsdp2", "tp", "fsdp2-tp"):
         assert "/torchrun " in launchers[name] and "--nproc-per-node=2" in launchers[name]
-    for name in ("zero1", "zero2", "zero3", "pipeline"):     # DeepSpeed's own, from a hostfile of this host
+    for name in ("zero1", "zero2", "zero3", "pipeline", "autotp"):     # DeepSpeed's own, from a hostfile here
         assert "/deepspeed " in launchers[name] and "--no_ssh --node_rank=0" in launchers[name]
         assert (Path(rows[name].artifacts_dir) / "hostfile").read_text() == "localhost slots=2\n"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 from harness.launch.launcher import LAUNCHERS
+from harness.strategies.autotp import AutoTP
 from harness.spec import SpecError
 from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strategy, Trainer
 from harness.strategies.dataparallel import DataParallel
@@ -42,6 +43,7 @@ STRATEGIES: dict[str, Strategy] = {
     "pipeline": Pipeline(),
     "tp": TensorParallel(),
     "fsdp2-tp": FSDP2TensorParallel(),
+    "autotp": AutoTP(),
 }
 
 

@@ -27,14 +27,15 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.derive.memory import zero_plan
-from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
+from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option,
                                      PrecisionRecipe, is_block, make_adamw, optimizer_description)
 from harness.strategies.fsdp2 import FSDP2Trainer
+from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
                                                 split_parameter_count)
 from harness.strategies.tp import TensorParallel
-from workloads import Family, get_workload
+from workloads import get_workload
 
 TP, DP = "tp", "dp"       # the mesh's dimensions, and the groups' names in the counts
 
@@ -59,7 +60,7 @@ class FSDP2TPTrainer(SlicedParameters, FSDP2Trainer):
         return held
 
 
-class FSDP2TensorParallel(TensorParallel):
+class FSDP2TensorParallel(MeshLayout, TensorParallel):
     """`tp` (its counting, its bf16 tolerances, its want of a compute-only pass) with FSDP2 across the replicas."""
 
     name = "fsdp2-tp"
@@ -67,39 +68,9 @@ class FSDP2TensorParallel(TensorParallel):
     options = {"tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
                                "FSDP2", minimum=1)}
 
-    def _tp(self, spec: RunSpec) -> int:
-        return spec.resolved_options["tp"]
-
     def validate(self, spec: RunSpec) -> None:
-        tp = self._tp(spec)
-        if spec.world_size % tp:
-            raise SpecError(f"fsdp2-tp: tp={tp} must divide world_size {spec.world_size} (tp x dp = world size)")
-        if spec.global_batch % ((spec.world_size // tp) * spec.micro_batch):
-            raise SpecError(f"fsdp2-tp: global_batch {spec.global_batch} must be divisible by dp x micro_batch = "
-                            f"{spec.world_size // tp} x {spec.micro_batch}")
-        if spec.warmup_steps < 1:
-            raise SpecError("strategy fsdp2-tp needs --warmup-steps >= 1: its tensor-parallel collectives are "
-                            "counted in the last warm-up step")
-
-    def layout_refusal(self, spec: RunSpec) -> str | None:
-        workload, tp = get_workload(spec.workload), self._tp(spec)
-        if workload.family is not Family.GPT:
-            return f"tensor parallelism splits transformer blocks; {spec.workload} has none"
-        if workload.config.n_head % tp:
-            return f"tensor parallelism of {tp} must divide {spec.workload}'s {workload.config.n_head} heads"
-        if spec.device is DeviceKind.CUDA and (spec.world_size // spec.nnodes) % tp:
-            return (f"tp={tp} must divide the {spec.world_size // spec.nnodes} GPUs per node: tensor "
-                    "parallelism's all-reduces sit inside every layer and stay within a node")
-        return None
-
-    def layout(self, spec: RunSpec) -> Layout:
-        replicas = spec.world_size // self._tp(spec)
-        per_replica = spec.global_batch // replicas
-        return Layout(data_parallel=replicas, pipeline_stages=1, per_replica_batch=per_replica,
-                      micro_batches=max(1, per_replica // spec.micro_batch))
-
-    def replica(self, spec, context) -> int:
-        return context.rank // self._tp(spec)      # the mesh's row: the tp ranks of a replica share samples
+        MeshLayout.validate(self, spec)
+        TensorParallel.validate(self, spec)        # the warm-up step that counts DTensor's collectives
 
     def model_state_plan(self, data_parallel, recipe, options):
         """FSDP2 shards weights, gradients and AdamW state of this rank's tensor-parallel slice (counted in
@@ -110,7 +81,7 @@ class FSDP2TensorParallel(TensorParallel):
                                "tensor-parallel slice, all three sharded over the dp ranks")
 
     def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
-        tp, layout, config = self._tp(spec), self.layout(spec), get_workload(spec.workload).config
+        tp, layout, config = self.tp_degree(spec), self.layout(spec), get_workload(spec.workload).config
         collectives = ()
         if tp > 1:
             collectives = activation_all_reduces(
@@ -139,7 +110,7 @@ class FSDP2TensorParallel(TensorParallel):
 
     def planned_parameters_held(self, spec: RunSpec, layers) -> int:
         """This rank's tensor-parallel slice, before FSDP2 shards it over the dp ranks."""
-        return split_parameter_count(layers, self._tp(spec))
+        return split_parameter_count(layers, self.tp_degree(spec))
 
     def wrap(self, spec, context, workload, layers):
         from torch.distributed.device_mesh import init_device_mesh
@@ -147,7 +118,7 @@ class FSDP2TensorParallel(TensorParallel):
 
         from harness.rank.comm_counter import label_group
 
-        tp = self._tp(spec)
+        tp = self.tp_degree(spec)
         mesh = init_device_mesh(context.device.type, (context.world_size // tp, tp), mesh_dim_names=(DP, TP))
         label_group(mesh.get_group(TP), TP)
         label_group(mesh.get_group(DP), DP)

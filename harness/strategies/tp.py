@@ -72,8 +72,8 @@ class TensorParallel(Strategy):
 
     def validate(self, spec: RunSpec) -> None:
         if spec.warmup_steps < 1:
-            raise SpecError("strategy tp needs --warmup-steps >= 1: its collectives are counted in the last "
-                            "warm-up step")
+            raise SpecError(f"strategy {self.name} needs --warmup-steps >= 1: its collectives are counted in the "
+                            "last warm-up step")
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
         workload = get_workload(spec.workload)

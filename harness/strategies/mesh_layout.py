@@ -1,0 +1,45 @@
+"""The (dp, tp) layout that `fsdp2-tp` and `autotp` share: `tp` neighbouring ranks split each block (one node's
+GPUs), `world_size / tp` replicas across them, laid out row-major as `init_device_mesh` and DeepSpeed's
+`_init_tp_mesh_device` both do (rank = replica x tp + tp index), so a replica's tp ranks see the same samples."""
+
+from __future__ import annotations
+
+from harness.spec import DeviceKind, Layout, RunSpec, SpecError
+from workloads import Family, get_workload
+
+
+class MeshLayout:
+    """Strategy methods of a (dp, tp) mesh over the `tp` option (a mixin before `Strategy` in the bases)."""
+
+    name: str
+
+    def tp_degree(self, spec: RunSpec) -> int:
+        return spec.resolved_options["tp"]
+
+    def validate(self, spec: RunSpec) -> None:
+        tp = self.tp_degree(spec)
+        if spec.world_size % tp:
+            raise SpecError(f"{self.name}: tp={tp} must divide world_size {spec.world_size} (tp x dp = world size)")
+        if spec.global_batch % ((spec.world_size // tp) * spec.micro_batch):
+            raise SpecError(f"{self.name}: global_batch {spec.global_batch} must be divisible by dp x micro_batch = "
+                            f"{spec.world_size // tp} x {spec.micro_batch}")
+
+    def layout_refusal(self, spec: RunSpec) -> str | None:
+        workload, tp = get_workload(spec.workload), self.tp_degree(spec)
+        if workload.family is not Family.GPT:
+            return f"tensor parallelism splits transformer blocks; {spec.workload} has none"
+        if workload.config.n_head % tp:
+            return f"tensor parallelism of {tp} must divide {spec.workload}'s {workload.config.n_head} heads"
+        if spec.device is DeviceKind.CUDA and (spec.world_size // spec.nnodes) % tp:
+            return (f"tp={tp} must divide the {spec.world_size // spec.nnodes} GPUs per node: tensor "
+                    "parallelism's all-reduces sit inside every layer and stay within a node")
+        return None
+
+    def layout(self, spec: RunSpec) -> Layout:
+        replicas = spec.world_size // self.tp_degree(spec)
+        per_replica = spec.global_batch // replicas
+        return Layout(data_parallel=replicas, pipeline_stages=1, per_replica_batch=per_replica,
+                      micro_batches=max(1, per_replica // spec.micro_batch))
+
+    def replica(self, spec, context) -> int:
+        return context.rank // self.tp_degree(spec)      # the mesh's row: the tp ranks of a replica share samples
