@@ -398,3 +398,28 @@ def test_an_empty_bus_bandwidth_section_gives_the_command_that_fills_it(tmp_path
     assert (comm.world_size, comm.device, str(comm.out)) == (2, "cpu", "results/comm.jsonl")
     report = build_parser().parse_args(words[1][3:])
     assert [str(p) for p in report.results] == [str(REFERENCE), "results/comm.jsonl"]
+
+
+HYBRID = Path(__file__).resolve().parent.parent / "results" / "reference" / "hybrid-cpu" / "cells.jsonl"
+
+
+def test_the_traffic_of_tensor_parallelism_is_drawn_and_tabled_apart_from_data_parallelism():
+    from harness.derive.cells import cell_table, launch_table
+    from harness.record import read_rows
+    from harness.report.plots import plot_traffic_by_group
+    from harness.report.table import _wire_by_group
+
+    rows = read_rows([HYBRID])
+    drawn = plot_traffic_by_group(launch_table(rows), "gpt-tiny")
+    # A bar per cell in each group it ran in: tp for tp, fsdp2-tp and autotp, dp for the 2-D cells at 4 ranks
+    # and the pipeline's replicas, world for DDP, FSDP2 and the pipeline's sends.
+    gids = set(re.findall(r'id="group-(\w+)-\d+"', drawn))
+    assert {"tp", "dp", "world", "pp", "tied"} <= gids
+    cells = cell_table(rows).to_dict("records")
+    shown = {(c["strategy"], c["world_size"], c["precision"]): _wire_by_group(c) for c in cells}
+    # fsdp2-tp at dp 2 x tp 2 in fp32: the 64 all-reduces of 65,536 B between 2 ranks send 4 MiB; FSDP2's
+    # 36 all-gathers (3,815,424 B) and 5 reduce-scatters (550,912 B) among 2 ranks send half: 2.08 MiB.
+    assert shown[("fsdp2-tp", 4, "fp32")] == "dp 2.08, tp 4"
+    assert shown[("ddp", 2, "fp32")] == ""          # the default group alone: nothing apart to show
+    # Rows of data-parallel strategies alone draw no such plot.
+    assert plot_traffic_by_group(launch_table(read_rows([REFERENCE])), "gpt-tiny") is None

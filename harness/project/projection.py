@@ -594,6 +594,8 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
     tags = dict(zip(groups, distinguishing_suffixes([(str(key[:-1]), row_conditions(members[0]))
                                                       for key, members in groups.items()])))
     for key, members in groups.items():
+        if key[1] == "plain":       # the reference: one device, nothing to project (it gives compute above)
+            continue
         label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "") + tags[key]
         candidates = members
         if compute_factor is None:

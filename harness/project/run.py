@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 from harness.derive.identity import describe_differences, network_of, network_tag
 from harness.project.cluster import load_cluster
 from harness.project.collectives import ClusterModel, CommModel
+from harness.derive.rows import spec
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, load_calibration
 from harness.project.projection import (DEFAULT_WORLD_SIZES, Projected, Scaling, StrategyFacts, bases_from_rows,
@@ -90,7 +91,8 @@ def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequenc
     note per cell or point left out."""
     check_world_sizes(world_sizes, model)
     if strategies is not None:
-        rows = rows_of_strategies(rows, strategies)
+        # The plain loop's rows stay: they give the compute of a strategy measured above one rank only.
+        rows = rows_of_strategies(rows, strategies) + [row for row in rows if spec(row).get("strategy") == "plain"]
     bases, skipped = bases_from_rows(rows, facts, measuring_host)
     if not bases:
         raise SpecError("no measured row to project from: " + ("; ".join(skipped) or "no ok cell rows in the files"))
@@ -104,8 +106,6 @@ def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequenc
 
 def rows_of_strategies(rows: Sequence[Mapping], strategies: Sequence[str]) -> list[Mapping]:
     """The rows of `strategies`; a strategy no row ran is a one-line error naming the ones the rows hold."""
-    from harness.derive.rows import spec
-
     held = sorted({str(spec(row).get("strategy")) for row in rows})
     missing = [name for name in strategies if name not in held]
     if not strategies or missing:

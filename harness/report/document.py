@@ -25,7 +25,7 @@ from harness.derive.rows import Row, load_rows
 from harness.derive.throughput import Basis
 from harness.record import COMMBENCH_KIND, read_rows
 from harness.report.plots import (plot_busbw, plot_communication, plot_efficiency, plot_losses, plot_memory,
-                                  plot_throughput)
+                                  plot_throughput, plot_traffic_by_group)
 from harness.report.projected import projection_figures, read_projections
 from harness.report.table import BEYOND_WS1_TITLE, EXPOSED_TITLE, OVERHEAD_TITLE, Table, tables
 from harness.report.verdicts import EXPOSED_DOMINATES, RSS_CONTAINS, Verdicts, verdicts
@@ -182,6 +182,7 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
                       anchor="memory")
     communication = [(plot_communication(frame, w, summary[summary["device"] == device]), ())
                      for device, frame in table_by_device for w in workloads]
+    communication += [(plot_traffic_by_group(frame, w), ()) for device, frame in table_by_device for w in workloads]
     parts += _figures("Communication", communication, anchor="communication")
     parts += _figures("Collective bus bandwidth", [(plot_busbw(commbench), ())], anchor="busbw",
                       empty=busbw_missing(summary, sources))

@@ -227,6 +227,7 @@ def plot_communication(table: pd.DataFrame, workload: str, summary: pd.DataFrame
                & ~table["shared_device"].astype(bool)]
     kinds = sorted(c for c in ok.columns if c.startswith("comm_") and c.endswith("_wire_bytes_per_step")
                    and c not in ("comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step")
+                   and not c.startswith(GROUP_PREFIX)
                    and c != "comm_recv_wire_bytes_per_step" and ok[c].notna().any())
     if ok.empty or not kinds:
         return None
@@ -249,6 +250,37 @@ def plot_communication(table: pd.DataFrame, workload: str, summary: pd.DataFrame
     volume_axis.set_title(f"{workload}: bytes on the wire", fontsize=9)
     volume_axis.tick_params(axis="x", rotation=45, labelsize=7)
     _step_beyond_panel(exposed_axis, summary, workload)
+    legend_outside(fig)
+    return svg(fig)
+
+
+GROUP_PREFIX = "comm_group_"     # harness.derive.comm.comm_columns: wire bytes per named process group
+
+
+def plot_traffic_by_group(table: pd.DataFrame, workload: str) -> str | None:
+    """Wire bytes per step per rank stacked by the process group they ran in (harness.derive.comm
+    `group_wire_bytes`): tensor parallelism's `tp` apart from data parallelism's `dp` (and the pipeline's `pp`
+    and `tied`, the default group's `world`), for the workload's multi-rank cells; None unless some cell ran in
+    a named group other than the default one."""
+    ok = table[(table["workload"] == workload) & (table["status"] == "ok") & (table["world_size"] > 1)
+               & ~table["shared_device"].astype(bool)]
+    groups = sorted(c for c in ok.columns if c.startswith(GROUP_PREFIX) and ok[c].notna().any())
+    if ok.empty or set(groups) <= {f"{GROUP_PREFIX}world_wire_bytes_per_step"}:
+        return None
+    ok, cell = _with_conditions(ok), ["strategy", "options", "conditions", "world_size"]
+    per_cell = ok.groupby(cell, sort=False)[groups].median()
+    fig, [[axis]] = figure(1)
+    bottom = [0.0] * len(per_cell)
+    labels = [f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}" for s, o, c, w in per_cell.index]
+    for column in groups:
+        values = (per_cell[column].fillna(0) / MIB).tolist()
+        name = column.removeprefix(GROUP_PREFIX).removesuffix("_wire_bytes_per_step")
+        for position, bar in enumerate(axis.bar(labels, values, bottom=bottom, label=f"group {name}")):
+            bar.set_gid(f"group-{name}-{position}")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    axis.set_ylabel("MiB sent per step per rank (wire)")
+    axis.set_title(f"{workload}: bytes on the wire by process group", fontsize=9)
+    axis.tick_params(axis="x", rotation=45, labelsize=7)
     legend_outside(fig)
     return svg(fig)
 
