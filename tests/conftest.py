@@ -49,17 +49,19 @@ def fp32_rows(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def bf16_rows(tmp_path_factory):
-    """Every strategy at world sizes 1 and 2 on gpt-tiny in bf16, and the plain loop: real rows,
-    {(strategy, world_size): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
-    tests/test_parity_faults.py; ZeRO-2's reductions in tests/test_comm_zero_cpu.py)."""
+    """Every strategy at world sizes 1 and 2 on gpt-tiny in bf16 (the model-parallel ones at 2 only: at 1 they
+    split nothing), and the plain loop: real rows, {(strategy, world_size): RunResult}
+    (tests/test_strategies_cpu.py; the no-fault rows of tests/test_parity_faults.py; ZeRO-2's reductions in
+    tests/test_comm_zero_cpu.py)."""
     from harness.strategies import STRATEGIES
 
-    # Both world sizes in each stream, so that the matrix gives every cell the same global batch as the plain
-    # loop's; two DeepSpeed strategies in the first stream, the other two in the second, to even them out.
+    # The matrix gives world sizes 1 and 2 and 2 alone the same global batch (8 a rank x 2), the plain loop's;
+    # two DeepSpeed strategies in the first stream, two in the second, to even them out.
     first = ("plain", "dataparallel", "ddp", "zero2", "zero3")
-    second = tuple(name for name in STRATEGIES if name not in first)
-    streams = [Stream(f"bf16-{n}", ("--workload", "gpt-tiny", "--world-sizes", "1,2", "--precision", "bf16",
+    split = ("tp", "fsdp2-tp", "autotp")
+    second = tuple(name for name in STRATEGIES if name not in first + split)
+    streams = [Stream(f"bf16-{n}", ("--workload", "gpt-tiny", "--world-sizes", sizes, "--precision", "bf16",
                                     "--strategy", ",".join(names)))
-               for n, names in enumerate((first, second))]
+               for n, (names, sizes) in enumerate(((first, "1,2"), (second, "1,2"), (split, "2")))]
     rows = run_streams(tmp_path_factory.mktemp("bf16"), streams)
     return {(row.spec.strategy, row.spec.world_size): row for stream in rows.values() for row in stream}

@@ -102,18 +102,19 @@ def test_fsdp2_tp_and_autotp_on_four_ranks_count_their_schedules_by_hand_match_t
 
     row = next(r for r in rows if r["spec"]["strategy"] == "fsdp2-tp")
     assert row["spec"]["options"] == {"tp": 2}
+    assert row["measurements"]["strategy_config"]["reshard_after_forward"] is True      # as fsdp2 shards
     # Global batch 32 over dp 2: 16 samples a replica, K = 4 micro-batches of b = 4 sequences of s = 64 tokens.
     K, activation = 4, 4 * 64 * H * 4                          # b x s x h fp32 values: 65,536 B
     block, root = 4 * BLOCK_SPLIT_AT_TP_2, 4 * ROOT_PARAMETERS  # fp32 bytes of a unit's tp slice: 100,736; 147,968
     by_hand = {
         # TP: each block's 2 row-parallel outputs forward and 2 column-parallel input gradients backward.
         "all_reduce": {"tp": {"calls": 4 * 4 * K, "bytes": 4 * 4 * K * activation}},
-        # FSDP2 across dp: each block gathered in forward and again in backward, the root once (kept gathered).
-        "all_gather": {"dp": {"calls": K * (2 * 4 + 1), "bytes": K * (2 * 4 * block + root)}},
+        # FSDP2 across dp: every unit (4 blocks, the root) gathered in forward and again in backward.
+        "all_gather": {"dp": {"calls": K * 2 * (4 + 1), "bytes": K * 2 * (4 * block + root)}},
         # One reduce-scatter per unit, on the last micro-batch.
         "reduce_scatter": {"dp": {"calls": 4 + 1, "bytes": 4 * block + root}},
     }
-    assert by_hand["all_gather"]["dp"]["bytes"] == 3_815_424
+    assert by_hand["all_gather"]["dp"]["bytes"] == 4_407_296
     for rank, counts in enumerate(row["measurements"]["comm_per_step_by_rank"]):
         assert {kind: figures["by_group"] for kind, figures in counts.items()} == by_hand, f"rank {rank}"
         assert {kind: set(figures["dtypes"]) for kind, figures in counts.items()} == {

@@ -33,13 +33,13 @@ def _fsdp2_tp_row(compute=0.2, beyond=0.05):
         return {"collective": collective, "size_bytes": size, "calls": calls, "ranks": ranks, "group": group,
                 "stride": stride}
     expected = [entry("all_reduce", ACTIVATION, 32, 2, "tp", 1), entry("all_reduce", ACTIVATION, 32, 2, "tp", 1),
-                entry("all_gather", BLOCK, 2 * K * 4, 2, "dp", 2), entry("all_gather", ROOT, K, 2, "dp", 2),
+                entry("all_gather", BLOCK, 2 * K * 4, 2, "dp", 2), entry("all_gather", ROOT, 2 * K, 2, "dp", 2),
                 entry("reduce_scatter", BLOCK, 4, 2, "dp", 2), entry("reduce_scatter", ROOT, 1, 2, "dp", 2)]
     counted = {
         "all_reduce": {"bytes": 64 * ACTIVATION, "calls": 64, "bytes_by_group_size": {"2": 64 * ACTIVATION},
                        "by_group": {"tp": {"calls": 64, "bytes": 64 * ACTIVATION}}, "group_ranks": {"tp": 2}},
-        "all_gather": {"bytes": 32 * BLOCK + 4 * ROOT, "calls": 36, "bytes_by_group_size": {"2": 32 * BLOCK + 4 * ROOT},
-                       "by_group": {"dp": {"calls": 36, "bytes": 32 * BLOCK + 4 * ROOT}}, "group_ranks": {"dp": 2}},
+        "all_gather": {"bytes": 32 * BLOCK + 8 * ROOT, "calls": 40, "bytes_by_group_size": {"2": 32 * BLOCK + 8 * ROOT},
+                       "by_group": {"dp": {"calls": 40, "bytes": 32 * BLOCK + 8 * ROOT}}, "group_ranks": {"dp": 2}},
         "reduce_scatter": {"bytes": 4 * BLOCK + ROOT, "calls": 5, "bytes_by_group_size": {"2": 4 * BLOCK + ROOT},
                            "by_group": {"dp": {"calls": 5, "bytes": 4 * BLOCK + ROOT}}, "group_ranks": {"dp": 2}}}
     return {"schema_version": 2, "run_id": "fsdp2-tp-4", "cell_id": "c", "repeat": 0, "status": "ok", "message": "",
@@ -88,10 +88,10 @@ def test_a_2d_cell_is_projected_group_by_group_tp_inside_a_node_dp_across_shared
     # share of the node's (12.5 GB/s).
     def ring_half(n):
         return 6 * ALPHA_I + 1 * ALPHA_E + 7 / 8 * n * max(BETA_I, 2 * BETA_E)
-    dp = (32 * ring_half(BLOCK) + 4 * ring_half(ROOT)) + (4 * ring_half(BLOCK) + ring_half(ROOT))
+    dp = (32 * ring_half(BLOCK) + 8 * ring_half(ROOT)) + (4 * ring_half(BLOCK) + ring_half(ROOT))
     assert point.comm_s == pytest.approx(tp + dp, rel=1e-12)
     # Wire bytes a rank sends: the tp ring's 2 (p-1)/p and the dp rings' (p-1)/p of each call.
-    assert point.wire_bytes_per_rank == pytest.approx(64 * ACTIVATION + 7 / 8 * (36 * BLOCK + 5 * ROOT), rel=1e-12)
+    assert point.wire_bytes_per_rank == pytest.approx(64 * ACTIVATION + 7 / 8 * (36 * BLOCK + 9 * ROOT), rel=1e-12)
     # FSDP2 shards the tp slice's 16 fp32 bytes a parameter over the 8 dp ranks (ZeRO-3's plan).
     assert point.model_state_bytes_per_rank == pytest.approx(16 * HELD / 8)
 

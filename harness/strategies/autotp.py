@@ -160,12 +160,15 @@ class AutoTP(MeshLayout, Strategy):
                   "zero_optimization": {"stage": options["zero_stage"]},
                   "tensor_parallel": {"autotp_size": tp,
                                       "partition_config": {"use_default_specs": False, "layer_specs": LAYER_SPECS}}}
+        if tp == 1:     # nothing to split: DeepSpeed builds no tp group (ZeRO across every rank)
+            config.pop("tensor_parallel")
         config.pop("train_batch_size")      # DeepSpeed counts the tp ranks as data parallel: it derives it
         model = nn.Sequential(*layers).to(context.device)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_adamw(model.parameters(), context.device),
                                                config=config)
-        label_group(groups.get_tensor_model_parallel_group(), "tp")
-        label_group(groups.get_data_parallel_group(), "dp")
+        if tp > 1:
+            label_group(groups.get_tensor_model_parallel_group(), "tp")
+            label_group(groups.get_data_parallel_group(), "dp")
         return AutoTPTrainer(context=context, engine=engine, workload=workload, precision_recipe=recipe,
                              tp_coordinate=context.rank % tp, replica_index=context.rank // tp,
                              config={"deepspeed_config": config, "tensor_parallel": tp,

@@ -11,10 +11,11 @@ Traffic per optimizer step per rank, K micro-batches per replica: tensor paralle
 all-reduces among the tp ranks (harness.strategies.tensor_parallel.activation_all_reduces), and FSDP2's
 calls among the dp ranks, one per unit (each block, and the root holding the embeddings, the final norm and
 the head), each of the parameters this rank's tp slice holds of that unit (the split layers divided by tp, the
-rest whole), in fp32: a block is all-gathered twice per micro-batch (forward, and again in backward after
-being freed), the root once (fully_shard's default keeps the root gathered from forward to backward, as
-torchtitan does; measured: gpt-tiny dp 2 counted K x (2 x 4 + 1) all-gathers), and every unit's gradient
-reduce-scattered once, on the last micro-batch. At dp 1 FSDP2
+rest whole), in fp32: every unit all-gathered twice per micro-batch (forward, and again in backward after being
+freed; once with reshard_after_forward off), and every unit's gradient reduce-scattered once, on the last
+micro-batch. `reshard_after_forward` is passed to every unit, the root included, as `fsdp2` passes it, so that
+the two shard alike (fully_shard's own default would keep the root gathered from forward to backward, as
+torchtitan leaves it: measured, K x (2 x 4 + 1) all-gathers on gpt-tiny instead of K x (2 x 4 + 2)). At dp 1 FSDP2
 issues none (measured: gpt-tiny at tp 2, world size 2, counted only the 64 tensor-parallel all-reduces).
 """
 
@@ -66,7 +67,10 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
     name = "fsdp2-tp"
     description = "2-D: DTensor tensor parallelism inside, FSDP2 across, on a (dp, tp) mesh (torchrun)"
     options = {"tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
-                               "FSDP2", minimum=1)}
+                               "FSDP2", minimum=1),
+               # As `fsdp2` passes it, to every unit the root included: the two strategies shard alike.
+               "reshard_after_forward": Option(True, "free gathered parameters after forward, the root's too "
+                                               "(ZeRO-3 behaviour); False keeps them until backward")}
 
     def validate(self, spec: RunSpec) -> None:
         MeshLayout.validate(self, spec)
@@ -92,21 +96,16 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         # One call per FSDP2 unit: each block, then the root holding the rest (embeddings, final norm, head).
         units = Counter(4 * split_parameter_count([layer], tp) for layer in layers if is_block(layer))
         root_bytes = 4 * split_parameter_count([layer for layer in layers if not is_block(layer)], tp)
+        units[root_bytes] += 1
+        gathered = 2 if spec.resolved_options["reshard_after_forward"] else 1       # forward, and again backward
         gathers = [ExpectedCollective(collective=Collective.ALL_GATHER, size_bytes=size,
-                                      calls=2 * layout.micro_batches * count, ranks=layout.data_parallel, group=DP,
-                                      stride=tp)
+                                      calls=gathered * layout.micro_batches * count, ranks=layout.data_parallel,
+                                      group=DP, stride=tp)
                    for size, count in sorted(units.items()) if count]
         reduces = [ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=size, calls=count,
                                       ranks=layout.data_parallel, group=DP, stride=tp)
                    for size, count in sorted(units.items()) if count]
-        return ExpectedTraffic(collectives=(
-            *collectives, *gathers,
-            # The root stays gathered from its forward to its backward (fully_shard's default for the root).
-            ExpectedCollective(collective=Collective.ALL_GATHER, size_bytes=root_bytes, calls=layout.micro_batches,
-                               ranks=layout.data_parallel, group=DP, stride=tp),
-            *reduces,
-            ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=root_bytes, calls=1,
-                               ranks=layout.data_parallel, group=DP, stride=tp)))
+        return ExpectedTraffic(collectives=(*collectives, *gathers, *reduces))
 
     def planned_parameters_held(self, spec: RunSpec, layers) -> int:
         """This rank's tensor-parallel slice, before FSDP2 shards it over the dp ranks."""
@@ -124,13 +123,15 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         label_group(mesh.get_group(DP), DP)
         model = nn.Sequential(*layers).to(context.device)
         blocks = parallelize_blocks(list(model), mesh[TP])
+        reshard = spec.resolved_options["reshard_after_forward"]
         for layer in model:
             if is_block(layer):
-                fully_shard(layer, mesh=mesh[DP])
-        fully_shard(model, mesh=mesh[DP])
+                fully_shard(layer, mesh=mesh[DP], reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh[DP], reshard_after_forward=reshard)
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return FSDP2TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
                               workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank % tp,
                               config={"tensor_parallel": tp, "data_parallel": context.world_size // tp,
+                                      "reshard_after_forward": reshard,
                                       "split_blocks": len(blocks), "sharded_units": len(blocks) + 1,
                                       **optimizer_description(context.device)})
