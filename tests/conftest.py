@@ -36,21 +36,31 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def fp32_rows(tmp_path_factory):
+def fp32_streams(tmp_path_factory):
+    """The fp32 cells of `fp32_rows` and `hybrid_rows`, launched together: three streams, two at a time, keep
+    both cores busier than the 4-rank stream alone would."""
+    streams = [Stream(workload, ("--workload", workload, "--world-sizes", "2"))   # with the plain loop
+               for workload in ("resnet20-cifar", "gpt-tiny")]
+    streams.append(Stream("hybrid", ("--workload", "gpt-tiny", "--world-sizes", "4", "--warmup-steps", "1",
+                                     "--strategy", "plain,fsdp2-tp,autotp,pipeline")))
+    return run_streams(tmp_path_factory.mktemp("fp32"), streams)
+
+
+@pytest.fixture(scope="session")
+def fp32_rows(fp32_streams):
     """Every strategy at world size 2 on both tiny workloads in fp32, and the plain loop: real rows,
     {(workload, strategy): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
     tests/test_parity_faults.py; the smoke matrix's cells in tests/test_ddp_cpu.py; the model-state census
     of tests/test_memory.py). DataParallel's rows are skipped on CPU."""
-    streams = [Stream(workload, ("--workload", workload, "--world-sizes", "2"))   # with the plain loop
-               for workload in ("resnet20-cifar", "gpt-tiny")]
-    rows = run_streams(tmp_path_factory.mktemp("fp32"), streams)
-    return {(row.spec.workload, row.spec.strategy): row for stream in rows.values() for row in stream}
+    return {(row.spec.workload, row.spec.strategy): row for name in ("resnet20-cifar", "gpt-tiny")
+            for row in fp32_streams[name]}
 
 
 @pytest.fixture(scope="session")
 def bf16_rows(tmp_path_factory):
-    """Every strategy at world sizes 1 and 2 on gpt-tiny in bf16 (the model-parallel ones at 2 only: at 1 they
-    split nothing), and the plain loop: real rows, {(strategy, world_size): RunResult}
+    """Every strategy at world sizes 1 and 2 on gpt-tiny in bf16 (`tp` and `autotp` at 2 only: at 1 they split
+    nothing; `fsdp2-tp` not at all: at 2 ranks it is `tp` with FSDP2 over one rank, and its 2-D bf16 cells are the
+    hybrid matrix's), and the plain loop: real rows, {(strategy, world_size): RunResult}
     (tests/test_strategies_cpu.py; the no-fault rows of tests/test_parity_faults.py; ZeRO-2's reductions in
     tests/test_comm_zero_cpu.py)."""
     from harness.strategies import STRATEGIES
@@ -58,10 +68,19 @@ def bf16_rows(tmp_path_factory):
     # The matrix gives world sizes 1 and 2 and 2 alone the same global batch (8 a rank x 2), the plain loop's;
     # two DeepSpeed strategies in the first stream, two in the second, to even them out.
     first = ("plain", "dataparallel", "ddp", "zero2", "zero3")
-    split = ("tp", "fsdp2-tp", "autotp")
-    second = tuple(name for name in STRATEGIES if name not in first + split)
+    split = ("tp", "autotp")
+    second = tuple(name for name in STRATEGIES if name not in first + split + ("fsdp2-tp",))
     streams = [Stream(f"bf16-{n}", ("--workload", "gpt-tiny", "--world-sizes", sizes, "--precision", "bf16",
                                     "--strategy", ",".join(names)))
                for n, (names, sizes) in enumerate(((first, "1,2"), (second, "1,2"), (split, "2")))]
     rows = run_streams(tmp_path_factory.mktemp("bf16"), streams)
     return {(row.spec.strategy, row.spec.world_size): row for stream in rows.values() for row in stream}
+
+
+@pytest.fixture(scope="session")
+def hybrid_rows(fp32_streams):
+    """The model-parallel layouts that need four ranks on gpt-tiny in fp32, and the plain loop at their global
+    batch (32): fsdp2-tp and autotp at dp 2 x tp 2, the pipeline at 2 stages x 2 replicas; one warm-up step (the
+    one that counts DTensor's collectives) and three timed, the four steps parity compares. Real rows,
+    {strategy: RunResult} (tests/test_hybrid.py, tests/test_pipeline_traffic.py)."""
+    return {row.spec.strategy: row for row in fp32_streams["hybrid"]}

@@ -41,7 +41,7 @@ def leftover_ranks() -> list[psutil.Process]:
     ("oom:rank=1:step=1", Status.OOM, 300, "OutOfMemoryError: injected"),
     # The timeout is what the hung cell costs; the plain cell after it, which runs under the same timeout,
     # takes about 5 s here. A DDP cell slower than that to reach its hang still times out.
-    ("hang:rank=1:step=1", Status.TIMEOUT, 20, "all ranks killed"),
+    ("hang:rank=1:step=1", Status.TIMEOUT, 15, "all ranks killed"),
 ])
 def test_a_faulty_rank_becomes_a_row_and_the_next_cell_runs(fault, status, timeout_s, message, tmp_path,
                                                             monkeypatch):

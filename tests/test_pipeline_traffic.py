@@ -1,17 +1,10 @@
 """DeepSpeed's pipeline with data-parallel replicas: gpt-tiny on 2 stages x 2 replicas, its traffic counted on four
-real ranks, stage by stage, against a schedule worked out here by hand from the model's shapes and DeepSpeed's
+real ranks (tests/conftest.py `hybrid_rows`), stage by stage, against a schedule worked out here by hand from the model's shapes and DeepSpeed's
 engine (harness.strategies.pipeline_traffic), and its parity with the plain loop."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # gpt-tiny (workloads/gpt.py): vocabulary 512, 64 positions, 4 blocks of h = 64. DeepSpeed weighs each layer by
 # its parameters, the head (tied to the embedding) by the embedding's: [36,864, 49,984 x 4, 128, 36,864], which
@@ -33,17 +26,12 @@ def test_the_hand_figures_add_up():
 
 
 @pytest.mark.launch
-def test_a_2_stage_pipeline_of_2_replicas_counts_what_its_stages_should_send_and_matches_the_plain_loop(tmp_path):
+def test_a_2_stage_pipeline_of_2_replicas_counts_what_its_stages_should_send_and_matches_the_plain_loop(hybrid_rows):
     from harness.derive.parity import Verdict, judge
 
-    out = tmp_path / "rows.jsonl"
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", "smoke", "--workload", "gpt-tiny",
-                           "--strategy", "plain,pipeline", "--world-sizes", "4", "--option", "stages=2",
-                           "--warmup-steps", "1", "--timed-steps", "2", "--device", "cpu", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = [hybrid_rows[name].to_dict() for name in ("plain", "pipeline")]     # tests/conftest.py, 4 ranks
     assert [j.verdict for j in judge(rows)] == [Verdict.REFERENCE, Verdict.MATCH]
+    assert rows[1]["spec"]["options"] == {"stages": 2}
     m = rows[1]["measurements"]
     assert m["strategy_config"]["layer_boundaries"] == [0, 3, 7]
     for rank, counted in enumerate(m["comm_per_step_by_rank"]):
