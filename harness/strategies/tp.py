@@ -18,44 +18,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from harness.derive.memory import zero_plan
-from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
-from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, MicroBatch,
-                                     PrecisionRecipe, Strategy, Trainer, accumulate, make_adamw,
-                                     optimizer_description, torchrun_context, unwrapped_parameter_names)
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, PrecisionRecipe, Strategy, make_adamw,
+                                     optimizer_description, torchrun_context)
+from harness.strategies.plain import PlainTrainer
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
                                                 split_parameter_count)
-from workloads import Family, Workload, get_workload
+from workloads import Family, get_workload
 
 MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
 
 
 @dataclass
-class TPTrainer(SlicedParameters, Trainer):
-    model: nn.Module | None = None
-    optimizer: torch.optim.Optimizer | None = None
-    workload: Workload | None = None
-    spec: RunSpec | None = None
+class TPTrainer(SlicedParameters, PlainTrainer):
+    """The plain loop's step (nothing to reduce: every gradient is whole or a rank's own slice), its parameters
+    and gradients read as tensor-parallel slices."""
+
     tp_coordinate: int = 0
-
-    def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
-        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          multipliers=self.loss_multipliers)
-        if gradients_ready is not None:     # nothing to reduce: every gradient is whole or a rank's own slice
-            gradients_ready()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    def model_state_tensors(self):
-        return torch_model_state_tensors(self.model, self.optimizer)
-
-    def parameter_names(self):
-        return unwrapped_parameter_names(self.model)
 
     def parameters_held(self, whole_model: int) -> int:
         from torch.distributed.tensor import DTensor
