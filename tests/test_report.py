@@ -415,6 +415,8 @@ def test_the_traffic_of_tensor_parallelism_is_drawn_and_tabled_apart_from_data_p
     # and the pipeline's replicas, world for DDP, FSDP2 and the pipeline's sends.
     gids = set(re.findall(r'id="group-(\w+)-\d+"', drawn))
     assert {"tp", "dp", "world", "pp", "tied"} <= gids
+    # fp32 and bf16 cells are bars of their own: 6 strategies x 2 world sizes x 2 precisions, not 12 merged.
+    assert len(re.findall(r'id="group-tp-\d+"', drawn)) == 24
     cells = cell_table(rows).to_dict("records")
     shown = {(c["strategy"], c["world_size"], c["precision"]): _wire_by_group(c) for c in cells}
     # fsdp2-tp at dp 2 x tp 2 in fp32: the 64 all-reduces of 65,536 B between 2 ranks send 4 MiB; FSDP2's

@@ -67,14 +67,17 @@ def _title(rows: pd.DataFrame, workload: str, what: str) -> str:
 
 
 def _with_conditions(rows: pd.DataFrame) -> pd.DataFrame:
-    """`rows` with the column that keeps cells measured under other conditions (another link rate, host
-    type: harness.derive.identity) on lines of their own; "" where the table has none."""
+    """`rows` with the columns that keep cells apart on lines and bars of their own: `conditions` (another link
+    rate, host type: harness.derive.identity; "" where the table has none) and `precision_tag` (" bf16", where
+    the rows hold more than one precision, as the hybrid matrix's do; "" otherwise)."""
     conditions = rows["conditions"].fillna("") if "conditions" in rows else ""
-    return rows.assign(conditions=conditions)
+    mixed = "precision" in rows and rows["precision"].nunique() > 1
+    tag = (" " + rows["precision"].astype(str)) if mixed else ""
+    return rows.assign(conditions=conditions, precision_tag=tag)
 
 
 def _cell_label(line) -> str:
-    return f"{shown_name(line)} ws{line['world_size']}"
+    return f"{shown_name(line)} ws{line['world_size']}{line.get('precision_tag', '')}"
 
 
 def _bytes(size: int) -> str:
@@ -96,14 +99,14 @@ def plot_throughput(summary: pd.DataFrame, workload: str) -> str | None:
     if rows.empty:
         return None
     fig, [[axis]] = figure()
-    for (strategy, options, conditions), group in _with_conditions(rows).groupby(["strategy", "options",
-                                                                                "conditions"]):
+    for (strategy, options, conditions, tag), group in _with_conditions(rows).groupby(
+            ["strategy", "options", "conditions", "precision_tag"]):
         group = group.sort_values("world_size")
         low, high = group["samples_per_s_low"], group["samples_per_s_high"]
         errors = [(group["samples_per_s"] - low).fillna(0), (high - group["samples_per_s"]).fillna(0)]
         axis.errorbar(group["world_size"], group["samples_per_s"], yerr=errors, marker="o", capsize=3,
                       label=shown_name({"strategy": strategy, "options": options if strategy != "pipeline" else "",
-                                        "conditions": conditions}))
+                                        "conditions": conditions}) + tag)
     axis.set_xlabel("world size")
     axis.set_ylabel("samples/s (median; bars: launches' interval)")
     axis.set_title(_title(rows, workload, "throughput"), fontsize=9)
@@ -120,7 +123,7 @@ def plot_efficiency(summary: pd.DataFrame, workload: str) -> str | None:
                            "weak_efficiency_vs_plain") if c in rows and rows[c].notna().any()]
     if rows.empty or not columns:
         return None
-    labels = [_cell_label(line) for line in rows.to_dict("records")]
+    labels = [_cell_label(line) for line in _with_conditions(rows).to_dict("records")]
     fig, [[axis]] = figure()
     width = 0.8 / len(columns)
     for index, column in enumerate(columns):
@@ -160,7 +163,8 @@ def _model_states_panel(axis, rows: pd.DataFrame, measured: str, measured_label:
     axis.bar([p - 0.2 for p in positions], rows[measured].astype(float) / MIB, 0.4, label=measured_label)
     axis.bar([p + 0.2 for p in positions], rows["model_state_bytes_predicted"].astype(float) / MIB, 0.4,
              label="model states predicted (ZeRO paper, sec. 5.1)")
-    axis.set_xticks(list(positions), [_cell_label(line) for line in rows.to_dict("records")], rotation=45,
+    labels = [_cell_label(line) for line in _with_conditions(rows).to_dict("records")]
+    axis.set_xticks(list(positions), labels, rotation=45,
                     ha="right", fontsize=7)
     axis.set_ylabel("MiB per rank (largest rank)")
     return True
@@ -183,7 +187,7 @@ def _memory_cpu(rows: pd.DataFrame, workload: str) -> str | None:
     if "peak_rss_bytes_max" not in rows or rows["peak_rss_bytes_max"].isna().all():
         return None
     fig, [[rss_axis, states_axis]] = figure(2)
-    labels = [_cell_label(line) for line in rows.to_dict("records")]
+    labels = [_cell_label(line) for line in _with_conditions(rows).to_dict("records")]
     rss = rows["peak_rss_bytes_max"].astype(float) / MIB
     rss_axis.bar(range(len(rows)), rss, 0.6, color="tab:gray", label="peak RSS per rank (largest rank)")
     plain = rows[(rows["strategy"] == "plain") & rows["peak_rss_bytes_max"].notna()]
@@ -232,11 +236,12 @@ def plot_communication(table: pd.DataFrame, workload: str, summary: pd.DataFrame
     if ok.empty or not kinds:
         return None
     columns = kinds + (["comm_expected_wire_bytes_per_step"] if "comm_expected_wire_bytes_per_step" in ok else [])
-    ok, cell = _with_conditions(ok), ["strategy", "options", "conditions", "world_size"]
+    ok, cell = _with_conditions(ok), ["strategy", "options", "conditions", "world_size", "precision_tag"]
     per_cell = ok.groupby(cell, sort=False)[columns].median()
     fig, [[volume_axis, exposed_axis]] = figure(2)
     bottom = [0.0] * len(per_cell)
-    labels = [f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}" for s, o, c, w in per_cell.index]
+    labels = [f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}{t}"
+              for s, o, c, w, t in per_cell.index]
     for kind in kinds:
         values = (per_cell[kind].fillna(0) / MIB).tolist()
         name = kind.removeprefix("comm_").removesuffix("_wire_bytes_per_step")
@@ -267,11 +272,12 @@ def plot_traffic_by_group(table: pd.DataFrame, workload: str) -> str | None:
     groups = sorted(c for c in ok.columns if c.startswith(GROUP_PREFIX) and ok[c].notna().any())
     if ok.empty or set(groups) <= {f"{GROUP_PREFIX}world_wire_bytes_per_step"}:
         return None
-    ok, cell = _with_conditions(ok), ["strategy", "options", "conditions", "world_size"]
+    ok, cell = _with_conditions(ok), ["strategy", "options", "conditions", "world_size", "precision_tag"]
     per_cell = ok.groupby(cell, sort=False)[groups].median()
     fig, [[axis]] = figure(1)
     bottom = [0.0] * len(per_cell)
-    labels = [f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}" for s, o, c, w in per_cell.index]
+    labels = [f"{shown_name({'strategy': s, 'options': o, 'conditions': c})} ws{w}{t}"
+              for s, o, c, w, t in per_cell.index]
     for column in groups:
         values = (per_cell[column].fillna(0) / MIB).tolist()
         name = column.removeprefix(GROUP_PREFIX).removesuffix("_wire_bytes_per_step")
@@ -319,7 +325,8 @@ def _step_beyond_panel(axis, summary: pd.DataFrame | None, workload: str) -> Non
     axis.axhline(0, color="black", linewidth=0.8)
     axis.axhline(EXPOSED_DOMINATES * 100, color="tab:red", linestyle="--", linewidth=1,
                  label=f"verdicts: communication dominates above {EXPOSED_DOMINATES:.0%} (beyond own ws1 step)")
-    axis.set_xticks(range(len(cells)), [_cell_label(line) for line in cells.to_dict("records")], rotation=45,
+    labels = [_cell_label(line) for line in _with_conditions(cells).to_dict("records")]
+    axis.set_xticks(range(len(cells)), labels, rotation=45,
                     ha="right", fontsize=7)
 
 
