@@ -32,6 +32,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable, Sequence
 
+from harness.rank.teardown import exit_without_teardown
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 RESULTS_FILE = "commbench.json"
 MEAN_OVER_RANKS = "mean over ranks (nccl-tests -a 1)"
@@ -229,4 +231,4 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(rank_main())
+    exit_without_teardown(rank_main())

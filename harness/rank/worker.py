@@ -34,6 +34,7 @@ from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_m
 from harness.spec import RunSpec, Status
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
+from harness.rank.teardown import exit_without_teardown
 from harness.rank.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
 
@@ -460,19 +461,6 @@ def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     tmp.replace(path)  # readers never see half a file
-
-
-def exit_without_teardown(code: int) -> None:
-    """End the rank at once, skipping the interpreter's tear-down.
-
-    By now the row's file (or the rank's error report) is on disk and the strategy has closed its process
-    group. What remains is unloading torch, torch._dynamo, DeepSpeed and their threads module by module,
-    which the launcher waits for: on the 2-core development VM a DDP rank (gpt-tiny, world size 1) took
-    1.8-6.5 s from its last log line to exit with the tear-down and under 0.1 s without it (three runs
-    each), once per launch and dozens of launches per matrix."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
