@@ -246,6 +246,38 @@ class Calibration:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True, slots=True)
+class NodesCalibration:
+    """Two calibrations and the ranks each node holds: `within_node` (ranks on one host: `harness comm` there)
+    and `across_nodes` (one rank per node: `harness comm` across them). A group whose members all lie on one
+    node is priced on the first, any other on the second; for the emulated cluster, whose ranks of one node
+    talk over its loopback and across nodes over the shaped link (docs/clusters.md).
+
+    Ranks are placed node by node (ranks 0 .. r-1 on node 0), so a group of g members `stride` ranks apart
+    spans g x stride consecutive ranks and lies on one node when that is at most r (groups of a mesh tile the
+    ranks, so r is a multiple of it there). A send crosses a node boundary somewhere once the ranks fill more
+    than a node, and the step waits for the slowest boundary. Without a group (`for_group(ranks, 1)` of a
+    collective among every rank) the rule is the same: all ranks on one node, or across."""
+
+    within_node: Calibration
+    across_nodes: Calibration
+    ranks_per_node: int
+
+    def for_group(self, collective: str, ranks: int, stride: int, world_size: int) -> Calibration:
+        """The calibration that prices `collective` among `ranks` members `stride` apart in a step of
+        `world_size` ranks."""
+        if collective in ("send", "recv"):
+            return self.within_node if world_size <= self.ranks_per_node else self.across_nodes
+        return self.within_node if ranks * max(1, stride) <= self.ranks_per_node else self.across_nodes
+
+    def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
+        # Without a stride or world size: a collective among `ranks` neighbours.
+        return self.for_group(collective, ranks, 1, ranks).collective_seconds(collective, size_bytes, ranks)
+
+    def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
+        return self.for_group(collective, ranks, 1, ranks).algorithm(collective, size_bytes, ranks)
+
+
 def fit_calibration(records: Iterable[Mapping[str, Any]], algorithms: Mapping[str, str] | None = None) -> Calibration:
     """A Calibration from `harness comm` records: every collective they measured, each fitted in the
     one-link form of its algorithm (DEFAULT_ALGORITHMS, with `algorithms` replacing some)."""

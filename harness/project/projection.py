@@ -83,7 +83,7 @@ from harness.derive.rows import is_ok, measurements, options_text, shared_device
 from harness.project.cluster import Cluster, Link
 from harness.project.collectives import (DEFAULT_ALGORITHMS, LIBRARY_ALGORITHMS, POINT_TO_POINT, ClusterModel,
                                          CommModel, Library)
-from harness.project.fit import Calibration
+from harness.project.fit import Calibration, NodesCalibration
 from harness.record import PROJECTION_KIND
 from harness.spec import SpecError
 
@@ -215,7 +215,10 @@ def priced_on(model: CommModel, item: Scheduled, world_size: int) -> CommModel:
     beside it). A pipeline's send to the next stage, `stride` ranks on, crosses a node boundary somewhere once
     the ranks fill more than a node, and the step waits for the slowest boundary: there the min(stride, g)
     ranks of a node send across at once, each with that share of its NICs. A calibration is one level, the
-    same for every group."""
+    same for every group; two (NodesCalibration: the emulated cluster's loopback and link) price a group on
+    the one its members' placement uses."""
+    if isinstance(model, NodesCalibration):
+        return model.for_group(item.collective, item.ranks(world_size), item.stride, world_size)
     if not isinstance(model, ClusterModel):
         return model
     cluster = model.cluster

@@ -10,8 +10,13 @@ strategy S at world size N is predicted by
 harness.project.projection exactly as it projects measured rows, from:
 
 - the **calibration**: the `harness comm` rows of that setting (collectives among 2 ranks, one per node),
-  fitted by harness.project.fit, as a one-level network of that link;
-- S's **world-size-1 cell**, whose step gives the compute (the projection's rule where such a cell exists);
+  fitted by harness.project.fit, as a one-level network of that link; where the rows also hold the host's
+  own `harness comm` rows (no emulated network), an emulated cell is priced on two levels (`on_nodes`): a
+  group whose members share a node (tensor parallelism's pair at 2 nodes x 2 ranks) on the host's loopback,
+  which is what the ranks of one emulated node talk over, and any other on the link;
+- S's **world-size-1 cell**, whose step gives the compute (the projection's rule where such a cell exists),
+  or, for a layout that needs several ranks (fsdp2-tp or autotp at tp 2, a pipeline of 2 stages), the plain
+  loop's world-size-1 cell of the same workload, precision and micro-batch;
 - S's **other multi-rank cell** of the setting (world size M != N, the nearest): its counted schedule,
   carried from M to N by S's own expected traffic, and its f = (step - compute) / priced comm at M;
 - **shared cores**: the emulated nodes are namespaces of one machine, so N ranks of T threads share its C
@@ -66,7 +71,8 @@ from harness.derive.beyond_ws1 import one_rank_launches
 from harness.derive.identity import conditions_id, distinguishing_suffixes, network_of, network_tag, row_conditions
 from harness.derive.rows import is_ok, measurements, spec
 from harness.project.facts import REGISTRY_FACTS
-from harness.project.fit import Calibration, fit_calibration
+from harness.project.collectives import CommModel
+from harness.project.fit import Calibration, NodesCalibration, fit_calibration
 from harness.project.projection import (Scaling, StrategyFacts, bases_from_rows, compute_only_seconds, project,
                                         unstalled_median_step_s)
 from harness.record import COMMBENCH_KIND
@@ -224,6 +230,7 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
             or max_source_world_size < 2:
         raise SpecError(f"the largest source world size must be a whole number >= 2, got {max_source_world_size!r}")
     by_network = calibrations_by_network(comm_records)
+    loopback = by_network.get(network_key({}))      # `harness comm` on the host itself: no emulated network
     settings = _settings([row for row in rows if is_ok(row)])
     calibrations = {setting: by_network.get(network_key(members[0])) for setting, members in settings.items()}
     # {(setting, strategy key, world size, global batch): the launches of that cell}
@@ -249,8 +256,7 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
             left_out.append(f"{what}: {_no_source(design, max_source_world_size)}")
             continue
         for source_setting, source in sources:
-            ones = [r for (s_, k, n, _), group in cells.items() if s_ == source_setting and k == key and n == 1
-                    for r in group]
+            ones = _one_rank_cell(cells, source_setting, key)
             measuring_host = calibrations.get(source_setting)
             where = what + (f" from {source_setting}" if source_setting != setting else "")
             if not ones or measuring_host is None:
@@ -258,8 +264,9 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
                                                 "no `harness comm` rows of the source's setting"))
                 continue
             try:
-                checked.append(_check(setting, launches, source_setting, source, ones, measuring_host,
-                                      calibration, facts))
+                checked.append(_check(setting, launches, source_setting, source, ones,
+                                      on_nodes(measuring_host, loopback, source[0]),
+                                      on_nodes(calibration, loopback, launches[0]), facts))
             except SpecError as error:
                 left_out.append(f"{where}: {error}")
     if not checked:
@@ -269,6 +276,29 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
     return Validation(cells=tuple(checked), taus=_taus(checked, lambda c: c.predicted_s),
                       left_out=tuple(dict.fromkeys(left_out)),
                       design=design, baseline_taus=_taus(checked, lambda c: c.baseline_s))
+
+
+def on_nodes(calibration: Calibration, loopback: Calibration | None, row: Mapping[str, Any]) -> CommModel:
+    """How the collectives of an emulated row's cell are priced: the ranks of one emulated node talk over its
+    loopback, unshaped, as ranks on the host do, so a group inside a node is priced on the host's own
+    `harness comm` rows (`loopback`) and any other on the link's (harness.project.fit.NodesCalibration). A
+    row on real hosts, or rows without the host's calibration, are priced on `calibration` alone."""
+    if loopback is None or network_of(row) is None:
+        return calibration
+    world_size = int(spec(row)["world_size"])
+    nodes = int(spec(row).get("nnodes") or 1)
+    return NodesCalibration(within_node=loopback, across_nodes=calibration, ranks_per_node=world_size // nodes)
+
+
+def _one_rank_cell(cells: Mapping[tuple, list], setting: str, key: tuple) -> list[Mapping[str, Any]]:
+    """The launches of the strategy's world-size-1 cell at `setting`; where it has none (a layout that needs
+    several ranks: fsdp2-tp or autotp at tp 2, a pipeline of 2 stages), the plain loop's of the same workload,
+    precision and micro-batch, as harness.project.projection takes a basis's compute from."""
+    own = [r for (s_, k, n, _), group in cells.items() if s_ == setting and k == key and n == 1 for r in group]
+    if own:
+        return own
+    plain = (key[0], "plain", (), *key[3:])
+    return [r for (s_, k, n, _), group in cells.items() if s_ == setting and k == plain and n == 1 for r in group]
 
 
 def _sources(design: Design, setting: str, key: tuple, world_size: int, cells: Mapping[tuple, list],
@@ -298,8 +328,8 @@ def _median_step(launches: Sequence[Mapping[str, Any]]) -> float | None:
 
 
 def _check(setting: str, launches: Sequence[Mapping[str, Any]], source_setting: str,
-           source: Sequence[Mapping[str, Any]], ones: Sequence[Mapping[str, Any]], measuring_host: Calibration,
-           target: Calibration, facts: StrategyFacts) -> Checked:
+           source: Sequence[Mapping[str, Any]], ones: Sequence[Mapping[str, Any]], measuring_host: CommModel,
+           target: CommModel, facts: StrategyFacts) -> Checked:
     """The module docstring's prediction of the held-out cell (`launches`) from `source` (its strategy at
     world size M, measured on `source_setting`) and `ones` (its strategy at world size 1 there), as
     harness.project.projection projects measured rows: f is judged on the source's own network

@@ -1,0 +1,116 @@
+"""The projection's validation of hybrid cells on the emulated cluster (harness.project.validate): a group
+inside an emulated node priced on the host's loopback calibration, one across nodes on the link's, and the
+plain loop's world-size-1 step as compute where the strategy has no cell of one rank. Worked out by hand."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from harness.project.fit import NodesCalibration, fit_calibration
+from harness.project.validate import validate
+from harness.record import COMMBENCH_KIND
+from test_project_hybrid import ACTIVATION, BLOCK, ROOT, _fsdp2_tp_row, _plain_row
+
+RATE = 80e6
+LINK = (1e-3, 1e-7)          # across nodes: 1 ms a step, 10 MB/s
+LOOPBACK = (1e-4, 1e-9)      # inside a node: 0.1 ms a step, 1 GB/s
+PLAIN_STEP = 0.8             # the plain loop's step at the global batch 32 on one rank
+
+
+def _ring_2(collective, n, alpha, beta):
+    """A ring among 2 ranks: all-reduce 2 steps, 1 byte per byte through a link; all-gather and
+    reduce-scatter 1 step, 1/2 byte per byte of the whole buffer (nccl-tests sizes)."""
+    return 2 * alpha + n * beta if collective == "all_reduce" else alpha + n / 2 * beta
+
+
+def _comm(alpha, beta, rate=None):
+    rows = [{"collective": c, "size_bytes": n, "time_s": _ring_2(c, n, alpha, beta)}
+            for c in ("all_reduce", "all_gather", "reduce_scatter") for n in (1e3, 1e4, 1e5, 1e6)]
+    record = {"kind": COMMBENCH_KIND, "world_size": 2, "backend": "gloo", "device": "cpu", "rows": rows}
+    if rate is not None:
+        record["environment"] = {"emulated_network": {"link_rate_bits_per_s": rate}}
+    return record
+
+
+def _emulated(row, world_size, step, nodes=2):
+    row = copy.deepcopy(row)
+    row["spec"]["nnodes"] = nodes
+    row["spec"]["world_size"] = world_size
+    row["run_id"] = f"{row['spec']['strategy']}-{world_size}"
+    row["environment"] = {"emulated_network": {"link_rate_bits_per_s": RATE, "shared_machine_cores": 2}}
+    row["measurements"]["threads_per_rank"] = 1
+    row["measurements"]["step_time_s"] = [step] * len(row["measurements"]["step_time_s"])
+    return row
+
+
+def _fsdp2_tp_at_2(step):
+    """fsdp2-tp at 2 ranks (dp 1 x tp 2), one rank on each node: tensor parallelism's traffic alone, 128
+    all-reduces of an activation (16 a micro-batch, as at 4 ranks, over the 8 micro-batches of 4 samples in
+    the global batch of 32 that one replica runs)."""
+    row = _emulated(_fsdp2_tp_row(), 2, step)
+    tp = {"all_reduce": {"bytes": 128 * ACTIVATION, "calls": 128, "bytes_by_group_size": {"2": 128 * ACTIVATION},
+                         "by_group": {"tp": {"calls": 128, "bytes": 128 * ACTIVATION}}, "group_ranks": {"tp": 2}}}
+    m = row["measurements"]
+    m.update(comm_per_step_by_rank=[tp] * 2, data_parallel=1, micro_batches_per_step=8,
+             comm_expected_per_step={"collectives": [
+                 {"collective": "all_reduce", "size_bytes": ACTIVATION, "calls": 128, "ranks": 2, "group": "tp",
+                  "stride": 1}], "not_modelled_because": ""})
+    m["parameters_held_by_rank"] = m["parameters_held_by_rank"][:2]
+    return row
+
+
+def _rows(step_2=1.2, step_4=0.7):
+    return [_emulated(_plain_row(PLAIN_STEP), 1, PLAIN_STEP, nodes=1), _fsdp2_tp_at_2(step_2),
+            _emulated(_fsdp2_tp_row(), 4, step_4)]
+
+
+def test_tp_inside_an_emulated_node_is_priced_on_the_loopback_and_dp_across_on_the_link_by_hand():
+    result = validate(_rows(), [_comm(*LINK, RATE), _comm(*LOOPBACK)])
+    [at_4] = [c for c in result.cells if c.world_size == 4]
+    alpha, beta = LINK
+    # The source, 2 ranks on 2 nodes: compute is the plain loop's step for a rank's 16 of the 32 samples,
+    # 0.4 s (2 ranks x 1 thread on 2 cores: no sharing); tp's 128 all-reduces cross the link:
+    # 128 x (2 alpha + 65,536 beta) = 128 x 8.5536 ms = 1.0948608 s. f = (1.2 - 0.4) / 1.0948608.
+    comm_2 = 128 * (2 * alpha + ACTIVATION * beta)
+    assert comm_2 == pytest.approx(1.0948608)
+    f = (1.2 - 0.4) / comm_2
+    assert at_4.exposed_fraction == pytest.approx(f)
+    # The held-out cell, 2 nodes x 2 ranks: tp (ranks 0-1, 2-3) inside a node on the loopback,
+    # 64 x (2 x 0.1 ms + 65,536 x 1 ns) = 16.994304 ms; dp (ranks 0-2, 1-3) across on the link, all-gathers
+    # 32 x (1 ms + 100,736 / 2 x 100 ns) + 8 x (1 ms + 147,968 / 2 x 100 ns) = 260.3648 ms and
+    # reduce-scatters 4 x 6.0368 ms + 8.3984 ms = 32.5456 ms.
+    tp_4 = 64 * (2 * LOOPBACK[0] + ACTIVATION * LOOPBACK[1])
+    dp_4 = (32 * (alpha + BLOCK / 2 * beta) + 8 * (alpha + ROOT / 2 * beta)
+            + 4 * (alpha + BLOCK / 2 * beta) + (alpha + ROOT / 2 * beta))
+    assert (tp_4, dp_4) == (pytest.approx(0.016994304), pytest.approx(0.2603648 + 0.0325456))
+    # Compute at 4: the plain step for 8 samples, 0.2 s, stretched x 2 by 4 ranks on 2 cores: 0.4 s.
+    assert at_4.compute_s == pytest.approx(0.4)
+    comm_4 = tp_4 + dp_4
+    assert at_4.predicted_s == pytest.approx(0.4 + max(f * comm_4, comm_4 - 2 / 3 * 0.4))
+    assert at_4.predicted_s == pytest.approx(0.6264, abs=1e-4)
+    # Planted: priced on the link alone (the one-level model), tp's all-reduces would cost 64 x 8.5536 ms.
+    one_level = 0.4 + f * (64 * (2 * alpha + ACTIVATION * beta) + dp_4)
+    assert abs(one_level - at_4.predicted_s) > 0.3
+
+
+def test_without_the_hosts_own_comm_rows_every_group_is_priced_on_the_link():
+    result = validate(_rows(), [_comm(*LINK, RATE)])
+    [at_4] = [c for c in result.cells if c.world_size == 4]
+    alpha, beta = LINK
+    comm_2 = 128 * (2 * alpha + ACTIVATION * beta)
+    comm_4 = 64 * (2 * alpha + ACTIVATION * beta) + 36 * (alpha + BLOCK / 2 * beta) + 9 * (alpha + ROOT / 2 * beta)
+    assert at_4.predicted_s == pytest.approx(0.4 + max(0.8 / comm_2 * comm_4, comm_4 - 2 / 3 * 0.4))
+
+
+def test_a_group_lies_on_one_node_when_its_members_span_no_more_than_a_nodes_ranks():
+    loopback, link = fit_calibration([_comm(*LOOPBACK)]), fit_calibration([_comm(*LINK, RATE)])
+    two_a_node = NodesCalibration(within_node=loopback, across_nodes=link, ranks_per_node=2)
+    assert two_a_node.for_group("all_reduce", 2, 1, 4) is loopback       # tp: ranks 0 and 1
+    assert two_a_node.for_group("all_gather", 2, 2, 4) is link           # dp: ranks 0 and 2
+    assert two_a_node.for_group("all_reduce", 4, 1, 4) is link           # every rank
+    assert two_a_node.for_group("send", 2, 2, 4) is link                 # a stage on each node
+    assert two_a_node.for_group("send", 2, 1, 2) is loopback             # both stages on one node
+    one_a_node = NodesCalibration(within_node=loopback, across_nodes=link, ranks_per_node=1)
+    assert one_a_node.for_group("all_reduce", 2, 1, 2) is link
