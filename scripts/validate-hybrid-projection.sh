@@ -5,7 +5,7 @@
 # nodes, the plain loop and tp at world size 1, and tp, fsdp2-tp, autotp and pipeline x dp on gpt-tiny at
 # world sizes 2 (a rank on each node) and 4 (2 nodes x 2 ranks: TP inside a node, DP across; pipeline stages
 # across, their replicas inside), each cell launched REPEATS times (default 3); then `project --validate`
-# predicts each multi-rank cell from the rest. Needs root; ~40 min for three rates here.
+# predicts each multi-rank cell from the rest. Needs root; 17 min for three rates here.
 #   scripts/validate-hybrid-projection.sh results/validation-hybrid 100mbit 200mbit 1gbit
 set -euo pipefail
 out=${1:?usage: $0 OUT_DIR RATE...}; shift

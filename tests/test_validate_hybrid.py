@@ -114,3 +114,51 @@ def test_a_group_lies_on_one_node_when_its_members_span_no_more_than_a_nodes_ran
     assert two_a_node.for_group("send", 2, 1, 2) is loopback             # both stages on one node
     one_a_node = NodesCalibration(within_node=loopback, across_nodes=link, ranks_per_node=1)
     assert one_a_node.for_group("all_reduce", 2, 1, 2) is link
+
+
+def _shown(text, marker):
+    start = text.index(f"<!-- {marker}")
+    start = text.index("\n", start) + 1
+    return text[start:text.index(f"<!-- /{marker} -->")].strip()
+
+
+def test_the_hybrid_table_in_the_docs_is_the_committed_rows_validated():
+    # The emulated run of the hybrids (scripts/validate-hybrid-projection.sh at 100, 200 and 1000 Mbit/s): the docs
+    # show what the committed rows give, on two levels (the host's loopback rows are in comm.jsonl), and the one-level
+    # variant and the diagnostics they quote.
+    from pathlib import Path
+    from statistics import median
+
+    from harness.derive.rows import load_rows
+    from harness.project.validate import markdown_table
+    from harness.record import read_rows
+
+    root = Path(__file__).parent.parent
+    reference = root / "results" / "reference" / "emulated-hybrid"
+    rows = load_rows([reference / "cells.jsonl"])
+    comm = read_rows([reference / "comm.jsonl"], kind=COMMBENCH_KIND)
+    result = validate(rows, comm)
+    assert len(result.cells) == 24 and not result.left_out
+    assert {cell.launches for cell in result.cells} == {3}
+    assert {c.strategy for c in result.cells} == {"tp", "fsdp2-tp", "autotp", "pipeline"}
+    for page in ("README.md", "docs/clusters.md"):
+        text = (root / page).read_text()
+        assert _shown(text, "hybrid-validation-table") == markdown_table(result), page
+    clusters = " ".join((root / "docs" / "clusters.md").read_text().split())     # lines joined
+    assert (f"the median |error| is {result.median_abs_error:.1%} and the p90 {result.p90_abs_error:.1%}" in clusters)
+    assert f"({result.baseline_median_abs_error:.1%}, {result.baseline_p90_abs_error:.1%})" in clusters
+    one_level = validate(rows, [r for r in comm if (r.get("environment") or {}).get("emulated_network")])
+    assert f"median {one_level.median_abs_error:.1%} and p90 {one_level.p90_abs_error:.1%}" in clusters
+    assert set(one_level.taus.values()) == {1.0}
+
+    def step_ms(strategy, world_size, rate):
+        launches = [row for row in rows if row["spec"]["strategy"] == strategy
+                    and row["spec"]["world_size"] == world_size
+                    and row["environment"]["emulated_network"]["link_rate_bits_per_s"] == rate * 1e6]
+        assert len(launches) == 3
+        return median(median(row["measurements"]["step_time_s"]) for row in launches) * 1e3
+
+    quoted = [f"{step_ms('fsdp2-tp', 4, rate):.1f}" for rate in (100, 200, 1000)]
+    assert f"fsdp2-tp at 4 ranks took {quoted[0]}, {quoted[1]} and {quoted[2]} ms" in clusters
+    assert f"took {step_ms('tp', 1, 100):.1f} ms for the 8 samples the plain loop ran in {step_ms('plain', 1, 100):.1f}" \
+        in clusters
