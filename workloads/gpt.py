@@ -72,9 +72,11 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Heads are counted from c_attn's output, not taken from the config: under tensor parallelism it holds
         # only this rank's heads, their q, k and v in that order (harness.strategies.tensor_parallel). Whole,
-        # it is the same computation as split(d) into n_head heads.
-        batch, seq, d = x.shape
+        # it is the same computation as split(d) into n_head heads. The sequence length too: under sequence
+        # parallelism x holds this rank's slice of the tokens and c_attn's output all of them.
+        batch, d = x.shape[0], x.shape[-1]
         q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=2)
+        seq = q.shape[1]
         q, k, v = (t.reshape(batch, seq, -1, d // self.n_head).transpose(1, 2) for t in (q, k, v))
         attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.attn_proj(attention.transpose(1, 2).reshape(batch, seq, -1))

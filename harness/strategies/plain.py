@@ -30,11 +30,16 @@ class PlainTrainer(Trainer):
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
                           multipliers=self.loss_multipliers)
+        self.finish_gradients()
         if gradients_ready is not None:
             gradients_ready()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def finish_gradients(self) -> None:
+        """Between backward and the optimizer step: nothing in the plain loop (a tensor-parallel trainer sums the
+        gradients its sequence parallelism left partial)."""
 
     def model_state_tensors(self):
         return torch_model_state_tensors(self.model, self.optimizer)

@@ -9,6 +9,14 @@ slice of their output features), the two output projections `attn_proj` and `mlp
 of their input features, the partial outputs summed by an all-reduce). Everything else (embeddings, layer
 norms, the tied head) stays whole on every rank, computing the same values from the same replicated inputs.
 
+With sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", sec. 4.2.2; torchtitan's plan), the residual stream between the linear layers is split along the
+sequence instead of copied: each rank holds its slice of the tokens through the layer norms, the all-reduce of
+a row-parallel output becomes a reduce-scatter onto the slices, and a column-parallel layer all-gathers its
+input first. The embedding's output is cut to the rank's slice (no traffic forward; backward all-gathers its
+gradient) and the final norm's gathered for the head. The norms' weights then see only their rank's tokens, so
+their gradients are partial sums: `reduce_partial_gradients` adds them up before the optimizer step.
+
 `c_attn` is fused: its rows are q, k and v one after the other, so a plain split of its rows would hand a rank
 all of q and part of k. Its rows are reordered first so that the r-th slice holds rank r's heads' q, then
 their k, then their v (`per_head_qkv_order`); the block's forward chunks its output in three and counts its
@@ -17,12 +25,13 @@ heads from it (workloads/gpt.py), so that the whole model computes exactly what 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
 import torch
 from torch import nn
 
-from workloads.gpt import Block
+from workloads.gpt import Block, FinalNorm, LMHead, TokenEmbedding
 
 # The Megatron plan of one block, by submodule name (column-parallel inputs, row-parallel outputs).
 COLUMN_PARALLEL = ("c_attn", "c_fc")
@@ -46,13 +55,23 @@ def per_head_qkv_order(n_embd: int, n_head: int, tp: int) -> torch.Tensor:
     return torch.tensor(order)
 
 
-def parallelize_blocks(layers: Sequence[nn.Module], mesh) -> list[Block]:
+def parallelize_blocks(layers: Sequence[nn.Module], mesh, sequence_parallel: bool = False) -> list[Block]:
     """Turn every GPT block of `layers` into its tensor-parallel form over the 1-D `mesh`, in place, and return
-    them. Every rank must hold the same whole weights before (the same seed): each keeps its own slices."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    them; with `sequence_parallel`, the norms too, and the embedding's output and the head's input cut and
+    gathered along the sequence (module docstring). Every rank must hold the same whole weights before (the
+    same seed): each keeps its own slices."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
 
-    plan = {**{name: ColwiseParallel() for name in COLUMN_PARALLEL},
-            **{name: RowwiseParallel() for name in ROW_PARALLEL}}
+    if sequence_parallel:
+        tokens = Shard(1)                       # (batch, sequence, hidden): split along the sequence
+        plan = {**{name: ColwiseParallel(input_layouts=tokens) for name in COLUMN_PARALLEL},
+                **{name: RowwiseParallel(output_layouts=tokens) for name in ROW_PARALLEL},
+                "ln_1": SequenceParallel(), "ln_2": SequenceParallel()}
+    else:
+        plan = {**{name: ColwiseParallel() for name in COLUMN_PARALLEL},
+                **{name: RowwiseParallel() for name in ROW_PARALLEL}}
     blocks = [layer for layer in layers if isinstance(layer, Block)]
     for block in blocks:
         order = per_head_qkv_order(block.c_attn.in_features, block.n_head, mesh.size())
@@ -60,7 +79,35 @@ def parallelize_blocks(layers: Sequence[nn.Module], mesh) -> list[Block]:
             block.c_attn.weight.copy_(block.c_attn.weight[order])
             block.c_attn.bias.copy_(block.c_attn.bias[order])
         parallelize_module(block, mesh, dict(plan))
+    if sequence_parallel:
+        for layer in layers:
+            if isinstance(layer, TokenEmbedding):
+                parallelize_module(layer, mesh, PrepareModuleOutput(output_layouts=Replicate(),
+                                                                    desired_output_layouts=tokens))
+            elif isinstance(layer, FinalNorm):
+                parallelize_module(layer, mesh, {"ln_f": SequenceParallel()})
+            elif isinstance(layer, LMHead):
+                parallelize_module(layer, mesh, PrepareModuleInput(input_layouts=tokens,
+                                                                   desired_input_layouts=Replicate(),
+                                                                   use_local_output=True))
     return blocks
+
+
+def reduce_partial_gradients(parameters: Sequence[nn.Parameter]) -> int:
+    """Sum, over the tensor-parallel ranks, every gradient that backward left as a partial sum (a norm's weights
+    under sequence parallelism see only their rank's tokens): one all-reduce each, before the optimizer reads
+    them. Returns how many. Left partial, torch's AdamW sums each wherever it reads it (measured on gpt-tiny at
+    TP 2: 54 all-reduces a step instead of these 18, the same losses) and the gradients read for parity are a
+    rank's partial sums (a tensor's gradient norm 41% off the plain loop's)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    reduced = 0
+    for parameter in parameters:
+        gradient = parameter.grad
+        if isinstance(gradient, DTensor) and any(p.is_partial() for p in gradient.placements):
+            parameter.grad = gradient.redistribute(gradient.device_mesh, [Replicate()] * gradient.device_mesh.ndim)
+            reduced += 1
+    return reduced
 
 
 def split_parameter_count(layers: Sequence[nn.Module], tp: int) -> int:
@@ -94,6 +141,58 @@ def activation_all_reduces(*, micro_batch: int, seq_len: int, n_embd: int, n_lay
                                calls=calls, ranks=tp, group=group),
             ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * 4, calls=calls, ranks=tp,
                                group=group))
+
+
+def sequence_parallel_collectives(*, micro_batch: int, seq_len: int, n_embd: int, n_layer: int, micro_batches: int,
+                                  tp: int, bf16: bool, group: str, partial_gradients: Sequence[int]):
+    """The collectives sequence parallelism adds to one optimizer step of a rank, in place of
+    `activation_all_reduces` (Korthikanti et al. 2022, sec. 4.2.2: each all-reduce becomes a reduce-scatter and
+    an all-gather of the same b x s x h values, nccl-tests sizes being the whole gathered buffer), for every
+    micro-batch:
+
+    - each block forward all-gathers the inputs of its two column-parallel layers (the norms' outputs, fp32
+      under autocast too) and reduce-scatters the outputs of its two row-parallel ones (in autocast's bf16);
+      backward reduce-scatters the gradients of the two gathered inputs (fp32) and all-gathers those of the
+      two scattered outputs (bf16 under autocast);
+    - the head's input, the final norm's output, is all-gathered forward (fp32); the embedding's output, cut
+      to the rank's slice forward, has its gradient all-gathered backward (fp32);
+
+    and once a step an all-reduce of each gradient backward left partial (`partial_gradients`: their element
+    counts, fp32)."""
+    from harness.derive.comm import Collective
+    from harness.strategies.base import ExpectedCollective
+
+    values, per_block = micro_batch * seq_len * n_embd, 2 * n_layer * micro_batches
+    compute = values * (2 if bf16 else 4)
+
+    def each(collective, size_bytes, calls):
+        return ExpectedCollective(collective=collective, size_bytes=size_bytes, calls=calls, ranks=tp, group=group)
+
+    collectives = [each(Collective.ALL_GATHER, values * 4, per_block + 2 * micro_batches),  # norms' out, embedding
+                   each(Collective.ALL_GATHER, compute, per_block),                         # row-parallel out grads
+                   each(Collective.REDUCE_SCATTER, compute, per_block),                     # row-parallel outputs
+                   each(Collective.REDUCE_SCATTER, values * 4, per_block)]                  # gathered input grads
+    for elements, calls in sorted(Counter(partial_gradients).items()):
+        collectives.append(each(Collective.ALL_REDUCE, elements * 4, calls))
+    return tuple(c for c in _merged(collectives) if c.calls)
+
+
+def _merged(collectives):
+    """Entries of the same collective, size and group added into one (fp32 and bf16 sizes coincide in fp32)."""
+    from dataclasses import replace
+
+    merged: dict[tuple, object] = {}
+    for c in collectives:
+        key = (c.collective, c.size_bytes, c.ranks, c.group)
+        merged[key] = replace(merged[key], calls=merged[key].calls + c.calls) if key in merged else c
+    return list(merged.values())
+
+
+def partial_gradient_sizes(layers: Sequence[nn.Module]) -> list[int]:
+    """Element counts of the parameters whose gradients sequence parallelism leaves partial: the layer norms'
+    weights and biases (their inputs are a rank's tokens alone), the blocks' and the final one."""
+    return [p.numel() for layer in layers for module in layer.modules() if isinstance(module, nn.LayerNorm)
+            for p in module.parameters()]
 
 
 def is_split(tensor: torch.Tensor, dimension: str) -> bool:

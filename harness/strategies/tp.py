@@ -11,7 +11,12 @@ forward all-reduces each block's two row-parallel outputs, and backward the inpu
 column-parallel layers (q, k and v are one fused layer here; Megatron-LM counts the same 2 + 2, sec. 3 of
 Shoeybi et al. 2019): 4 L K all-reduces of b s h values among the tensor-parallel ranks. They are DTensor's
 functional collectives, counted in the last warm-up step (harness.rank.comm_counter). The 2-D mesh with FSDP2
-is `fsdp2-tp` (harness.strategies.fsdp2_tp); sequence and loss parallelism are not built yet.
+is `fsdp2-tp` (harness.strategies.fsdp2_tp).
+
+Option `sequence_parallel=true` splits the residual stream along the sequence between the linear layers
+(harness.strategies.tensor_parallel; Korthikanti et al. 2022): each of those all-reduces becomes a
+reduce-scatter and an all-gather, the head's input and the embedding's gradient are gathered, and the norms'
+partial gradients are summed once a step (`sequence_parallel_collectives`). Loss parallelism is not built.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from torch import nn
 
 from harness.derive.memory import zero_plan
 from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
-from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, PrecisionRecipe, Strategy, make_adamw,
-                                     optimizer_description, torchrun_context)
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, Option, PrecisionRecipe, Strategy,
+                                     make_adamw, optimizer_description, torchrun_context)
 from harness.strategies.plain import PlainTrainer
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
-                                                split_parameter_count)
+                                                partial_gradient_sizes, reduce_partial_gradients,
+                                                sequence_parallel_collectives, split_parameter_count)
 from workloads import Family, get_workload
 
 MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
@@ -34,10 +40,13 @@ MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in th
 
 @dataclass
 class TPTrainer(SlicedParameters, PlainTrainer):
-    """The plain loop's step (nothing to reduce: every gradient is whole or a rank's own slice), its parameters
-    and gradients read as tensor-parallel slices."""
+    """The plain loop's step (nothing to reduce: every gradient is whole or a rank's own slice, but for the
+    partial sums sequence parallelism leaves), its parameters and gradients read as tensor-parallel slices."""
 
     tp_coordinate: int = 0
+
+    def finish_gradients(self) -> None:
+        reduce_partial_gradients(self._trainable())
 
     def parameters_held(self, whole_model: int) -> int:
         from torch.distributed.tensor import DTensor
@@ -51,6 +60,9 @@ class TensorParallel(Strategy):
     description = "DTensor tensor parallelism, Megatron's layout of each block (torchrun)"
     comm_interception = ("torch.distributed collectives, and DTensor's functional collectives in the last "
                          "warm-up step (a dispatch mode)")
+    options = {"sequence_parallel": Option(False, "split the residual stream along the sequence between the "
+                                                  "linear layers (Korthikanti et al. 2022): reduce-scatters and "
+                                                  "all-gathers in place of the all-reduces")}
 
     def validate(self, spec: RunSpec) -> None:
         if spec.warmup_steps < 1:
@@ -64,6 +76,10 @@ class TensorParallel(Strategy):
         heads = workload.config.n_head
         if heads % spec.world_size:
             return f"tensor parallelism of {spec.world_size} must divide {spec.workload}'s {heads} heads"
+        tokens = workload.config.seq_len
+        if spec.resolved_options.get("sequence_parallel") and tokens % spec.world_size:
+            return (f"sequence parallelism of {spec.world_size} must divide {spec.workload}'s sequence of "
+                    f"{tokens} tokens")
         if spec.device is DeviceKind.CUDA and spec.nnodes > 1:
             return "tensor parallelism's all-reduces sit inside every layer: it runs within one node"
         return None
@@ -95,10 +111,13 @@ class TensorParallel(Strategy):
         if spec.world_size == 1:
             return ExpectedTraffic()
         config = get_workload(spec.workload).config
-        return ExpectedTraffic(collectives=activation_all_reduces(
-            micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
-            micro_batches=self.layout(spec).micro_batches, tp=spec.world_size,
-            bf16=spec.precision is Precision.BF16, group=MESH_DIMENSION))
+        shape = dict(micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd,
+                     n_layer=config.n_layer, micro_batches=self.layout(spec).micro_batches, tp=spec.world_size,
+                     bf16=spec.precision is Precision.BF16, group=MESH_DIMENSION)
+        if spec.resolved_options.get("sequence_parallel"):
+            return ExpectedTraffic(collectives=sequence_parallel_collectives(
+                **shape, partial_gradients=partial_gradient_sizes(layers)))
+        return ExpectedTraffic(collectives=activation_all_reduces(**shape))
 
     def planned_parameters_held(self, spec: RunSpec, layers) -> int:
         return split_parameter_count(layers, spec.world_size)
@@ -122,9 +141,11 @@ class TensorParallel(Strategy):
         model = nn.Sequential(*layers).to(context.device)
         mesh = init_device_mesh(context.device.type, (context.world_size,), mesh_dim_names=(MESH_DIMENSION,))
         label_group(mesh.get_group(MESH_DIMENSION), MESH_DIMENSION)
-        blocks = parallelize_blocks(list(model), mesh)
+        sequence_parallel = bool(spec.resolved_options.get("sequence_parallel"))
+        blocks = parallelize_blocks(list(model), mesh, sequence_parallel=sequence_parallel)
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
                          workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank,
                          config={"tensor_parallel": context.world_size, "split_blocks": len(blocks),
+                                 "sequence_parallel": sequence_parallel,
                                  **optimizer_description(context.device)})
