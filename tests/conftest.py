@@ -43,13 +43,17 @@ def fp32_streams(tmp_path_factory):
                for workload in ("resnet20-cifar", "gpt-tiny")]
     streams.append(Stream("hybrid", ("--workload", "gpt-tiny", "--world-sizes", "4", "--warmup-steps", "1",
                                      "--strategy", "plain,fsdp2-tp,autotp,pipeline")))
-    streams.append(SEQUENCE_PARALLEL)
+    streams += [SEQUENCE_PARALLEL, LOSS_PARALLEL]
     return run_streams(tmp_path_factory.mktemp("fp32"), streams)
 
 
-# tp with sequence parallelism on gpt-tiny at 2 ranks, judged against the plain loop of its precision's streams.
-SEQUENCE_PARALLEL = Stream("sequence-parallel", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy", "tp",
-                                                 "--option", "sequence_parallel=true"))
+# tp with sequence or loss parallelism (fp32), or both (bf16), on gpt-tiny at 2 ranks, each judged against the
+# plain loop of its precision's streams.
+TP_AT_2 = ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy", "tp")
+SEQUENCE_PARALLEL = Stream("sequence-parallel", (*TP_AT_2, "--option", "sequence_parallel=true"))
+LOSS_PARALLEL = Stream("loss-parallel", (*TP_AT_2, "--option", "loss_parallel=true"))
+BOTH_IN_BF16 = Stream("bf16-sequence-and-loss-parallel", (*TP_AT_2, "--option", "sequence_parallel=true", "--option",
+                                                         "loss_parallel=true", "--precision", "bf16"))
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +68,7 @@ def fp32_rows(fp32_streams):
 
 @pytest.fixture(scope="session")
 def bf16_streams(tmp_path_factory):
-    """The bf16 cells of `bf16_rows` and `sequence_parallel_rows`, four streams two at a time."""
+    """The bf16 cells of `bf16_rows` and `split_tp_rows`, four streams two at a time."""
     from harness.strategies import STRATEGIES
 
     # The matrix gives world sizes 1 and 2 and 2 alone the same global batch (8 a rank x 2), the plain loop's;
@@ -75,7 +79,7 @@ def bf16_streams(tmp_path_factory):
     streams = [Stream(f"bf16-{n}", ("--workload", "gpt-tiny", "--world-sizes", sizes, "--precision", "bf16",
                                     "--strategy", ",".join(names)))
                for n, (names, sizes) in enumerate(((first, "1,2"), (second, "1,2"), (split, "2")))]
-    streams.append(Stream(f"bf16-{SEQUENCE_PARALLEL.name}", (*SEQUENCE_PARALLEL.selection, "--precision", "bf16")))
+    streams.append(BOTH_IN_BF16)
     return run_streams(tmp_path_factory.mktemp("bf16"), streams)
 
 
@@ -87,17 +91,19 @@ def bf16_rows(bf16_streams):
     (tests/test_strategies_cpu.py; the no-fault rows of tests/test_parity_faults.py; ZeRO-2's reductions in
     tests/test_comm_zero_cpu.py)."""
     return {(row.spec.strategy, row.spec.world_size): row for name, stream in bf16_streams.items()
-            if name != f"bf16-{SEQUENCE_PARALLEL.name}" for row in stream}
+            if name != BOTH_IN_BF16.name for row in stream}
 
 
 @pytest.fixture(scope="session")
-def sequence_parallel_rows(fp32_streams, bf16_streams):
-    """tp with sequence parallelism at 2 ranks on gpt-tiny, and the plain loop at its global batch, in each
-    precision: {precision: [plain row, tp row]} (tests/test_sequence_parallel.py)."""
+def split_tp_rows(fp32_streams, bf16_streams):
+    """tp at 2 ranks on gpt-tiny with sequence parallelism, with loss parallelism (fp32) and with both (bf16), each
+    after the plain loop at its global batch and precision: {stream name: [plain row, tp row]}
+    (tests/test_sequence_parallel.py)."""
     plain = {"fp32": next(r for r in fp32_streams["gpt-tiny"] if r.spec.strategy == "plain"),
              "bf16": next(r for r in bf16_streams["bf16-0"] if r.spec.strategy == "plain")}
-    return {"fp32": [plain["fp32"], *fp32_streams[SEQUENCE_PARALLEL.name]],
-            "bf16": [plain["bf16"], *bf16_streams[f"bf16-{SEQUENCE_PARALLEL.name}"]]}
+    return {SEQUENCE_PARALLEL.name: [plain["fp32"], *fp32_streams[SEQUENCE_PARALLEL.name]],
+            LOSS_PARALLEL.name: [plain["fp32"], *fp32_streams[LOSS_PARALLEL.name]],
+            BOTH_IN_BF16.name: [plain["bf16"], *bf16_streams[BOTH_IN_BF16.name]]}
 
 
 @pytest.fixture(scope="session")

@@ -532,7 +532,8 @@ def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Se
             loss = loss_fn(outputs, targets)
             scaled = loss if multipliers is None else loss * multipliers[index]
             (scaled / count).backward()
-        total += loss.detach()
+        # A DTensor loss (tensor parallelism's loss_parallel: every rank holds the whole value) as a plain tensor.
+        total += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
     return total / count
 
 

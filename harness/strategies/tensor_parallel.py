@@ -17,6 +17,10 @@ input first. The embedding's output is cut to the rank's slice (no traffic forwa
 gradient) and the final norm's gathered for the head. The norms' weights then see only their rank's tokens, so
 their gradients are partial sums: `reduce_partial_gradients` adds them up before the optimizer step.
 
+With loss parallelism, the tied vocabulary matrix is split by rows as well: the embedding looks up each rank's
+rows and sums the partial outputs, the head computes each rank's slice of the logits, and the cross-entropy runs
+on the split logits (torch's `loss_parallel`), never gathering b x s x vocabulary values.
+
 `c_attn` is fused: its rows are q, k and v one after the other, so a plain split of its rows would hand a rank
 all of q and part of k. Its rows are reordered first so that the r-th slice holds rank r's heads' q, then
 their k, then their v (`per_head_qkv_order`); the block's forward chunks its output in three and counts its
@@ -55,17 +59,18 @@ def per_head_qkv_order(n_embd: int, n_head: int, tp: int) -> torch.Tensor:
     return torch.tensor(order)
 
 
-def parallelize_blocks(layers: Sequence[nn.Module], mesh, sequence_parallel: bool = False) -> list[Block]:
+def parallelize_blocks(layers: Sequence[nn.Module], mesh, sequence_parallel: bool = False,
+                       loss_parallel: bool = False) -> list[Block]:
     """Turn every GPT block of `layers` into its tensor-parallel form over the 1-D `mesh`, in place, and return
     them; with `sequence_parallel`, the norms too, and the embedding's output and the head's input cut and
-    gathered along the sequence (module docstring). Every rank must hold the same whole weights before (the
-    same seed): each keeps its own slices."""
+    gathered along the sequence; with `loss_parallel`, the tied vocabulary matrix split by rows (module
+    docstring). Every rank must hold the same whole weights before (the same seed): each keeps its own slices."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                    RowwiseParallel, SequenceParallel, parallelize_module)
 
+    tokens = Shard(1)                           # (batch, sequence, hidden): split along the sequence
     if sequence_parallel:
-        tokens = Shard(1)                       # (batch, sequence, hidden): split along the sequence
         plan = {**{name: ColwiseParallel(input_layouts=tokens) for name in COLUMN_PARALLEL},
                 **{name: RowwiseParallel(output_layouts=tokens) for name in ROW_PARALLEL},
                 "ln_1": SequenceParallel(), "ln_2": SequenceParallel()}
@@ -79,17 +84,26 @@ def parallelize_blocks(layers: Sequence[nn.Module], mesh, sequence_parallel: boo
             block.c_attn.weight.copy_(block.c_attn.weight[order])
             block.c_attn.bias.copy_(block.c_attn.bias[order])
         parallelize_module(block, mesh, dict(plan))
-    if sequence_parallel:
-        for layer in layers:
-            if isinstance(layer, TokenEmbedding):
+    embedding = next((layer for layer in layers if isinstance(layer, TokenEmbedding)), None)
+    for layer in layers:
+        if isinstance(layer, TokenEmbedding):
+            if loss_parallel:       # each rank looks up its rows of the vocabulary; the partial sums all-reduced
+                parallelize_module(layer.wte, mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                                    output_layouts=Replicate()))
+            if sequence_parallel:
                 parallelize_module(layer, mesh, PrepareModuleOutput(output_layouts=Replicate(),
                                                                     desired_output_layouts=tokens))
-            elif isinstance(layer, FinalNorm):
-                parallelize_module(layer, mesh, {"ln_f": SequenceParallel()})
-            elif isinstance(layer, LMHead):
-                parallelize_module(layer, mesh, PrepareModuleInput(input_layouts=tokens,
-                                                                   desired_input_layouts=Replicate(),
-                                                                   use_local_output=True))
+        elif isinstance(layer, FinalNorm) and sequence_parallel:
+            parallelize_module(layer, mesh, {"ln_f": SequenceParallel()})
+        elif isinstance(layer, LMHead) and (sequence_parallel or loss_parallel):
+            if loss_parallel:
+                # The head is the embedding's matrix (tied): the same split Parameter, so that its logits come out
+                # split over the vocabulary (DTensor's linear with rows Shard(0)) for loss_parallel's
+                # cross-entropy, and both uses' gradients add up in one tensor as they do whole.
+                layer.weight = embedding.wte.weight
+            parallelize_module(layer, mesh, PrepareModuleInput(input_layouts=tokens if sequence_parallel else Replicate(),
+                                                               desired_input_layouts=Replicate(),
+                                                               use_local_output=not loss_parallel))
     return blocks
 
 
@@ -110,13 +124,15 @@ def reduce_partial_gradients(parameters: Sequence[nn.Parameter]) -> int:
     return reduced
 
 
-def split_parameter_count(layers: Sequence[nn.Module], tp: int) -> int:
+def split_parameter_count(layers: Sequence[nn.Module], tp: int, vocabulary: bool = False) -> int:
     """Parameters one rank holds once every block of `layers` is split over `tp` ranks: the column-parallel
     layers' weights and biases and the row-parallel layers' weights divided by `tp` (RowwiseParallel keeps the
-    bias whole: it is added once, after the partial outputs are summed), everything else whole. A tied weight
-    counts once."""
+    bias whole: it is added once, after the partial outputs are summed), with `vocabulary` (loss parallelism)
+    the tied token matrix too, everything else whole. A tied weight counts once."""
     split = set()
     for layer in layers:
+        if isinstance(layer, TokenEmbedding) and vocabulary:
+            split.add(id(layer.wte.weight))
         if isinstance(layer, Block):
             for name in COLUMN_PARALLEL:
                 split.update(id(p) for p in getattr(layer, name).parameters())
@@ -174,10 +190,33 @@ def sequence_parallel_collectives(*, micro_batch: int, seq_len: int, n_embd: int
                    each(Collective.REDUCE_SCATTER, values * 4, per_block)]                  # gathered input grads
     for elements, calls in sorted(Counter(partial_gradients).items()):
         collectives.append(each(Collective.ALL_REDUCE, elements * 4, calls))
-    return tuple(c for c in _merged(collectives) if c.calls)
+    return tuple(c for c in merge_collectives(collectives) if c.calls)
 
 
-def _merged(collectives):
+def vocabulary_parallel_collectives(*, micro_batch: int, seq_len: int, n_embd: int, micro_batches: int, tp: int,
+                                    group: str, sequence_parallel: bool):
+    """The collectives loss parallelism adds to one optimizer step of a rank, for every micro-batch, all fp32 (the
+    embedding's output, the head's input gradient cast back to its input's dtype, the loss's `.float()`):
+
+    - the embedding's lookups, each rank's rows of the vocabulary, summed: an all-reduce of b x s x h;
+    - the head's input gradient, partial over the vocabulary's rows: an all-reduce of b x s x h, or with sequence
+      parallelism a reduce-scatter onto the slices its input was gathered from;
+    - the cross-entropy of logits split over the vocabulary (torch's loss_parallel): 3 all-reduces of one value a
+      token, b x s (the logits' maximum, the sum of their exponentials, the target's logit)."""
+    from harness.derive.comm import Collective
+    from harness.strategies.base import ExpectedCollective
+
+    values, tokens = micro_batch * seq_len * n_embd, micro_batch * seq_len
+
+    def each(collective, size_bytes, calls):
+        return ExpectedCollective(collective=collective, size_bytes=size_bytes, calls=calls, ranks=tp, group=group)
+
+    head = Collective.REDUCE_SCATTER if sequence_parallel else Collective.ALL_REDUCE
+    return (each(Collective.ALL_REDUCE, values * 4, micro_batches), each(head, values * 4, micro_batches),
+            each(Collective.ALL_REDUCE, tokens * 4, 3 * micro_batches))
+
+
+def merge_collectives(collectives):
     """Entries of the same collective, size and group added into one (fp32 and bf16 sizes coincide in fp32)."""
     from dataclasses import replace
 

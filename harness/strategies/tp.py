@@ -16,7 +16,9 @@ is `fsdp2-tp` (harness.strategies.fsdp2_tp).
 Option `sequence_parallel=true` splits the residual stream along the sequence between the linear layers
 (harness.strategies.tensor_parallel; Korthikanti et al. 2022): each of those all-reduces becomes a
 reduce-scatter and an all-gather, the head's input and the embedding's gradient are gathered, and the norms'
-partial gradients are summed once a step (`sequence_parallel_collectives`). Loss parallelism is not built.
+partial gradients are summed once a step (`sequence_parallel_collectives`). Option `loss_parallel=true`
+splits the tied vocabulary matrix by rows and computes the cross-entropy on the split logits
+(`vocabulary_parallel_collectives`); the vocabulary must divide by the ranks.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, Option, PrecisionRecipe, Strategy,
                                      make_adamw, optimizer_description, torchrun_context)
 from harness.strategies.plain import PlainTrainer
-from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
-                                                partial_gradient_sizes, reduce_partial_gradients,
-                                                sequence_parallel_collectives, split_parameter_count)
+from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, merge_collectives,
+                                                parallelize_blocks, partial_gradient_sizes, reduce_partial_gradients,
+                                                sequence_parallel_collectives, split_parameter_count,
+                                                vocabulary_parallel_collectives)
 from workloads import Family, get_workload
 
 MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
@@ -44,6 +47,15 @@ class TPTrainer(SlicedParameters, PlainTrainer):
     partial sums sequence parallelism leaves), its parameters and gradients read as tensor-parallel slices."""
 
     tp_coordinate: int = 0
+    loss_parallel: bool = False
+
+    def train_step(self, micro_batches, gradients_ready=None):
+        if not self.loss_parallel:
+            return super().train_step(micro_batches, gradients_ready)
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():       # the cross-entropy of logits split over the vocabulary, and its backward
+            return super().train_step(micro_batches, gradients_ready)
 
     def finish_gradients(self) -> None:
         reduce_partial_gradients(self._trainable())
@@ -62,7 +74,10 @@ class TensorParallel(Strategy):
                          "warm-up step (a dispatch mode)")
     options = {"sequence_parallel": Option(False, "split the residual stream along the sequence between the "
                                                   "linear layers (Korthikanti et al. 2022): reduce-scatters and "
-                                                  "all-gathers in place of the all-reduces")}
+                                                  "all-gathers in place of the all-reduces"),
+               "loss_parallel": Option(False, "split the tied vocabulary matrix by rows, the embedding's lookups "
+                                              "and the head's logits with it, and compute the cross-entropy on "
+                                              "the split logits (torch's loss_parallel)")}
 
     def validate(self, spec: RunSpec) -> None:
         if spec.warmup_steps < 1:
@@ -80,6 +95,10 @@ class TensorParallel(Strategy):
         if spec.resolved_options.get("sequence_parallel") and tokens % spec.world_size:
             return (f"sequence parallelism of {spec.world_size} must divide {spec.workload}'s sequence of "
                     f"{tokens} tokens")
+        vocabulary = workload.config.vocab_size
+        if spec.resolved_options.get("loss_parallel") and vocabulary % spec.world_size:
+            return (f"loss parallelism of {spec.world_size} must divide {spec.workload}'s vocabulary of "
+                    f"{vocabulary} tokens")
         if spec.device is DeviceKind.CUDA and spec.nnodes > 1:
             return "tensor parallelism's all-reduces sit inside every layer: it runs within one node"
         return None
@@ -114,13 +133,21 @@ class TensorParallel(Strategy):
         shape = dict(micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd,
                      n_layer=config.n_layer, micro_batches=self.layout(spec).micro_batches, tp=spec.world_size,
                      bf16=spec.precision is Precision.BF16, group=MESH_DIMENSION)
-        if spec.resolved_options.get("sequence_parallel"):
-            return ExpectedTraffic(collectives=sequence_parallel_collectives(
-                **shape, partial_gradients=partial_gradient_sizes(layers)))
-        return ExpectedTraffic(collectives=activation_all_reduces(**shape))
+        options = spec.resolved_options
+        if options.get("sequence_parallel"):
+            collectives = sequence_parallel_collectives(**shape, partial_gradients=partial_gradient_sizes(layers))
+        else:
+            collectives = activation_all_reduces(**shape)
+        if options.get("loss_parallel"):
+            collectives = merge_collectives([*collectives, *vocabulary_parallel_collectives(
+                micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd,
+                micro_batches=shape["micro_batches"], tp=spec.world_size, group=MESH_DIMENSION,
+                sequence_parallel=bool(options.get("sequence_parallel")))])
+        return ExpectedTraffic(collectives=tuple(collectives))
 
     def planned_parameters_held(self, spec: RunSpec, layers) -> int:
-        return split_parameter_count(layers, spec.world_size)
+        return split_parameter_count(layers, spec.world_size,
+                                     vocabulary=bool(spec.resolved_options.get("loss_parallel")))
 
     def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
         """No gradient is reduced, but under autocast the row-parallel outputs are summed over the ranks in
@@ -142,10 +169,13 @@ class TensorParallel(Strategy):
         mesh = init_device_mesh(context.device.type, (context.world_size,), mesh_dim_names=(MESH_DIMENSION,))
         label_group(mesh.get_group(MESH_DIMENSION), MESH_DIMENSION)
         sequence_parallel = bool(spec.resolved_options.get("sequence_parallel"))
-        blocks = parallelize_blocks(list(model), mesh, sequence_parallel=sequence_parallel)
+        loss_parallel = bool(spec.resolved_options.get("loss_parallel"))
+        blocks = parallelize_blocks(list(model), mesh, sequence_parallel=sequence_parallel,
+                                    loss_parallel=loss_parallel)
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
                          workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank,
+                         loss_parallel=loss_parallel,
                          config={"tensor_parallel": context.world_size, "split_blocks": len(blocks),
-                                 "sequence_parallel": sequence_parallel,
+                                 "sequence_parallel": sequence_parallel, "loss_parallel": loss_parallel,
                                  **optimizer_description(context.device)})
