@@ -675,6 +675,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
     from harness.environment import capture_environment
     from harness.reproduce import environment_differences, find_row, placement_for, same_losses
     from harness.runner import RunOptions, summary_table
+    from harness.strategies import checked
 
     paths = args.results or sorted(Path("results").glob("*.jsonl"))
     found = find_row(args.run_id, paths)
@@ -685,7 +686,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
         print(f"parbench: warning: {line}", file=sys.stderr)
     print(f"parbench: reproducing {original.spec.label} (run {original.run_id[:12]}) -> {found.path}",
           file=sys.stderr)
-    spec = original.spec.replace(repeats=1)
+    spec = checked(original.spec.replace(repeats=1))    # its strategy and options as this version knows them
     [again] = run_placed([spec], RunOptions(results=found.path, timeout_s=args.timeout, placement=placement))
     print(summary_table([again.to_dict()], results_file=found.path))
     if again.status.value != "ok":

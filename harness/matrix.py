@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 from harness.machine import Machine
 from harness.spec import DeviceKind, Precision, RunSpec, SpecError
 from harness.launch.launcher import get_launcher
-from harness.strategies import STRATEGIES, get_strategy
+from harness.strategies import STRATEGIES, checked, get_strategy
 from workloads import get_workload
 
 
@@ -165,7 +165,7 @@ class Cells:
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
                       repeats=self.repeats, device=self.machine.device)
         fields.update(self.select.overrides)
-        spec = RunSpec(**fields, options={**options, **self.select.options_for(strategy)})
+        spec = checked(RunSpec(**fields, options={**options, **self.select.options_for(strategy)}))
         self._by_cell.setdefault(spec.cell_id, spec)
 
     def strong(self, workload: str, plan: BatchPlan) -> None:

@@ -1,11 +1,14 @@
 """What to run (`RunSpec`) and what came of it (`RunResult`): the one data type of the pipeline.
 
-A `RunSpec` validates itself on construction, strategy and workload included, so a bad matrix fails
-before any process is launched. A `RunResult` is one launch of one cell; it is appended to a JSONL file
-as a row and every report is computed from those rows alone.
+A `RunSpec` checks its own fields on construction; what needs the workload and strategy registries (the
+names, the strategy's options, its layout of the batch, its rules) is checked above this module by
+harness.strategies.checked, which every matrix applies, so a bad matrix fails before any process is launched.
+A `RunResult` is one launch of one cell; it is appended to a JSONL file as a row and every report is computed
+from those rows alone.
 
-    python -c "from harness.spec import RunSpec; print(RunSpec(workload='gpt-tiny', strategy='ddp',
-        world_size=2, global_batch=16, micro_batch=8).layout)"
+    python -c "from harness.spec import RunSpec; from harness.strategies import checked, layout_of;
+        print(layout_of(checked(RunSpec(workload='gpt-tiny', strategy='ddp', world_size=2, global_batch=16,
+        micro_batch=8))))"
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class Layout:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSpec:
-    """One cell of a matrix. Validated on construction; see `Layout` for how the batch is split."""
+    """One cell of a matrix. Its fields checked on construction (harness.strategies.checked: the rest); see
+    `Layout` for how the batch is split."""
 
     workload: str                       # a key of workloads.WORKLOADS
     strategy: str                       # a key of harness.strategies.STRATEGIES
@@ -102,37 +106,13 @@ class RunSpec:
                 raise SpecError(f"{name} must be a whole number >= 0, got {value!r}")
         if self.world_size % self.nnodes:
             raise SpecError(f"world_size {self.world_size} must be divisible by nnodes {self.nnodes}")
-
-        from workloads import get_workload  # late: the registries import this module
-        from harness.strategies import get_strategy
-
-        get_workload(self.workload)
-        strategy = get_strategy(self.strategy)
-        strategy.check_options(self.options_dict)
-        strategy.validate(self)
-        layout = self.layout
-        denominator = layout.data_parallel * self.micro_batch
-        if self.global_batch % denominator:
-            raise SpecError(
-                f"global_batch {self.global_batch} must be divisible by data-parallel size x micro_batch "
-                f"= {layout.data_parallel} x {self.micro_batch} = {denominator}")
+        # What needs the registries (the workload, the strategy's options, layout and rules) is checked above this
+        # module, by harness.strategies.checked: the registries import this one.
 
     @property
     def options_dict(self) -> dict[str, OptionValue]:
-        """The options given explicitly; `resolved_options` adds the strategy's defaults."""
+        """The options given explicitly; harness.strategies.resolved_options adds the strategy's defaults."""
         return dict(self.options)
-
-    @property
-    def resolved_options(self) -> dict[str, OptionValue]:
-        from harness.strategies import get_strategy
-
-        return get_strategy(self.strategy).resolve_options(self.options_dict)
-
-    @property
-    def layout(self) -> Layout:
-        from harness.strategies import get_strategy
-
-        return get_strategy(self.strategy).layout(self)
 
     @property
     def ranks_per_node(self) -> int:

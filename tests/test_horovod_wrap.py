@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent("""
     problems = differing("after wrap")
     for step in range(3):
         batches = [workload.batch(spec.seed, step, horovod.sample_indices(spec, context, index), context.device)
-                   for index in range(spec.layout.micro_batches)]
+                   for index in range(horovod.layout(spec).micro_batches)]
         got, expected = wrapped.train_step(batches), reference.train_step(batches)
         if not torch.equal(got, expected):
             problems.append(f"step {step}: loss {got.item()!r} != {expected.item()!r}")

@@ -97,7 +97,7 @@ def test_a_schedule_by_hand_at_a_glance():
 
 
 def test_sequence_parallelism_must_divide_the_sequence():
-    from harness.strategies import get_strategy
+    from harness.strategies import checked, get_strategy
 
     # gpt2-xl's 25 heads split over 5 ranks, but its 1,024 tokens do not.
     def spec(**options):
@@ -108,5 +108,5 @@ def test_sequence_parallelism_must_divide_the_sequence():
     assert get_strategy("tp").layout_refusal(spec(sequence_parallel=True)) == (
         "sequence parallelism of 5 must divide gpt2-xl's sequence of 1024 tokens")
     with pytest.raises(SpecError, match="has no option 'sequence_parallel'"):
-        RunSpec(workload="gpt-tiny", strategy="fsdp2-tp", world_size=2, global_batch=8, micro_batch=4,
-                options={"sequence_parallel": True})
+        checked(RunSpec(workload="gpt-tiny", strategy="fsdp2-tp", world_size=2, global_batch=8, micro_batch=4,
+                        options={"sequence_parallel": True}))

@@ -1,13 +1,13 @@
 import pytest
 
 from harness.spec import DeviceKind, Precision, RunResult, RunSpec, SpecError, Status
-from harness.strategies import STRATEGIES
+from harness.strategies import STRATEGIES, checked, layout_of
 from one_line import assert_one_line_error
 
 
 def spec(**changes):
     base = dict(workload="gpt-tiny", strategy="ddp", world_size=2, global_batch=16, micro_batch=4)
-    return RunSpec(**{**base, **changes})
+    return checked(RunSpec(**{**base, **changes}))
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -28,9 +28,19 @@ def test_spec_rejects_bad_input_with_one_line_naming_what_is_allowed(changes, me
 
 
 def test_layout_accumulates_micro_batches_when_fewer_ranks():
-    assert spec(world_size=1).layout.micro_batches == 4
-    assert spec(world_size=2).layout.micro_batches == 2
-    assert spec(world_size=4).layout.micro_batches == 1
+    assert layout_of(spec(world_size=1)).micro_batches == 4
+    assert layout_of(spec(world_size=2)).micro_batches == 2
+    assert layout_of(spec(world_size=4)).micro_batches == 1
+
+
+def test_the_fields_are_checked_on_construction_and_the_registries_above():
+    # harness.spec imports no registry (they import it): a spec of an unknown strategy is built, and refused by
+    # harness.strategies.checked, as every matrix applies it.
+    unchecked = RunSpec(workload="gpt-tiny", strategy="mpi", world_size=2, global_batch=16, micro_batch=4)
+    with pytest.raises(SpecError, match="unknown strategy 'mpi'"):
+        checked(unchecked)
+    with pytest.raises(SpecError, match="world_size must be a whole number"):
+        RunSpec(workload="gpt-tiny", strategy="mpi", world_size=0, global_batch=16, micro_batch=4)
 
 
 def test_spec_round_trips_through_dict():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping
 from harness.launch.launcher import Launcher, get_launcher
 from harness.rank.worker import THREADS_ENV
 from harness.spec import RunSpec
+from harness.strategies import get_strategy, resolved_options
 
 if TYPE_CHECKING:
     from harness.launch.placement import Placement
@@ -43,6 +44,7 @@ class LaunchRequest:
     port: str                          # the rendezvous port (or how the node's shell finds it); "" if unused
     timeout_s: float
     environment: Mapping[str, str]     # what the harness adds to the environment of every process
+    options: Mapping[str, object]      # the strategy's options with its defaults
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -103,8 +105,6 @@ def forwarded_environment(extra: Mapping[str, str]) -> dict[str, str]:
 
 def launcher_of(spec: RunSpec) -> Launcher:
     """The launcher the cell's strategy names."""
-    from harness.strategies import get_strategy
-
     return get_launcher(get_strategy(spec.strategy).launcher)
 
 
@@ -113,5 +113,5 @@ def plan_launch(spec: RunSpec, placement: Placement, *, cell_dir: Path, port: st
     """The plan of one launch of a placed cell (`placement.place(spec)`) with the environment the harness
     adds (`launch_environment`), writing and starting nothing."""
     request = LaunchRequest(spec=spec, launcher=launcher_of(spec), cell_dir=cell_dir, port=port,
-                            timeout_s=timeout_s, environment=environment)
+                            timeout_s=timeout_s, environment=environment, options=resolved_options(spec))
     return placement.plan(request)

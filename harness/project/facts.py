@@ -59,19 +59,21 @@ class RegistryFacts:
         import torch
 
         from harness.spec import DeviceKind, RunSpec
+        from harness.strategies import checked
         from workloads import get_workload
 
         nodes = max(1, world_size // gpus_per_node) if gpus_per_node else 1
         chosen, _ = self._strategy(strategy, options)
-        cell = RunSpec(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
-                       micro_batch=micro_batch, precision=precision, options=dict(options), device=DeviceKind.CUDA,
-                       nnodes=nodes if world_size % nodes == 0 else 1)
+        cell = checked(RunSpec(workload=workload, strategy=strategy, world_size=world_size,
+                               global_batch=global_batch, micro_batch=micro_batch, precision=precision,
+                               options=dict(options), device=DeviceKind.CUDA,
+                               nnodes=nodes if world_size % nodes == 0 else 1))
         refusal = chosen.layout_refusal(cell)
         if refusal:
             raise SpecError(refusal)
         with torch.device("meta"):
             layers = get_workload(workload).build_layers()
-        return (chosen.expected_traffic(cell, layers).to_dict(), cell.layout.data_parallel,
+        return (chosen.expected_traffic(cell, layers).to_dict(), chosen.layout(cell).data_parallel,
                 chosen.planned_parameters_held(cell, layers))
 
     def bubble_factor(self, strategy: str, options: Mapping[str, Any], micro_batches: int) -> float:

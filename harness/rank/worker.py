@@ -319,7 +319,7 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
     readings = [r["model_states"] for r in by_rank]
     figures: dict[str, Any] = {
         "model_state_plan": strategy.model_state_plan(layout.data_parallel, trainer.precision_recipe,
-                                                      spec.resolved_options).to_dict(),
+                                                      strategy.resolved(spec)).to_dict(),
         "parameters_held_by_rank": [r["parameters_held"] for r in by_rank],
         "weights_kept_whole_parameters_by_rank": [r["parameters_kept_whole"] for r in by_rank],
         "largest_module_own_parameters": largest_module,
@@ -337,7 +337,7 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
     # The cell's own cluster, from its spec rather than a launcher's environment variable: DeepSpeed divides
     # by num_nodes x num_gpus_per_node, which must be the world it shards over.
     estimate = strategy.deepspeed_estimate_bytes(parameters, largest_module, spec.ranks_per_node, spec.nnodes,
-                                                 spec.resolved_options)
+                                                 strategy.resolved(spec))
     if estimate is not None:
         figures["model_state_bytes_deepspeed_estimate"] = estimate
     return figures

@@ -19,7 +19,7 @@ from typing import Mapping
 
 from harness.launch.launcher import LAUNCHERS
 from harness.strategies.autotp import AutoTP
-from harness.spec import SpecError
+from harness.spec import Layout, OptionValue, RunSpec, SpecError
 from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strategy, Trainer
 from harness.strategies.dataparallel import DataParallel
 from harness.strategies.ddp import DDP
@@ -30,6 +30,7 @@ from harness.strategies.pipeline import Pipeline
 from harness.strategies.plain import Plain
 from harness.strategies.tp import TensorParallel
 from harness.strategies.zero import ZeRO
+from workloads import get_workload
 
 STRATEGIES: dict[str, Strategy] = {
     "plain": Plain(),
@@ -88,9 +89,35 @@ def get_strategy(name: str) -> Strategy:
         raise SpecError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
 
 
+def checked(spec: RunSpec) -> RunSpec:
+    """`spec`, once what needs the registries holds (harness.spec checks the fields alone): its workload and
+    strategy exist, the strategy takes its options and its rules (`Strategy.validate`), and the global batch
+    splits into the strategy's data-parallel replicas and micro-batches. SpecError, one line, otherwise."""
+    get_workload(spec.workload)
+    strategy = get_strategy(spec.strategy)
+    strategy.check_options(spec.options_dict)
+    strategy.validate(spec)
+    layout = strategy.layout(spec)
+    denominator = layout.data_parallel * spec.micro_batch
+    if spec.global_batch % denominator:
+        raise SpecError(f"global_batch {spec.global_batch} must be divisible by data-parallel size x micro_batch "
+                        f"= {layout.data_parallel} x {spec.micro_batch} = {denominator}")
+    return spec
+
+
+def layout_of(spec: RunSpec) -> Layout:
+    """How the cell's strategy splits its global batch."""
+    return get_strategy(spec.strategy).layout(spec)
+
+
+def resolved_options(spec: RunSpec) -> dict[str, OptionValue]:
+    """The cell's strategy options, its defaults included."""
+    return get_strategy(spec.strategy).resolved(spec)
+
+
 for _name, _strategy in STRATEGIES.items():    # the built-ins are held to the check extras get
     check_launcher(_name, _strategy)
 _register_from_environment()
 
 __all__ = ["EXTRA_STRATEGIES_ENV", "STRATEGIES", "Option", "PrecisionRecipe", "RankContext", "Strategy",
-           "Trainer", "get_strategy", "register"]
+           "Trainer", "checked", "get_strategy", "layout_of", "register", "resolved_options"]

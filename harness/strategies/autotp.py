@@ -131,7 +131,7 @@ class AutoTP(MeshLayout, Strategy):
         AutoTP's replacement layers are not exact `nn.Linear`s, so the torch_autocast section reduces none of
         their gradients in bf16 (measured: every dp byte fp32 under bf16 autocast). Stage 0 all-reduces the
         gradients once a step; stages 1-2 as ZeRO-1/2 (harness.strategies.zero)."""
-        tp, layout, options = self.tp_degree(spec), self.layout(spec), spec.resolved_options
+        tp, layout, options = self.tp_degree(spec), self.layout(spec), self.resolved(spec)
         config = get_workload(spec.workload).config
         collectives = activation_all_reduces(
             micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
@@ -154,8 +154,8 @@ class AutoTP(MeshLayout, Strategy):
 
         from harness.rank.comm_counter import label_group
 
-        options, tp = spec.resolved_options, self.tp_degree(spec)
-        precision, recipe = precision_config(spec)
+        options, tp = self.resolved(spec), self.tp_degree(spec)
+        precision, recipe = precision_config(spec, self.resolved(spec))
         config = {**base_config(spec, self.layout(spec).micro_batches), **precision,
                   "zero_optimization": {"stage": options["zero_stage"]},
                   "tensor_parallel": {"autotp_size": tp,

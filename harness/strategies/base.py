@@ -317,6 +317,10 @@ class Strategy(abc.ABC):
     def resolve_options(self, given: Mapping[str, OptionValue]) -> dict[str, OptionValue]:
         return {name: given.get(name, option.default) for name, option in self.options.items()}
 
+    def resolved(self, spec: RunSpec) -> dict[str, OptionValue]:
+        """The options of a cell of this strategy, its defaults included."""
+        return self.resolve_options(spec.options_dict)
+
     def validate(self, spec: RunSpec) -> None:
         """Raise SpecError for combinations this strategy cannot run (beyond the generic checks)."""
 
@@ -378,7 +382,7 @@ class Strategy(abc.ABC):
         """The collectives one optimizer step should issue per rank, from freshly built (unwrapped) layers."""
         layout = self.layout(spec)
         return self.expected_collectives(data_parallel=layout.data_parallel, micro_batches=layout.micro_batches,
-                                         options=spec.resolved_options,
+                                         options=self.resolved(spec),
                                          traffic=self.traffic_bytes(spec, nn.Sequential(*layers)))
 
     def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:

@@ -96,9 +96,9 @@ class DDP(Strategy):
                               basis=plan.basis + "; gradients twice: .grad and DDP's bucket copy")
 
     def wrap(self, spec, context, workload, layers):
-        options = spec.resolved_options
+        options = self.resolved(spec)
         if options["static_graph"] is None:
-            options["static_graph"] = spec.layout.micro_batches == 1
+            options["static_graph"] = self.layout(spec).micro_batches == 1
         model = nn.Sequential(*layers).to(context.device)
         ddp = DistributedDataParallel(
             model,

@@ -12,7 +12,7 @@ everywhere else.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import Option, PrecisionRecipe, RankContext, torchrun_context
@@ -40,11 +40,12 @@ def start_deepspeed(spec: RunSpec) -> RankContext:
     return context
 
 
-def precision_config(spec: RunSpec) -> tuple[dict[str, Any], PrecisionRecipe]:
-    """The config sections for the spec's precision, and the recipe a row records."""
+def precision_config(spec: RunSpec, options: Mapping[str, Any]) -> tuple[dict[str, Any], PrecisionRecipe]:
+    """The config sections for the spec's precision under its strategy's resolved `options`, and the recipe a
+    row records."""
     if spec.precision is Precision.FP32:
         return {}, PrecisionRecipe.FP32
-    if spec.resolved_options.get("precision_recipe", "autocast") == "deepspeed-bf16":
+    if options.get("precision_recipe", "autocast") == "deepspeed-bf16":
         return {"bf16": {"enabled": True}}, PrecisionRecipe.DEEPSPEED_BF16
     return {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}, PrecisionRecipe.AUTOCAST
 

@@ -89,7 +89,7 @@ class FSDP2(Strategy):
         return torchrun_context(spec.device)
 
     def _policy(self, spec: RunSpec) -> bool:
-        return spec.precision is Precision.BF16 and spec.resolved_options["mixed_precision"] == "policy"
+        return spec.precision is Precision.BF16 and self.resolved(spec)["mixed_precision"] == "policy"
 
     def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
         count = sum(p.numel() for p in model.parameters())
@@ -125,7 +125,7 @@ class FSDP2(Strategy):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        options = spec.resolved_options
+        options = self.resolved(spec)
         mesh = init_device_mesh(context.device.type, (context.world_size,))
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         shard_kwargs = {"mesh": mesh, "reshard_after_forward": options["reshard_after_forward"]}

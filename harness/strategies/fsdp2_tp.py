@@ -97,7 +97,7 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         units = Counter(4 * split_parameter_count([layer], tp) for layer in layers if is_block(layer))
         root_bytes = 4 * split_parameter_count([layer for layer in layers if not is_block(layer)], tp)
         units[root_bytes] += 1
-        gathered = 2 if spec.resolved_options["reshard_after_forward"] else 1       # forward, and again backward
+        gathered = 2 if self.resolved(spec)["reshard_after_forward"] else 1       # forward, and again backward
         gathers = [ExpectedCollective(collective=Collective.ALL_GATHER, size_bytes=size,
                                       calls=gathered * layout.micro_batches * count, ranks=layout.data_parallel,
                                       group=DP, stride=tp)
@@ -123,7 +123,7 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         label_group(mesh.get_group(DP), DP)
         model = nn.Sequential(*layers).to(context.device)
         blocks = parallelize_blocks(list(model), mesh[TP])
-        reshard = spec.resolved_options["reshard_after_forward"]
+        reshard = self.resolved(spec)["reshard_after_forward"]
         for layer in model:
             if is_block(layer):
                 fully_shard(layer, mesh=mesh[DP], reshard_after_forward=reshard)

@@ -144,13 +144,13 @@ class Horovod(Strategy):
         optimizer = make_adamw(model.parameters(), context.device)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)   # not the optimizer: see the docstring
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             op=hvd.Average, backward_passes_per_step=spec.layout.micro_batches)
+                                             op=hvd.Average, backward_passes_per_step=self.layout(spec).micro_batches)
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return HorovodTrainer(context=context, model=model, optimizer=optimizer, workload=workload, spec=spec,
                               hvd=hvd, precision_recipe=recipe,
-                              config={**spec.resolved_options, "op": "Average",
+                              config={**self.resolved(spec), "op": "Average",
                                       "broadcast_from_rank_0": "parameters and buffers",
-                                      "backward_passes_per_step": spec.layout.micro_batches,
+                                      "backward_passes_per_step": self.layout(spec).micro_batches,
                                       "horovod_build": horovod_build_flags(hvd),
                                       **optimizer_description(context.device)})
 

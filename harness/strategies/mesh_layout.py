@@ -14,7 +14,7 @@ class MeshLayout:
     name: str
 
     def tp_degree(self, spec: RunSpec) -> int:
-        return spec.resolved_options["tp"]
+        return self.resolved(spec)["tp"]
 
     def validate(self, spec: RunSpec) -> None:
         tp = self.tp_degree(spec)

@@ -78,7 +78,7 @@ class Pipeline(Strategy):
     }
 
     def validate(self, spec: RunSpec) -> None:
-        stages = spec.resolved_options["stages"]
+        stages = self.resolved(spec)["stages"]
         layers = get_workload(spec.workload).layer_count
         if stages > layers:
             raise SpecError(f"pipeline stages={stages} exceeds the {layers} layers of {spec.workload}; "
@@ -91,7 +91,7 @@ class Pipeline(Strategy):
                             f"micro_batch = {replicas} x {spec.micro_batch}")
 
     def layout(self, spec: RunSpec) -> Layout:
-        stages = spec.resolved_options["stages"]
+        stages = self.resolved(spec)["stages"]
         replicas = spec.world_size // stages
         per_replica = spec.global_batch // replicas
         return Layout(data_parallel=replicas, pipeline_stages=stages, per_replica_batch=per_replica,
@@ -125,7 +125,7 @@ class Pipeline(Strategy):
         """Without ZeRO the engine all-reduces gradients in its `communication_data_type`: bf16 where the bf16
         section is on, else the gradients' fp32 (deepspeed/runtime/engine.py, 0.19.8; the torch_autocast
         section's bf16 communication is ZeRO's alone)."""
-        if spec.precision is Precision.BF16 and spec.resolved_options["precision_recipe"] == "deepspeed-bf16":
+        if spec.precision is Precision.BF16 and self.resolved(spec)["precision_recipe"] == "deepspeed-bf16":
             return ("bfloat16",)
         return ("float32",)
 
@@ -148,7 +148,7 @@ class Pipeline(Strategy):
         owner's."""
         from harness.strategies.pipeline_traffic import stage_boundaries
 
-        options, workload = spec.resolved_options, get_workload(spec.workload)
+        options, workload = self.resolved(spec), get_workload(spec.workload)
         stages = options["stages"]
         boundaries = stage_boundaries(layers, workload.ties(), stages, options["partition_method"])
         stage_of = [next(s for s in range(stages) if boundaries[s] <= i < boundaries[s + 1]) for i in range(len(layers))]
@@ -170,7 +170,7 @@ class Pipeline(Strategy):
         layers: stages cut as DeepSpeed cuts them, activations' shapes from a meta-device forward."""
         from harness.strategies.pipeline_traffic import boundary_bytes, stage_traffic
 
-        options, layout, workload = spec.resolved_options, self.layout(spec), get_workload(spec.workload)
+        options, layout, workload = self.resolved(spec), self.layout(spec), get_workload(spec.workload)
         boundaries, held, stage_of = self._stages(spec, layers)
         # DeepSpeed's bf16 section keeps the model in bf16, so it sends bf16; autocast's block outputs (a
         # residual sum, a batch norm) and fp32 send fp32.
@@ -195,7 +195,7 @@ class Pipeline(Strategy):
         the data axis innermost), the loss along the pipeline ("pp", members a replica's width apart)."""
         from harness.derive.comm import Collective, wire_bytes
 
-        stages, layout = spec.resolved_options["stages"], self.layout(spec)
+        stages, layout = self.resolved(spec)["stages"], self.layout(spec)
         replicas = layout.data_parallel
         by_stage = []
         for traffic in self.stage_traffic(spec, layers):
@@ -223,7 +223,7 @@ class Pipeline(Strategy):
         import deepspeed
         from deepspeed.pipe import PipelineModule, TiedLayerSpec
 
-        options = spec.resolved_options
+        options = self.resolved(spec)
         pipeline_layers: list[Any] = list(layers)
         for tie in workload.ties():
             owner = layers[tie.owner]
@@ -238,7 +238,7 @@ class Pipeline(Strategy):
                 module.tied_modules[tie.key].load_state_dict(layers[tie.owner].state_dict())
         module = module.to(context.device)
 
-        precision, recipe = precision_config(spec)
+        precision, recipe = precision_config(spec, self.resolved(spec))
         layout = self.layout(spec)
         config = {**base_config(spec, layout.micro_batches), **precision}
         engine, _, _, _ = deepspeed.initialize(model=module, optimizer=make_adamw(module.parameters(), context.device),

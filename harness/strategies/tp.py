@@ -92,11 +92,11 @@ class TensorParallel(Strategy):
         if heads % spec.world_size:
             return f"tensor parallelism of {spec.world_size} must divide {spec.workload}'s {heads} heads"
         tokens = workload.config.seq_len
-        if spec.resolved_options.get("sequence_parallel") and tokens % spec.world_size:
+        if self.resolved(spec).get("sequence_parallel") and tokens % spec.world_size:
             return (f"sequence parallelism of {spec.world_size} must divide {spec.workload}'s sequence of "
                     f"{tokens} tokens")
         vocabulary = workload.config.vocab_size
-        if spec.resolved_options.get("loss_parallel") and vocabulary % spec.world_size:
+        if self.resolved(spec).get("loss_parallel") and vocabulary % spec.world_size:
             return (f"loss parallelism of {spec.world_size} must divide {spec.workload}'s vocabulary of "
                     f"{vocabulary} tokens")
         if spec.device is DeviceKind.CUDA and spec.nnodes > 1:
@@ -133,7 +133,7 @@ class TensorParallel(Strategy):
         shape = dict(micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd,
                      n_layer=config.n_layer, micro_batches=self.layout(spec).micro_batches, tp=spec.world_size,
                      bf16=spec.precision is Precision.BF16, group=MESH_DIMENSION)
-        options = spec.resolved_options
+        options = self.resolved(spec)
         if options.get("sequence_parallel"):
             collectives = sequence_parallel_collectives(**shape, partial_gradients=partial_gradient_sizes(layers))
         else:
@@ -147,7 +147,7 @@ class TensorParallel(Strategy):
 
     def planned_parameters_held(self, spec: RunSpec, layers) -> int:
         return split_parameter_count(layers, spec.world_size,
-                                     vocabulary=bool(spec.resolved_options.get("loss_parallel")))
+                                     vocabulary=bool(self.resolved(spec).get("loss_parallel")))
 
     def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
         """No gradient is reduced, but under autocast the row-parallel outputs are summed over the ranks in
@@ -168,8 +168,8 @@ class TensorParallel(Strategy):
         model = nn.Sequential(*layers).to(context.device)
         mesh = init_device_mesh(context.device.type, (context.world_size,), mesh_dim_names=(MESH_DIMENSION,))
         label_group(mesh.get_group(MESH_DIMENSION), MESH_DIMENSION)
-        sequence_parallel = bool(spec.resolved_options.get("sequence_parallel"))
-        loss_parallel = bool(spec.resolved_options.get("loss_parallel"))
+        sequence_parallel = bool(self.resolved(spec).get("sequence_parallel"))
+        loss_parallel = bool(self.resolved(spec).get("loss_parallel"))
         blocks = parallelize_blocks(list(model), mesh, sequence_parallel=sequence_parallel,
                                     loss_parallel=loss_parallel)
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32

@@ -192,7 +192,7 @@ class ZeRO(Strategy):
         return start_deepspeed(spec)
 
     def _bf16_section(self, spec: RunSpec) -> bool:
-        return spec.precision is Precision.BF16 and spec.resolved_options["precision_recipe"] == "deepspeed-bf16"
+        return spec.precision is Precision.BF16 and self.resolved(spec)["precision_recipe"] == "deepspeed-bf16"
 
     def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
         parameters = list(model.parameters())
@@ -238,7 +238,7 @@ class ZeRO(Strategy):
         fp32) and AdamW over the elements DeepSpeed gives this rank: its contiguous 1/N of all parameters
         flattened (stages 1-2) or of each parameter (stage 3), stepped as one flat fp32 tensor whose update
         is copied back into the weights, as DeepSpeed's fp32 partition is."""
-        options = spec.resolved_options
+        options = self.resolved(spec)
         bf16_weights = self._bf16_section(spec)
         kind = SAME_WORK
         if options["offload_optimizer"] != "none":
@@ -274,7 +274,7 @@ class ZeRO(Strategy):
         return estimate["gpu_bytes"] if estimate else None
 
     def zero_config(self, spec: RunSpec) -> dict[str, Any]:
-        o = spec.resolved_options
+        o = self.resolved(spec)
         config: dict[str, Any] = {"stage": self.stage, "contiguous_gradients": o["contiguous_gradients"],
                                   "reduce_bucket_size": o["reduce_bucket_size"]}
         if o["overlap_comm"] is not None:
@@ -293,8 +293,8 @@ class ZeRO(Strategy):
     def wrap(self, spec, context, workload, layers):
         import deepspeed
 
-        precision, recipe = precision_config(spec)
-        config = {**base_config(spec, spec.layout.micro_batches), **precision,
+        precision, recipe = precision_config(spec, self.resolved(spec))
+        config = {**base_config(spec, self.layout(spec).micro_batches), **precision,
                   "zero_optimization": self.zero_config(spec)}
         model = nn.Sequential(*layers).to(context.device)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_adamw(model.parameters(), context.device),

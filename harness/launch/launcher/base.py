@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 from harness.spec import RunSpec
 
@@ -31,6 +31,7 @@ class Nodes:
     host_slots: str            # every node as host:ranks, comma-separated (horovodrun -H)
     hostfile: str              # DeepSpeed's hostfile of these nodes, `host slots=ranks` (the placement writes it)
     timeout_s: float           # the launch's limit, for launchers with a collective timeout of their own
+    options: Mapping[str, Any]  # the strategy's options with its defaults (horovodrun passes its own as flags)
 
 
 @dataclass(frozen=True)

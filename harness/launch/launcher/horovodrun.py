@@ -24,8 +24,7 @@ class Horovodrun(Launcher):
     sigkill_marks = ("exit with status code 137.",)
 
     def argv(self, nodes: Nodes, node: Node) -> list[str]:
-        spec = nodes.spec
-        options = spec.resolved_options
+        spec, options = nodes.spec, nodes.options
         flags = [part for option, flag in FLAG_OPTIONS.items() if option in options
                  for part in (flag, str(options[option]))]
         return [*executable("horovodrun", "horovod.runner.launch"), "-np", str(spec.world_size),

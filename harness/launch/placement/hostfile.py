@@ -88,7 +88,7 @@ class HostfilePlacement(Placement):
         hostfile = request.cell_dir / HOSTFILE
         nodes = Nodes(spec=spec, program=request.program, first_host=hosts[0].name, port=request.port,
                       host_slots=",".join(f"{host.name}:{spec.ranks_per_node}" for host in hosts),
-                      hostfile=str(hostfile), timeout_s=request.timeout_s)
+                      hostfile=str(hostfile), timeout_s=request.timeout_s, options=request.options)
         environment = forwarded_environment(request.environment)
         started = range(1) if launcher.reaches_nodes else range(len(hosts))
         commands = tuple(tuple(self.remote_command(node, node_script(

@@ -180,13 +180,13 @@ class KubernetesPlacement(Placement):
         workload: dict[str, Any]
         if not launcher.spans_nodes:
             nodes = Nodes(spec=spec, program=program, first_host="127.0.0.1", port="", host_slots="",
-                          hostfile=hostfile, timeout_s=request.timeout_s)
+                          hostfile=hostfile, timeout_s=request.timeout_s, options=request.options)
             main = k8s.container(k8s.JOB_CONTAINER, script(nodes, Node("0")), settings)
             workload = k8s.batch_job(job, self.namespace, labels, k8s.pod_template(settings, main, k8s.NEVER),
                                      deadline)
         elif launcher.reaches_nodes:
             nodes = Nodes(spec=spec, program=program, first_host="", port="", host_slots=f"${HOSTS}",
-                          hostfile=hostfile, timeout_s=request.timeout_s)
+                          hostfile=hostfile, timeout_s=request.timeout_s, options=request.options)
             hosts = f'export {HOSTS}="$(sed "s/ slots=/:/" {MPI_HOSTFILE} | paste -sd, -)"'
             prelude = [*wait_for_workers(), hosts, FIRST_WORKER]
             start = k8s.container(k8s.MPI_CONTAINER, script(nodes, Node("0"), prelude, RECORD_ON_WORKER), settings,
@@ -197,13 +197,13 @@ class KubernetesPlacement(Placement):
                                    k8s.pod_template(settings, idle), spec.nnodes, deadline)
         elif self.makes_trainjob(spec):
             nodes = Nodes(spec=spec, program=program, first_host="$PET_MASTER_ADDR", port="$PET_MASTER_PORT",
-                          host_slots="", hostfile=hostfile, timeout_s=request.timeout_s)
+                          host_slots="", hostfile=hostfile, timeout_s=request.timeout_s, options=request.options)
             command = script(nodes, Node("$PET_NODE_RANK", "$POD_IP", f"${IS_HOST}"), [IS_HOST_PRELUDE])
             workload = k8s.train_job(job, self.namespace, labels, settings, command, spec.nnodes, spec.ranks_per_node,
                                      deadline)
         else:
             nodes = Nodes(spec=spec, program=program, first_host="$MASTER_ADDR", port="$MASTER_PORT", host_slots="",
-                          hostfile=hostfile, timeout_s=request.timeout_s)
+                          hostfile=hostfile, timeout_s=request.timeout_s, options=request.options)
             master = k8s.container(k8s.PYTORCH_CONTAINER, script(nodes, Node("0", "$POD_IP", True)), settings)
             worker = k8s.container(k8s.PYTORCH_CONTAINER, script(nodes, Node("$PET_NODE_RANK", "$POD_IP", False)),
                                    settings)

@@ -35,7 +35,7 @@ class LocalPlacement(Placement):
         spec = request.spec.replace(nnodes=1)
         hostfile = request.cell_dir / HOSTFILE
         nodes = Nodes(spec=spec, program=request.program, first_host=LOOPBACK, port=request.port,
-                      host_slots=f"localhost:{spec.world_size}", hostfile=str(hostfile), timeout_s=request.timeout_s)
+                      host_slots=f"localhost:{spec.world_size}", hostfile=str(hostfile), timeout_s=request.timeout_s, options=request.options)
         # The node is this host at the loopback address and serves the rendezvous itself: torchrun would
         # otherwise look its own host name up to decide both, which fails where the name does not resolve (a
         # container with its own host name and no network) and leaves the agent waiting out its join timeout.

@@ -54,7 +54,7 @@ class SlurmPlacement(Placement):
     def plan(self, request: LaunchRequest) -> LaunchPlan:
         spec, cell_dir = request.spec, request.cell_dir
         nodes = Nodes(spec=spec, program=request.program, first_host=f"${FIRST_NODE}", port=request.port,
-                      host_slots=f"${HOSTS}", hostfile=str(cell_dir / HOSTFILE), timeout_s=request.timeout_s)
+                      host_slots=f"${HOSTS}", hostfile=str(cell_dir / HOSTFILE), timeout_s=request.timeout_s, options=request.options)
         command = request.launcher.argv(nodes, Node(f"${NODE_ID}"))
         script = job_script(spec, request.launcher, command, forwarded_environment(request.environment),
                             cell_dir / HOSTFILE)
