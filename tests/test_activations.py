@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.derive.activations import block_activations, korthikanti_bytes_per_layer
+from harness.derive.activations import block_activations, korthikanti_bytes_per_layer, recomputed_block_activations
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_a_rows_predicted_activations_follow_its_shape_tensor_parallelism_and_re
 MEASURE = r'''
 """Bytes a block's forward saves for backward (storages, parameters left out), whole and at TP 2."""
 import json, sys
-import torch, torch.distributed as dist
+import torch, torch.distributed as dist, torch.utils.checkpoint
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from harness.rank.teardown import exit_without_teardown
@@ -76,7 +76,7 @@ def local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def saved_bytes(block, x, bf16):
+def saved_bytes(block, x, bf16, recompute=False):
     parameters = {local(p).untyped_storage().data_ptr() for p in block.parameters()}
     storages = {}
 
@@ -88,7 +88,10 @@ def saved_bytes(block, x, bf16):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            block(x)
+            if recompute:
+                torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                block(x)
     return sum(storages.values())
 
 
@@ -102,6 +105,7 @@ for name, config, batch in (("tiny", get_workload("gpt-tiny").config, 4),
     block = Block(config)
     x = torch.randn(batch, config.seq_len, config.n_embd, requires_grad=True)
     found.update({f"{name}-tp1-{p}": saved_bytes(block, x, p == "bf16") for p in ("fp32", "bf16")})
+    found.update({f"{name}-recompute-{p}": saved_bytes(block, x, p == "bf16", True) for p in ("fp32", "bf16")})
     parallelize_blocks([block], mesh)
     found.update({f"{name}-tp2-{p}": saved_bytes(block, x, p == "bf16") for p in ("fp32", "bf16")})
 if dist.get_rank() == 0:
@@ -124,4 +128,15 @@ def test_a_real_block_saves_what_the_formula_says_whole_and_at_tp_2(tmp_path):
               "odd": dict(seq_len=32, micro_batch=3, hidden=48, heads=6)}
     predicted = {f"{name}-tp{tp}-{p}": block_activations(**shape, tp=tp, compute_bytes=4 if p == "fp32" else 2).total
                  for name, shape in shapes.items() for tp in (1, 2) for p in ("fp32", "bf16")}
+    predicted.update({f"{name}-recompute-{p}": recomputed_block_activations(**{k: v for k, v in shape.items()
+                                                                               if k != "heads"})
+                      for name, shape in shapes.items() for p in ("fp32", "bf16")})
     assert measured == predicted
+    # Checkpointed (torch's non-reentrant checkpoint, one block), only the fp32 input stays, in bf16 too:
+    # 4 x 64 x 4 x 64 = 65,536 B on gpt-tiny's shape and 4 x 32 x 3 x 48 = 18,432 B on the other.
+    assert {key: value for key, value in measured.items() if "recompute" in key} == {
+        "tiny-recompute-fp32": 65_536, "tiny-recompute-bf16": 65_536,
+        "odd-recompute-fp32": 18_432, "odd-recompute-bf16": 18_432}
+    # What checkpointing saved on gpt-tiny's block in fp32: everything but the input, of the formula's
+    # s b h (2 x 4 + 2 x 4 + 12 x 4) + 16 s b + 4 a s b = 256 x 64 x 64 + 16 x 256 + 16 x 256 = 1,056,768 B.
+    assert measured["tiny-tp1-fp32"] - measured["tiny-recompute-fp32"] == 1_056_768 - 65_536

@@ -24,6 +24,9 @@ bytes: the layer-norm inputs and the column-parallel layers' inputs are whole on
 GeLU's input and output are split (3 + 1 + 4 + 4 = 12 e_c / t; Korthikanti's 24 / t at e_c = 2). Under autocast
 each linear layer also saves the bf16 copy of its weight, 2 x 12 h^2 / t bytes a block: not an activation (it
 does not grow with the batch) but held until backward all the same, so it is reported beside them.
+
+Checkpointed whole (activation checkpointing, full recomputation), a block keeps only its input: 4 s b h
+bytes (`recomputed_block_activations`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,15 @@ def block_activations(*, seq_len: int, micro_batch: int, hidden: int, heads: int
         split=values * 12 * compute_bytes / tp,
         statistics=LAYER_NORM_STATISTICS_BYTES * tokens + LOG_SUM_EXP_BYTES * heads * tokens / tp,
         weight_copies=2 * 12 * hidden * hidden / tp if compute_bytes == 2 else 0.0)
+
+
+def recomputed_block_activations(*, seq_len: int, micro_batch: int, hidden: int) -> float:
+    """The bytes a block checkpointed whole keeps for backward, per micro-batch (full recomputation: Korthikanti
+    et al. 2022, sec. 5 and Table 2, "full recompute", 2 s b h a layer at their 2-byte activations): its input
+    alone, the fp32 residual stream (LAYER_NORM_INPUT_BYTES, under autocast too), whole on every
+    tensor-parallel rank; everything else, the bf16 weight copies included, is made again in backward.
+    Measured with torch's non-reentrant checkpoint (tests/test_activations.py)."""
+    return LAYER_NORM_INPUT_BYTES * seq_len * micro_batch * hidden
 
 
 def korthikanti_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1) -> float:
