@@ -10,6 +10,7 @@ import pytest
 from harness.matrix import Machine, build_matrix
 from harness.spec import DeviceKind
 from harness.strategies import get_strategy
+from expected_traffic import expected_by_group
 
 
 def test_the_hybrid_matrix_on_two_cores_runs_each_layout_at_2_and_4_ranks_in_fp32_and_bf16():
@@ -90,11 +91,7 @@ def test_fsdp2_tp_and_autotp_on_four_ranks_count_their_schedules_by_hand_and_mat
         assert {kind: set(figures["dtypes"]) for kind, figures in counts.items()} == {
             kind: {"float32"} for kind in by_hand}
     # The strategy's own schedule says the same, call for call, in the same groups.
-    expected = {}
-    for entry in row["measurements"]["comm_expected_per_step"]["collectives"]:
-        group = expected.setdefault(entry["collective"], {}).setdefault(entry["group"], {"calls": 0, "bytes": 0})
-        group["calls"] += entry["calls"]
-        group["bytes"] += entry["calls"] * entry["size_bytes"]
+    expected = expected_by_group(row["measurements"])
     assert expected == by_hand
     assert row["measurements"]["parameters_held_by_rank"] == [HELD] * 4
 
@@ -112,11 +109,7 @@ def test_fsdp2_tp_and_autotp_on_four_ranks_count_their_schedules_by_hand_and_mat
     for rank, counts in enumerate(row["measurements"]["comm_per_step_by_rank"]):
         assert {kind: figures["by_group"] for kind, figures in counts.items()} == counted_by_hand, f"rank {rank}"
     # Its expected traffic is the algorithm's: ZeRO-1's reduce-scatter where gloo all-reduces.
-    expected = {}
-    for entry in row["measurements"]["comm_expected_per_step"]["collectives"]:
-        group = expected.setdefault(entry["collective"], {}).setdefault(entry["group"], {"calls": 0, "bytes": 0})
-        group["calls"] += entry["calls"]
-        group["bytes"] += entry["calls"] * entry["size_bytes"]
+    expected = expected_by_group(row["measurements"])
     assert expected == {"all_reduce": {"tp": {"calls": 64, "bytes": 64 * activation}},
                         "reduce_scatter": {"dp": {"calls": 1, "bytes": 4 * HELD}},
                         "all_gather": {"dp": {"calls": 1, "bytes": 4 * HELD}}}

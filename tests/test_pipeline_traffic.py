@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from expected_traffic import expected_by_group
+
 # gpt-tiny (workloads/gpt.py): vocabulary 512, 64 positions, 4 blocks of h = 64. DeepSpeed weighs each layer by
 # its parameters, the head (tied to the embedding) by the embedding's: [36,864, 49,984 x 4, 128, 36,864], which
 # partition_balanced cuts after the second block: stage 0 = embedding + 2 blocks (136,832 parameters), stage 1 =
@@ -51,11 +53,7 @@ def test_a_2_stage_pipeline_of_2_replicas_counts_what_its_stages_should_send_and
         }
         assert by_group == expected, f"rank {rank}"
     # The strategy's expected traffic is its busiest stage's: stage 1's, whose gradients are the larger.
-    expected = {}
-    for entry in m["comm_expected_per_step"]["collectives"]:
-        group = expected.setdefault(entry["collective"], {}).setdefault(entry["group"], {"calls": 0, "bytes": 0})
-        group["calls"] += entry["calls"]
-        group["bytes"] += entry["calls"] * entry["size_bytes"]
+    expected = expected_by_group(m)
     assert expected == {kind: dict(groups) for kind, groups in {
         "send": {"world": {"calls": K, "bytes": K * ACTIVATION}},
         "recv": {"world": {"calls": K, "bytes": K * ACTIVATION}},

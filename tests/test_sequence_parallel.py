@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.spec import RunSpec, SpecError
+from expected_traffic import expected_by_group
 
 # gpt-tiny: 4 blocks, hidden 64, 64 tokens a sample; 4 samples a micro-batch.
 L, H, S, B = 4, 64, 64, 4
@@ -73,11 +74,7 @@ def test_split_tp_matches_the_plain_loop_and_counts_its_schedule_by_hand(split_t
                         by_hand(K, **flags, bf16=precision == "bf16").items()}
     for rank, counts in enumerate(row["measurements"]["comm_per_step_by_rank"]):
         assert {kind: figures["by_group"] for kind, figures in counts.items()} == expected_by_hand, f"rank {rank}"
-    expected = {}
-    for entry in row["measurements"]["comm_expected_per_step"]["collectives"]:
-        group = expected.setdefault(entry["collective"], {}).setdefault(entry["group"], {"calls": 0, "bytes": 0})
-        group["calls"] += entry["calls"]
-        group["bytes"] += entry["calls"] * entry["size_bytes"]
+    expected = expected_by_group(row["measurements"])
     assert expected == expected_by_hand
     # With the vocabulary split, a rank holds half the tied 512 x 64 matrix too.
     whole_blocks_split = L * (3 * H * H + 3 * H + H * H + 4 * H * H + 4 * H + 4 * H * H) // 2
