@@ -21,6 +21,7 @@ from torch import nn
 
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ComputeOnlyPlan, RankContext, Sharding, Strategy, accumulate, make_adamw)
+from harness.strategies.checkpointing import checkpointed_blocks, interval_of
 from harness.strategies.plain import PlainTrainer
 from harness.rank.timing import StepTimer
 from workloads import Workload
@@ -160,7 +161,9 @@ def compute_only_pass(spec: RunSpec, strategy: Strategy, context: RankContext, w
     plan = strategy.compute_only_plan(spec)
     layout = strategy.layout(spec)
     torch.manual_seed(spec.seed)
-    model = nn.Sequential(*workload.build_layers()).to(context.device, dtype=plan.weights_dtype)
+    # Checkpointed as the cell's blocks are: recomputation is the rank's own work, not communication.
+    layers = checkpointed_blocks(workload.build_layers(), interval_of(strategy.resolved(spec)))
+    model = nn.Sequential(*layers).to(context.device, dtype=plan.weights_dtype)
     # Autocast or not is the plan's: a bf16-weights recipe computes in bf16 without it.
     run_spec = spec.replace(precision=Precision.BF16 if plan.autocast else Precision.FP32)
     if plan.sharding is Sharding.REPLICATED:

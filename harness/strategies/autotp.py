@@ -31,6 +31,7 @@ from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (COLUMN_PARALLEL, ROW_PARALLEL, activation_all_reduces,
                                                 split_parameter_count)
 from harness.strategies.zero import DeepSpeedTrainer, ZeRO
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import get_workload
 
 # The workload's block in AutoTP's configurable API (deepspeed/module_inject/autotp_config.py TPLayerSpec),
@@ -98,6 +99,7 @@ class AutoTP(MeshLayout, Strategy):
     options = {
         "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas", minimum=1),
         "zero_stage": Option(1, "ZeRO stage across the replicas (AutoTP trains with 0, 1 or 2)", choices=(0, 1, 2)),
+        OPTION_NAME: ACTIVATION_CHECKPOINTING,
         "precision_recipe": PRECISION_OPTION,
     }
 
@@ -163,7 +165,7 @@ class AutoTP(MeshLayout, Strategy):
         if tp == 1:     # nothing to split: DeepSpeed builds no tp group (ZeRO across every rank)
             config.pop("tensor_parallel")
         config.pop("train_batch_size")      # DeepSpeed counts the tp ranks as data parallel: it derives it
-        model = nn.Sequential(*layers).to(context.device)
+        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options))).to(context.device)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_adamw(model.parameters(), context.device),
                                                config=config)
         if tp > 1:

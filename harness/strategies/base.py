@@ -77,8 +77,13 @@ class Option:
     help: str
     choices: tuple[OptionValue, ...] | None = None   # allowed values, or None for any of `default`'s type
     minimum: float | None = None
+    # For values of a form rather than a list (`every:K`): reads one, raising SpecError in one line if it is not.
+    parse: Callable[[OptionValue], Any] | None = None
 
     def check(self, strategy: str, name: str, value: OptionValue) -> None:
+        if self.parse is not None:
+            self.parse(value)
+            return
         if self.choices is not None:
             if value not in self.choices:
                 allowed = ", ".join(str(c) for c in self.choices)
@@ -571,11 +576,16 @@ def replicated_gradients(model: nn.Module) -> tuple[list[torch.Tensor], bool]:
     return [p.grad for p in model.parameters() if p.requires_grad], False
 
 
+BLOCK_CLASS_NAMES = ("Block", "BasicBlock", "Bottleneck")
+
+
 def is_block(layer: nn.Module) -> bool:
-    """Layers that are repeated units of the model (residual or transformer blocks), for per-block wrapping."""
+    """Layers that are repeated units of the model (residual or transformer blocks), for per-block wrapping; a
+    block inside activation checkpointing's wrapper (harness.strategies.checkpointing) is one too."""
     from workloads.gpt import Block
     from workloads.resnet import BasicBlock, Bottleneck
 
+    layer = getattr(layer, "_checkpoint_wrapped_module", layer)
     return isinstance(layer, (Block, BasicBlock, Bottleneck))
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from harness.spec import DeviceKind, RunSpec
 from harness.strategies.base import ExpectedTraffic, RankContext, Strategy, place_rank
 from harness.strategies.plain import plain_trainer
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 
 
 class DataParallel(Strategy):
@@ -23,6 +24,7 @@ class DataParallel(Strategy):
     launcher = "python"
     description = "torch.nn.DataParallel over the visible GPUs (one process)"
     comm_interception = "none: DataParallel copies through torch.cuda.comm, which is not intercepted"
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING}
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "one process drives every GPU; its scatter/gather is not separable from its compute"
@@ -56,6 +58,7 @@ class DataParallel(Strategy):
                           for replica in range(spec.world_size)])
 
     def wrap(self, spec, context, workload, layers):
+        layers = checkpointed_blocks(layers, interval_of(self.resolved(spec)))
         model = nn.DataParallel(nn.Sequential(*layers).to(context.device), device_ids=list(range(spec.world_size)))
         trainer = plain_trainer(spec, context, workload, model)
         trainer.config = {**trainer.config, "device_ids": list(range(spec.world_size))}

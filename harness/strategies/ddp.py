@@ -26,6 +26,7 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroB
                                      Strategy, Trainer, accumulate, make_adamw, optimizer_description,
                                      replicated_gradients, replicated_parameters, torchrun_context,
                                      unwrapped_parameter_names)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
 
@@ -72,6 +73,7 @@ class DDP(Strategy):
         "static_graph": Option(None, "declare the graph static; default: when a step has one micro-batch",
                                choices=(None, True, False)),
         "broadcast_buffers": Option(True, "broadcast BatchNorm buffers from rank 0 before each forward"),
+        OPTION_NAME: ACTIVATION_CHECKPOINTING,
     }
 
     def start(self, spec):
@@ -99,7 +101,7 @@ class DDP(Strategy):
         options = self.resolved(spec)
         if options["static_graph"] is None:
             options["static_graph"] = self.layout(spec).micro_batches == 1
-        model = nn.Sequential(*layers).to(context.device)
+        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options))).to(context.device)
         ddp = DistributedDataParallel(
             model,
             device_ids=[context.device.index] if context.device.type == "cuda" else None,

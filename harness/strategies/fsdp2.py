@@ -30,6 +30,7 @@ from harness.strategies.base import (ADAMW_STATE_BYTES, ComputeOnlyPlan, Expecte
                                      MicroBatch, Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes,
                                      Trainer, accumulate, is_block, make_adamw, optimizer_description,
                                      torchrun_context, unwrapped_parameter_names)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
 
@@ -83,6 +84,7 @@ class FSDP2(Strategy):
                                         "behaviour); False keeps them until backward (ZeRO-2-like)"),
         "mixed_precision": Option("autocast", "bf16 recipe: torch.autocast over fp32 shards, or FSDP2's "
                                   "MixedPrecisionPolicy (bf16 params, fp32 reduce)", choices=("autocast", "policy")),
+        OPTION_NAME: ACTIVATION_CHECKPOINTING,
     }
 
     def start(self, spec):
@@ -134,7 +136,8 @@ class FSDP2(Strategy):
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             recipe = PrecisionRecipe.FSDP_MP_POLICY
             run_spec = spec.replace(precision=Precision.FP32)   # the policy casts; no autocast on top
-        model = nn.Sequential(*layers).to(context.device)
+        # Checkpointing wraps each block before fully_shard does (torchtitan's order).
+        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options))).to(context.device)
         blocks = [layer for layer in model if is_block(layer)]
         for block in blocks:
             fully_shard(block, **shard_kwargs)

@@ -36,6 +36,7 @@ from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
                                                 split_parameter_count)
 from harness.strategies.tp import TensorParallel
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import get_workload
 
 TP, DP = "tp", "dp"       # the mesh's dimensions, and the groups' names in the counts
@@ -66,7 +67,8 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
 
     name = "fsdp2-tp"
     description = "2-D: DTensor tensor parallelism inside, FSDP2 across, on a (dp, tp) mesh (torchrun)"
-    options = {"tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING,
+               "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
                                "FSDP2", minimum=1),
                # As `fsdp2` passes it, to every unit the root included: the two strategies shard alike.
                "reshard_after_forward": Option(True, "free gathered parameters after forward, the root's too "
@@ -123,6 +125,8 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         label_group(mesh.get_group(DP), DP)
         model = nn.Sequential(*layers).to(context.device)
         blocks = parallelize_blocks(list(model), mesh[TP])
+        # torchtitan's order: tensor parallelism, then checkpointing, then fully_shard.
+        model = nn.Sequential(*checkpointed_blocks(list(model), interval_of(self.resolved(spec))))
         reshard = self.resolved(spec)["reshard_after_forward"]
         for layer in model:
             if is_block(layer):

@@ -34,6 +34,7 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroB
                                      RankContext, Strategy, Trainer, accumulate, make_adamw, optimizer_description,
                                      place_rank, replicated_gradients, replicated_parameters,
                                      unwrapped_parameter_names)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
 
@@ -98,6 +99,7 @@ class Horovod(Strategy):
         "fusion_threshold_mb": Option(128, "tensor fusion buffer in MiB (horovodrun --fusion-threshold-mb)",
                                       minimum=0),
         "cycle_time_ms": Option(1.0, "background cycle time in ms (horovodrun --cycle-time-ms)", minimum=0),
+        OPTION_NAME: ACTIVATION_CHECKPOINTING,
     }
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
@@ -140,7 +142,7 @@ class Horovod(Strategy):
     def wrap(self, spec, context, workload, layers):
         import horovod.torch as hvd
 
-        model = nn.Sequential(*layers).to(context.device)
+        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(self.resolved(spec)))).to(context.device)
         optimizer = make_adamw(model.parameters(), context.device)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)   # not the optimizer: see the docstring
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),

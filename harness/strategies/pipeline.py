@@ -12,16 +12,19 @@ are then loaded with the reference layer's weights so every strategy starts from
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors, optimizer_state_tensors
 from harness.spec import Layout, Precision, RunSpec, SpecError
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
-                                     Strategy, Trainer, make_adamw, optimizer_description)
+from harness.strategies.base import (BLOCK_CLASS_NAMES, ExpectedCollective, ExpectedTraffic, MicroBatch, Option,
+                                     PrecisionRecipe, Strategy, Trainer, make_adamw, optimizer_description)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, interval_of
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
                                                  throughput_timer_state)
 from workloads import get_workload
@@ -75,9 +78,13 @@ class Pipeline(Strategy):
         "partition_method": Option("parameters", "how layers are balanced over stages",
                                    choices=("parameters", "uniform")),
         "precision_recipe": PRECISION_OPTION,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING,
     }
 
     def validate(self, spec: RunSpec) -> None:
+        if interval_of(self.resolved(spec)) > 1:
+            raise SpecError(f"pipeline takes {OPTION_NAME}=none or blocks: DeepSpeed's activation_checkpoint_interval "
+                            "checkpoints runs of K layers as one, not one block in K")
         stages = self.resolved(spec)["stages"]
         layers = get_workload(spec.workload).layer_count
         if stages > layers:
@@ -231,8 +238,14 @@ class Pipeline(Strategy):
                                                        tied_weight_attr=tie.weight_attr)
             pipeline_layers[tie.user] = TiedLayerSpec(tie.key, type(owner), **owner.init_kwargs,
                                                       forward_fn=tie.user_forward, tied_weight_attr=tie.weight_attr)
+        # The pipeline's own checkpointing: its interval of 1 layer, limited to the blocks, through torch's
+        # non-reentrant checkpoint as everywhere else (DeepSpeed's default is its reentrant one).
         module = PipelineModule(layers=pipeline_layers, num_stages=options["stages"], loss_fn=workload.loss,
-                                partition_method=options["partition_method"], activation_checkpoint_interval=0)
+                                partition_method=options["partition_method"],
+                                activation_checkpoint_interval=interval_of(options),
+                                checkpointable_layers=list(BLOCK_CLASS_NAMES),
+                                activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint,
+                                                                             use_reentrant=False))
         for tie in workload.ties():
             if tie.key in module.tied_modules:  # this stage holds a copy: start it from the reference weights
                 module.tied_modules[tie.key].load_state_dict(layers[tie.owner].state_dict())

@@ -17,6 +17,7 @@ from harness.strategies.base import (ExpectedTraffic, MicroBatch, PrecisionRecip
                                      Trainer, accumulate, make_adamw, optimizer_description, place_rank,
                                      replicated_gradients, replicated_parameters,
                                      unwrapped_parameter_names)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
 
@@ -68,6 +69,7 @@ class Plain(Strategy):
     launcher = "python"
     description = "single device, no wrapper: the reference loop"
     comm_interception = "none: one process, no communication"
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING}
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "the plain loop has no communication to expose"
@@ -88,4 +90,5 @@ class Plain(Strategy):
                            backend="none", shared_device=False)
 
     def wrap(self, spec, context, workload, layers):
-        return plain_trainer(spec, context, workload, nn.Sequential(*layers))
+        checkpointed = checkpointed_blocks(layers, interval_of(self.resolved(spec)))
+        return plain_trainer(spec, context, workload, nn.Sequential(*checkpointed))

@@ -36,6 +36,7 @@ from harness.strategies.tensor_parallel import (SlicedParameters, activation_all
                                                 parallelize_blocks, partial_gradient_sizes, reduce_partial_gradients,
                                                 sequence_parallel_collectives, split_parameter_count,
                                                 vocabulary_parallel_collectives)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Family, get_workload
 
 MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
@@ -72,7 +73,8 @@ class TensorParallel(Strategy):
     description = "DTensor tensor parallelism, Megatron's layout of each block (torchrun)"
     comm_interception = ("torch.distributed collectives, and DTensor's functional collectives in the last "
                          "warm-up step (a dispatch mode)")
-    options = {"sequence_parallel": Option(False, "split the residual stream along the sequence between the "
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING,
+               "sequence_parallel": Option(False, "split the residual stream along the sequence between the "
                                                   "linear layers (Korthikanti et al. 2022): reduce-scatters and "
                                                   "all-gathers in place of the all-reduces"),
                "loss_parallel": Option(False, "split the tied vocabulary matrix by rows, the embedding's lookups "
@@ -172,6 +174,8 @@ class TensorParallel(Strategy):
         loss_parallel = bool(self.resolved(spec).get("loss_parallel"))
         blocks = parallelize_blocks(list(model), mesh, sequence_parallel=sequence_parallel,
                                     loss_parallel=loss_parallel)
+        # Checkpointing wraps the blocks tensor parallelism has split (torchtitan's order).
+        model = nn.Sequential(*checkpointed_blocks(list(model), interval_of(self.resolved(spec))))
         recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
                          workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank,

@@ -55,6 +55,7 @@ from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, Expect
                                      optimizer_description, unwrapped_parameter_names)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
                                                  throughput_timer_state)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
 
@@ -178,6 +179,10 @@ class ZeRO(Strategy):
             "offload_optimizer": Option("none", "keep optimizer states (and step) on the CPU",
                                         choices=("none", "cpu")),
             "precision_recipe": PRECISION_OPTION,
+            # torch's non-reentrant checkpoint: DeepSpeed's own non_reentrant_checkpoint crashes under ZeRO-3
+            # (deepspeedai/DeepSpeed#4595), and its `activation_checkpointing` config section is read only by
+            # deepspeed.checkpointing.configure, never by the engine.
+            OPTION_NAME: ACTIVATION_CHECKPOINTING,
         }
         if stage < 3:
             options["allgather_bucket_size"] = Option(500_000_000, "elements all-gathered at a time", minimum=1)
@@ -296,7 +301,7 @@ class ZeRO(Strategy):
         precision, recipe = precision_config(spec, self.resolved(spec))
         config = {**base_config(spec, self.layout(spec).micro_batches), **precision,
                   "zero_optimization": self.zero_config(spec)}
-        model = nn.Sequential(*layers).to(context.device)
+        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(self.resolved(spec)))).to(context.device)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_adamw(model.parameters(), context.device),
                                                config=config)
         zero = engine._config.zero_config
