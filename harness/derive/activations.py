@@ -92,7 +92,7 @@ def korthikanti_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, 
 
 def predicted_activation_bytes(row_spec: Mapping[str, Any], m: Mapping[str, Any]) -> float | None:
     """What one micro-batch's forward through a rank's transformer blocks saves for backward (`block_activations`
-    x the blocks), from the shape the row recorded (`workload_description`) and the tensor-parallel degree in
+    x the blocks, `recomputed_block_activations` for those the row checkpointed), from the shape the row recorded (`workload_description`) and the tensor-parallel degree in
     its `strategy_config` ("tensor_parallel"; 1 where absent); None for rows without a transformer's shape, for
     the pipeline, whose stages hold several micro-batches in flight, for recipes that keep bf16 weights
     (DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy: a bf16 residual stream and no weight copies, which
@@ -106,7 +106,9 @@ def predicted_activation_bytes(row_spec: Mapping[str, Any], m: Mapping[str, Any]
     if m.get("precision_recipe") not in ("fp32", "autocast"):
         return None
     tp = int((m.get("strategy_config") or {}).get("tensor_parallel") or 1)
-    block = block_activations(seq_len=int(shape["seq_len"]), micro_batch=int(row_spec["micro_batch"]),
-                              hidden=int(shape["n_embd"]), heads=int(shape["n_head"]), tp=tp,
-                              compute_bytes=2 if row_spec["precision"] == "bf16" else 4)
-    return int(shape["n_layer"]) * block.total
+    seq_len, micro_batch, hidden = int(shape["seq_len"]), int(row_spec["micro_batch"]), int(shape["n_embd"])
+    block = block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=int(shape["n_head"]),
+                              tp=tp, compute_bytes=2 if row_spec["precision"] == "bf16" else 4)
+    checkpointed = int(m.get("activation_checkpointed_blocks") or 0)
+    recomputed = recomputed_block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden)
+    return (int(shape["n_layer"]) - checkpointed) * block.total + checkpointed * recomputed

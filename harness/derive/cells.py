@@ -41,6 +41,7 @@ from harness.derive.parity import judge
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
+from harness.derive.techniques import technique_columns
 from harness.derive.throughput import Basis, launch_throughput, throughput_basis
 
 CELL_FIELDS = ["workload", "strategy", "options", "world_size", "nnodes", "global_batch", "micro_batch",
@@ -64,6 +65,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(launch_throughput(row, basis))
     record.update(_memory(m))
     record["activation_bytes_predicted"] = predicted_activation_bytes(s, m)
+    record.update(technique_columns(m))
     record.update(_communication(m))
     record.update(_exposed(m, int(s["world_size"])))
     record.update(_mfu(row, record))
@@ -144,10 +146,11 @@ def _mfu(row: Row, figures: dict) -> dict[str, Any]:
 MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples_per_s",
                   "samples_per_s_all_steps", "tokens_per_s", "peak_rss_bytes_max", "peak_allocated_bytes_max",
                   "model_state_bytes_predicted", "model_state_census_bytes_max", "model_state_bytes_measured_max",
-                  "activation_bytes_predicted",
+                  "activation_bytes_predicted", "saved_activation_bytes", "allocator_activation_bytes", "recompute_cost",
+                  "recompute_cost_low", "recompute_cost_high",
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
                   "exposed_comm_share", "framework_overhead_share", "mfu")
-FIRST_COLUMNS = ("compute_only_kind", "exposed_comm_note", "framework_overhead_note", "mfu_unavailable_because",
+FIRST_COLUMNS = ("activation_checkpointing", "compute_only_kind", "exposed_comm_note", "framework_overhead_note", "mfu_unavailable_because",
                  "peak_flops_source")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
 PARITY_ORDER = ("mismatch", "not-judged", "no-reference", "match", "reference")

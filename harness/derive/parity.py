@@ -117,6 +117,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from harness.derive.techniques import techniques_on
+
 PARITY_STEPS = 4          # losses compared: the initial one and three updates
 REFERENCE_STRATEGY = "plain"
 
@@ -202,16 +204,20 @@ def reference_key(spec: Mapping[str, Any]) -> tuple:
 
 def references(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
     """{reference key: the plain row the rows of that key are held against}: the earliest ok plain launch
-    with losses of each key, whatever the order rows are read in."""
+    with losses of each key, whatever the order rows are read in, one with no options first."""
     found: dict[tuple, Mapping[str, Any]] = {}
-    for row in sorted((r for r in rows if _is_reference(r)), key=_launch_order):
+    # The plain loop as it is, where it ran, before one with a technique turned on (activation checkpointing):
+    # a technique is held against the loop without it.
+    for row in sorted((r for r in rows if _is_reference(r)),
+                      key=lambda r: (bool(techniques_on(r["measurements"])), *_launch_order(r))):
         found.setdefault(reference_key(row["spec"]), row)
     return found
 
 
 def judge(rows: Sequence[Mapping[str, Any]]) -> list[Parity]:
-    """A verdict for each row, in the order given, each non-plain ok row held against the ok plain row of
-    its reference key found anywhere among `rows`. Verdicts a row stored when it was written are ignored."""
+    """A verdict for each row, in the order given, each non-plain ok row (and each plain one with a technique on)
+    held against the ok plain row of its reference key found anywhere among `rows`. Verdicts a row stored when it
+    was written are ignored."""
     held_against = references(rows)
     return [_judge_one(row, held_against) for row in rows]
 
@@ -284,9 +290,12 @@ def _largest_by_tensor(norms: Mapping[str, float], expected: Mapping[str, float]
 def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, Any]]) -> Parity:
     if row.get("status") != "ok" or not row.get("measurements", {}).get("loss_per_step"):
         return Parity(Verdict.NOT_JUDGED, note="not an ok row with losses")
-    if _is_reference(row):
-        return Parity(Verdict.REFERENCE)
     reference = references.get(reference_key(row["spec"]))
+    # The plain loop is the reference, its repeats too; with a technique on (an option) it is judged against the
+    # loop without it, where one ran.
+    if _is_reference(row) and (reference is row or reference is None or not techniques_on(row["measurements"])
+                               or techniques_on(reference["measurements"])):
+        return Parity(Verdict.REFERENCE)
     if reference is None:
         return Parity(Verdict.NO_REFERENCE, note="no ok plain row with the same workload, batch, precision, "
                                                  "seed, device and steps among the rows read")

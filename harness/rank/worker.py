@@ -31,9 +31,12 @@ from harness.rank.compute_only import CompletedPass, compute_only_pass
 from harness.rank.faults import Fault, fault_from_environment
 from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
                                   reset_peak_memory)
+from harness.rank.recompute_pass import recompute_pass
+from harness.rank.saved_activations import SavedActivationCensus
 from harness.spec import RunSpec, Status
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
+from harness.strategies.checkpointing import count_checkpointed, interval_of, setting
 from harness.rank.teardown import exit_without_teardown
 from harness.rank.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
@@ -103,6 +106,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
     peak_rss_since = PeakRssSince.PROCESS_START
     norms = FirstStepNorms(spec, trainer)
+    # Saved-for-backward bytes in the last warm-up step, beside the functional collectives' sampling.
+    census = SavedActivationCensus(torch.nn.Sequential(*layers))
+    census_step = spec.warmup_steps - 1
     disarm = lambda: None       # noqa: E731
     for step in range(spec.warmup_steps + spec.timed_steps):
         if fault:
@@ -122,7 +128,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
         # Functional collectives (DTensor's) are counted in the last warm-up step alone: their dispatch mode
         # would slow the timed ones (harness.rank.comm_counter).
         with timer.measure(record=timed), counter.counting(record=timed,
-                                                           sample_functional=step == spec.warmup_steps - 1):
+                                                           sample_functional=step == spec.warmup_steps - 1), \
+                census.counting(step == census_step, data=[t for batch in micro_batches for t in batch]):
             if fault:
                 fault.in_step(context.rank, step, context.device)
             started = time.perf_counter()
@@ -142,6 +149,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
     compute_only_raw = compute_only._asdict() if compute_only else None
     _phase(context.rank, "compute-only pass done")
+    recompute = _recompute_times(spec, strategy, context, workload, trainer)
     profiled = _profile(spec, strategy, context, workload, trainer)
     global_losses = trainer.global_losses(torch.stack(losses).float()).tolist()
     by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
@@ -150,9 +158,11 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "compute_only": compute_only_raw, "model_states": _model_state_figures(model_states),
                               "parameters_held": trainer.parameters_held(parameters),
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
+                              "saved_activations": census.peak, "recompute": recompute,
                               "host_load": _host_load(context)})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_host_load_figures(by_rank))
+    measurements.update(_activation_figures(spec, strategy, layers, by_rank))
     measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
@@ -259,6 +269,51 @@ def _compute_only_times(spec: RunSpec, strategy: Strategy, context: RankContext,
     finally:
         if context.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _recompute_times(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
+                     trainer: Trainer) -> dict[str, Any] | str | None:
+    """Where the cell checkpoints blocks, this rank's recompute pass (harness.rank.recompute_pass) as plain
+    values, or why it has none (a string); None where nothing is checkpointed."""
+    interval = interval_of(strategy.resolved(spec))
+    if not interval:
+        return None
+    try:
+        times = recompute_pass(spec, strategy, context.device, workload, interval,
+                               lambda micro: strategy.sample_indices(spec, context, micro), trainer.barrier)
+        return times._asdict()
+    except torch.OutOfMemoryError:
+        return "the unwrapped model did not fit beside the wrapped one"
+    finally:
+        if context.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _activation_figures(spec: RunSpec, strategy: Strategy, layers: list[torch.nn.Module],
+                        by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each rank's saved-for-backward peak (harness.rank.saved_activations) and, where blocks are checkpointed,
+    the recompute pass's times; the recompute cost is derived from them at read time (harness.derive.techniques)."""
+    options = strategy.resolved(spec)
+    figures: dict[str, Any] = {"activation_checkpointing": setting(interval_of(options)),
+                               # of the model's blocks (a pipeline stage holds some of them)
+                               "activation_checkpointed_blocks": count_checkpointed(layers, interval_of(options))}
+    if spec.warmup_steps == 0:
+        figures["saved_activation_unmeasured_because"] = ("no warm-up step: the census's hooks would slow a "
+                                                          "timed step")
+    else:
+        figures["saved_activation_bytes_by_rank"] = [r["saved_activations"] for r in by_rank]
+    recompute = [r["recompute"] for r in by_rank]
+    if recompute[0] is None:
+        return figures
+    unavailable = next((r for r in recompute if isinstance(r, str)), "")
+    if unavailable:
+        figures["recompute_unavailable_because"] = unavailable
+        return figures
+    # A synchronous pass ends when its slowest rank ends (as `step_time_s`).
+    figures["recompute_checkpointed_step_time_s"] = [max(times) for times in
+                                                     zip(*(r["checkpointed_s"] for r in recompute))]
+    figures["recompute_kept_step_time_s"] = [max(times) for times in zip(*(r["kept_s"] for r in recompute))]
+    return figures
 
 
 def _profile(spec: RunSpec, strategy: Strategy, context: RankContext, workload: Workload,
