@@ -328,6 +328,38 @@ def hybrid(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# Short runs, as the memory sweep's: the questions are the bytes saved for backward (counted in a warm-up step),
+# parity and the recompute pass, which times its own steps. The micro-batch is larger than the memory sweep's
+# one sample so that activations, not model states, are what a GPU's peak holds.
+TECHNIQUE_PLANS = {
+    DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=3)},
+    DeviceKind.CUDA: {name: BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=2, timed_steps=5)
+                      for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+}
+TECHNIQUE_STRATEGIES = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3", "tp", "fsdp2-tp", "autotp", "pipeline")
+CHECKPOINTING_SETTINGS = ("none", "blocks")
+
+
+def memory_techniques(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Each data-parallel and hybrid strategy with activation checkpointing off and on (every block), in fp32
+    and bf16, on the transformers (gpt-tiny on CPU; GPT-2 small to xl on GPUs), at the largest world size, two
+    ranks at least (ranks share one device where there is one, valid for memory; an OOM is a finding), and the
+    plain loop both ways: the report opens on the memory each saved and the step time it cost
+    (harness.report.techniques). A cell without checkpointing is the same cell as in the other matrices."""
+    largest = max(2, _powers_of_two_up_to(machine.devices)[-1])
+    cells = Cells(machine, select, Plan(TECHNIQUE_STRATEGIES, (largest,), repeats=1, precision=Precision.FP32))
+    for workload, plan in _plans(machine, select, TECHNIQUE_PLANS, "memory-techniques plan").items():
+        for precision in (Precision.FP32, Precision.BF16):
+            for setting in CHECKPOINTING_SETTINGS:
+                checkpointing = {} if setting == "none" else {"activation_checkpointing": setting}
+                for strategy in cells.chosen:
+                    for world_size in cells.sizes_for(strategy):
+                        options = {**hybrid_options(strategy, world_size, machine, workload), **checkpointing}
+                        cells.add(workload, plan, strategy, world_size, plan.global_batch(cells.largest),
+                                  options=options, precision=precision)
+    return cells.specs
+
+
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
@@ -335,6 +367,7 @@ MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "zero-memory": zero_memory,
     "ci": ci,
     "hybrid": hybrid,
+    "memory-techniques": memory_techniques,
 }
 
 

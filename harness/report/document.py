@@ -55,10 +55,14 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "figcaption{font-size:12px;max-width:60em}svg{max-width:100%;height:auto}.note{font-size:12px}")
 
 
+TECHNIQUES_HEADING = "Memory saved, step time paid"
+
+
 def _verdict_sections(found: Verdicts) -> list[tuple[str, list[str]]]:
-    """(heading, lines) in the order they are shown: each group of comparable cells, then parity, then the
-    cells that did not run."""
-    return ([(group.heading, group.lines) for group in found.groups]
+    """(heading, lines) in the order they are shown: what each memory technique saved and cost where cells ran
+    with one, each group of comparable cells, then parity, then the cells that did not run."""
+    techniques = [(TECHNIQUES_HEADING, found.techniques)] if found.techniques else []
+    return (techniques + [(group.heading, group.lines) for group in found.groups]
             + [("Loss parity", found.parity), ("Failed or skipped cells", found.not_run)])
 
 

@@ -146,6 +146,10 @@ COLUMNS = [
     Column("model states, predicted MiB", _scaled("model_state_bytes_predicted", 1 / MIB)),
     # Korthikanti et al. 2022 redone for the workloads' blocks (harness.derive.activations): one micro-batch.
     Column("block activations, predicted MiB", _scaled("activation_bytes_predicted", 1 / MIB)),
+    # The census's peak, the whole model (harness.rank.saved_activations), and checkpointing's recompute cost.
+    Column("saved for backward, measured MiB", _scaled("saved_activation_bytes", 1 / MIB)),
+    Column("peak allocated - model states MiB", _scaled("allocator_activation_bytes", 1 / MIB)),
+    Column("recompute cost", _share("recompute_cost")),
     Column("MFU", _share("mfu")),
     Column("parity", _text("parity")),
     Column("host load", _text("host_load")),

@@ -8,7 +8,9 @@ beyond the launches' spread; the lowest memory per rank (on GPU the allocator's 
 gradients_ready, on CPU the process's peak RSS, which is mostly the runtime, with the model states alone
 beside it); the strategies whose exposed communication dominates the step (at 1 rank, where nothing is
 communicated, each strategy's own overhead instead). Then every parity mismatch and
-every cell that did not run, with its reason. Projected rows never get here: `harness.record.read_rows`
+every cell that did not run, with its reason. Where cells ran with a memory technique (activation
+checkpointing) beside the same cells without it, the report opens on what each saved and cost instead
+(harness.report.techniques). Projected rows never get here: `harness.record.read_rows`
 gives them only to a reader that asks for kind "projection".
 """
 
@@ -21,6 +23,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from harness.derive.exposed import BOUND_PREFIX
+from harness.report.techniques import technique_lines
 from harness.spec import DeviceKind
 
 # A step more than this share of which lies beyond the strategy's own world-size-1 step waits on the network
@@ -86,6 +89,9 @@ class Verdicts:
     groups: list[GroupVerdict]
     parity: list[str]           # a count line, then one line per mismatch
     not_run: list[str]          # one line per failed, skipped or partial cell, or one line saying there are none
+    # "memory saved, step time paid": a line per cell with a memory technique on beside its cell without it
+    # (harness.report.techniques); empty where no cell has both
+    techniques: list[str] = field(default_factory=list)
 
 
 def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdicts:
@@ -96,7 +102,8 @@ def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdi
     if "conditions_id" not in cells:      # a table built without identities: one set of conditions
         cells = cells.assign(conditions_id="")
     groups = [_group(key, group) for key, group in cells.groupby(COMPARABLE, sort=False, dropna=False)]
-    return Verdicts(groups=groups, parity=_parity(cells), not_run=_not_run(cells, launches))
+    return Verdicts(groups=groups, parity=_parity(cells), not_run=_not_run(cells, launches),
+                    techniques=technique_lines(cells, COMPARABLE))
 
 
 def cell_name(line: Mapping[str, Any]) -> str:
