@@ -53,7 +53,7 @@ def test_every_matrix_builds_valid_cells_that_fit_the_machine(matrix, machine):
         assert RunSpec.from_dict(spec.to_dict()) == spec     # validates itself again from its row form
         assert spec.device is machine.device
         limit = machine.devices_per_node if spec.strategy in ONE_NODE_ONLY else machine.devices_per_node * machine.nodes
-        if matrix in ("smoke", "zero-memory", "ci"):
+        if matrix in ("smoke", "zero-memory", "ci", "memory-techniques"):
             # Their two ranks check communication and sharding, which one rank cannot: on a one-device
             # machine they share it (docs/methodology.md, "Batch plans").
             limit = max(limit, 2)

@@ -1,5 +1,5 @@
 """Every strategy on CPU (gloo), launched by its own launcher, against the plain loop: at world size 2 on both
-tiny workloads in fp32, and at world sizes 1 and 2 on gpt-tiny in bf16.
+tiny workloads in fp32, and at world size 2 on gpt-tiny in bf16.
 
 The verdict is harness.derive.parity's: the first four losses, the first step's gradient norm, and the
 parameter and update norms after it, each within its measured tolerance of the plain single-process
@@ -69,8 +69,8 @@ def test_a_transformer_only_strategy_trains_gpt_tiny_like_the_plain_loop_and_ski
     assert skipped.status is Status.SKIPPED and "resnet20-cifar has none" in skipped.message
 
 
-# The model-parallel strategies run at 2 ranks only (tests/conftest.py: at 1 they split nothing), fsdp2-tp not.
-BF16_CELLS = [(s, n) for s in MULTI_PROCESS for n in (1, 2)] + [(s, 2) for s in TRANSFORMER_ONLY if s != "fsdp2-tp"]
+# At 2 ranks (tests/conftest.py), fsdp2-tp not.
+BF16_CELLS = [(s, 2) for s in MULTI_PROCESS + TRANSFORMER_ONLY if s != "fsdp2-tp"]
 
 
 @pytest.mark.parametrize("strategy, world_size", BF16_CELLS)
