@@ -238,3 +238,31 @@ def test_the_report_opens_on_what_checkpointing_saved_for_each_strategy(checkpoi
     assert "saved for backward 4.66 -> 0.877 MiB per rank (81% less)" in by_cell["ddp blocks"]
     assert "saved for backward 3.15 -> 0.877 MiB per rank (72% less)" in by_cell["tp blocks"]
     assert "recompute pass" in by_cell["zero3 blocks"] and "no recompute pass" not in by_cell["zero3 blocks"]
+
+
+def test_the_gpu_table_in_the_docs_is_the_committed_h200_rows():
+    """docs/methodology.md's H200 table, figure by figure, from the rows it cites."""
+    import json
+    from pathlib import Path
+
+    from harness.derive.cells import cell_table
+
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "results" / "reference" / "h200-memory-techniques"
+    rows = [json.loads(line) for line in (folder / "memory-techniques.jsonl").read_text().splitlines()]
+    cells = {(c["workload"], c["strategy"], c["activation_checkpointing"]): c
+             for c in cell_table(rows).to_dict("records")}
+    docs = (root / "docs" / "methodology.md").read_text()
+    mib = float(1 << 20)
+    for workload, name in (("gpt2-small", "GPT-2 small"), ("gpt2-medium", "GPT-2 medium")):
+        for strategy, shown in (("plain", "plain"), ("fsdp2", "FSDP2")):
+            off, on = cells[workload, strategy, "none"], cells[workload, strategy, "blocks"]
+            saved = f"{off['saved_activation_bytes'] / mib:,.0f} -> {on['saved_activation_bytes'] / mib:,.0f}"
+            allocator = (f"{off['allocator_activation_bytes'] / mib:,.0f} -> "
+                         f"{on['allocator_activation_bytes'] / mib:,.0f}")
+            recompute = (f"{on['recompute_cost']:+.0%} ({on['recompute_cost_low']:+.0%} to "
+                         f"{on['recompute_cost_high']:+.0%})")
+            step = f"{off['samples_per_s'] / on['samples_per_s'] - 1:+.0%}"
+            line = next(line for line in docs.splitlines() if line.startswith(f"| {name}, {shown} |"))
+            for figure in (saved, allocator, recompute, step):
+                assert figure in line, (line, figure)
