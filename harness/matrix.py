@@ -43,7 +43,7 @@ class Selection:
 
     def options_for(self, strategy: str) -> dict[str, object]:
         own = STRATEGIES[strategy].options
-        return {name: value for name, value in self.options if name in own}
+        return {name: own[name].given(value) for name, value in self.options if name in own}
 
 
 @dataclass(frozen=True)

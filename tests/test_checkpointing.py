@@ -266,3 +266,16 @@ def test_the_gpu_table_in_the_docs_is_the_committed_h200_rows():
             line = next(line for line in docs.splitlines() if line.startswith(f"| {name}, {shown} |"))
             for figure in (saved, allocator, recompute, step):
                 assert figure in line, (line, figure)
+
+
+def test_none_given_on_the_command_line_is_the_word_where_an_option_takes_words():
+    from harness.cli import _option
+    from harness.matrix import Selection
+
+    # The command line reads `=none` as None; a strategy's word-valued option gets the word back, so that
+    # offload_optimizer=none (choices none, cpu) is accepted and a cell says activation_checkpointing=none.
+    assert _option("offload_optimizer=none") == ("offload_optimizer", None)
+    selection = Selection(options=(("offload_optimizer", None), ("activation_checkpointing", None),
+                                   ("static_graph", None)))
+    assert selection.options_for("zero2") == {"offload_optimizer": "none", "activation_checkpointing": "none"}
+    assert selection.options_for("ddp") == {"activation_checkpointing": "none", "static_graph": None}

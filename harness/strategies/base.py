@@ -80,6 +80,14 @@ class Option:
     # For values of a form rather than a list (`every:K`): reads one, raising SpecError in one line if it is not.
     parse: Callable[[OptionValue], Any] | None = None
 
+    def given(self, value: OptionValue) -> OptionValue:
+        """A value as the command line gave it, in this option's own form: `=none` arrives as None (the command line
+        reads none and null so), which is the word "none" for an option whose values are words and take it."""
+        if value is not None or None in (self.choices or ()):
+            return value
+        takes_none = "none" in (self.choices or ()) if self.parse is None else _parses(self.parse, "none")
+        return "none" if takes_none else value
+
     def check(self, strategy: str, name: str, value: OptionValue) -> None:
         if self.parse is not None:
             self.parse(value)
@@ -587,6 +595,14 @@ def is_block(layer: nn.Module) -> bool:
 
     layer = getattr(layer, "_checkpoint_wrapped_module", layer)
     return isinstance(layer, (Block, BasicBlock, Bottleneck))
+
+
+def _parses(parse: Callable[[OptionValue], Any], value: OptionValue) -> bool:
+    try:
+        parse(value)
+    except SpecError:
+        return False
+    return True
 
 
 def _importable(module: str) -> bool:

@@ -33,7 +33,7 @@ NONE, BLOCKS, EVERY = "none", "blocks", "every:"
 
 def checkpoint_interval(value: OptionValue) -> int:
     """Blocks per checkpointed block: 0 for none, 1 for blocks, K for every:K. SpecError, one line, otherwise."""
-    if value in (NONE, None):      # the command line reads `=none` as None
+    if value in (NONE, None):      # None: rows whose `=none` the command line read as None (before Option.given)
         return 0
     if value == BLOCKS:
         return 1
@@ -49,7 +49,7 @@ ACTIVATION_CHECKPOINTING = Option(NONE, "recompute blocks' activations in backwa
 
 
 def setting(interval: int) -> str:
-    """The option's value for an interval, as rows record it (`=none` given on the command line arrives as None)."""
+    """The option's value for an interval, as rows record it."""
     return NONE if not interval else BLOCKS if interval == 1 else f"{EVERY}{interval}"
 
 
