@@ -109,6 +109,18 @@ def _threshold(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected a number or METRIC=NUMBER, got {text!r}") from None
 
 
+def _shape(text: str) -> dict[str, int]:
+    """SEQ,HIDDEN,HEADS,LAYERS of a transformer (`harness project --shape`)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 4 or min(values) < 1 or values[1] % values[2]:
+        raise argparse.ArgumentTypeError(f"expected SEQ,HIDDEN,HEADS,LAYERS, four whole numbers >= 1 with the heads "
+                                         f"dividing the hidden size, got {text!r}")
+    return dict(zip(("seq_len", "n_embd", "n_head", "n_layer"), values))
+
+
 def _option(text: str) -> tuple[str, object]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -255,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--global-batch", type=int, help="with --params: strong scaling's global batch (default: "
                          "batch per device x the largest world size)")
     project.add_argument("--recipe", help="with --params: precision recipe for memory (default autocast)")
+    project.add_argument("--shape", type=_shape, help="with --params: a transformer's SEQ,HIDDEN,HEADS,LAYERS, for "
+                         "the activations a rank holds (every block whole and checkpointed) beside its model states")
     project.add_argument("--exposed-fraction", type=float, help="with --params: f, exposed time over "
                          "priced communication, >= 0 (default 1: no overlap; above 1: collectives cost more in the "
                          "step than priced)")

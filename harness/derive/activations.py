@@ -83,6 +83,23 @@ def recomputed_block_activations(*, seq_len: int, micro_batch: int, hidden: int)
     return LAYER_NORM_INPUT_BYTES * seq_len * micro_batch * hidden
 
 
+def rank_activation_bytes(*, seq_len: int, micro_batch: int, hidden: int, heads: int, layers: int, compute_bytes: int,
+                          tensor_parallel: int = 1, stages: int = 1, micro_batches: int = 1,
+                          checkpointed: bool = False) -> float:
+    """What the busiest rank's blocks hold for backward at their peak, for a layout: each block whole
+    (`block_activations` at `tensor_parallel`) or, `checkpointed`, its input alone (`recomputed_block_activations`),
+    times the blocks of a stage, ceil(layers / stages), times the micro-batches a stage holds in flight: under
+    1F1B at most the pipeline's depth (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+    GPU Clusters Using Megatron-LM", sec. 2.2.1), so min(stages, micro_batches) at the first stage, the busiest;
+    one without a pipeline, whose micro-batches run forward and backward one after another."""
+    if checkpointed:
+        per_block = recomputed_block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden)
+    else:
+        per_block = block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads,
+                                      tp=tensor_parallel, compute_bytes=compute_bytes).total
+    return -(-layers // stages) * min(stages, micro_batches) * per_block
+
+
 def korthikanti_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1) -> float:
     """Korthikanti et al. 2022, Table 2, "tensor parallel (baseline)": s b h (10 + 24 / t + 5 a s / (h t)), their
     fp16 block with dropout and the attention scores kept (t = 1: their eq. 1, s b h (34 + 5 a s / h))."""

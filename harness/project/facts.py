@@ -76,6 +76,21 @@ class RegistryFacts:
         return (chosen.expected_traffic(cell, layers).to_dict(), chosen.layout(cell).data_parallel,
                 chosen.planned_parameters_held(cell, layers))
 
+    def model_split(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str,
+                    world_size: int, global_batch: int, micro_batch: int) -> tuple[int, int]:
+        """(tensor-parallel ranks, pipeline stages) one replica of the cell at `world_size` is cut across, by the
+        strategy's own layout (`Strategy.layout`): world_size / data_parallel ranks a replica, its pipeline stages
+        and, within each stage, the rest tensor-parallel."""
+        from harness.spec import DeviceKind, RunSpec
+        from harness.strategies import checked
+
+        chosen, _ = self._strategy(strategy, options)
+        layout = chosen.layout(checked(RunSpec(workload=workload, strategy=strategy, world_size=world_size,
+                                               global_batch=global_batch, micro_batch=micro_batch, precision=precision,
+                                               options=dict(options), device=DeviceKind.CUDA)))
+        per_replica = world_size // layout.data_parallel
+        return per_replica // layout.pipeline_stages, layout.pipeline_stages
+
     def bubble_factor(self, strategy: str, options: Mapping[str, Any], micro_batches: int) -> float:
         """A step's time over its ranks' own work by the strategy's schedule (`Strategy.bubble_factor`)."""
         chosen, resolved = self._strategy(strategy, options)

@@ -47,7 +47,8 @@ The model, end to end (docs/projection.md says where each part comes from and wh
   not fit is exposed. Without a calibration of the measuring host, or a measured figure beyond compute,
   f = 1 (no overlap).
 - **memory**: the strategy's `model_state_plan` at N (the ZeRO paper's sharding, harness.derive.memory)
-  times the parameters a rank holds.
+  times the parameters a rank holds; beside it, for a transformer, what the busiest rank's blocks save for
+  backward at N, every block whole and every block checkpointed (`activations_at`).
 - **interval** (only where a Calibration prices the target): each collective's time scaled by the 10th
   and 90th percentiles of measured / fitted over that collective's calibration rows, every collective at
   the same percentile at once (errors taken to move together, which widens the band), and the same rule
@@ -73,6 +74,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from harness.derive.activations import rank_activation_bytes
 from harness.derive.beyond_ws1 import one_rank_launches
 from harness.derive.comm import RECEIVED_ONLY, wire_bytes
 from harness.derive.exposed import exposed_communication, slowest_rank_per_step, stalled_steps
@@ -123,6 +125,9 @@ class StrategyFacts(Protocol):
 
     def bubble_factor(self, strategy: str, options: Mapping[str, Any], micro_batches: int) -> float: ...
 
+    def model_split(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str,
+                    world_size: int, global_batch: int, micro_batch: int) -> tuple[int, int]: ...
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Scheduled:
@@ -170,6 +175,9 @@ class Basis:
     # Traffic in groups of the strategy's own (tensor parallelism's "tp", a 2-D mesh's "dp"): its schedule at a
     # target is the strategy's expected traffic for the cell at that size (`grouped_schedule_at`).
     grouped: bool = False
+    # A transformer's shape (seq_len, n_embd, n_head, n_layer: a row's workload_description, or described), for
+    # the activations a rank holds; None where not known (a ResNet's, a description without one).
+    shape: Mapping[str, int] | None = None
 
     @property
     def label(self) -> str:
@@ -203,6 +211,11 @@ class Projected:
     schedule: tuple[Scheduled, ...]
     algorithms: tuple[str, ...] = ()    # the algorithm each schedule entry is priced by, in its order
     notes: tuple[str, ...] = ()
+    # What the busiest rank's blocks hold for backward at their peak, every block whole and every block
+    # checkpointed (harness.derive.activations.rank_activation_bytes); None where the basis has no shape or
+    # its recipe is one the block formula does not describe.
+    activation_bytes_per_rank: float | None = None
+    activation_bytes_checkpointed_per_rank: float | None = None
 
 
 # ---- pricing -------------------------------------------------------------------------------------------
@@ -459,6 +472,7 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
     efficiency = one_device / step if scaling is Scaling.WEAK else one_device / (n * step)
     plan = facts.model_state_plan(basis.strategy, basis.options, data_parallel, basis.recipe)
     memory = plan_bytes(plan, parameters, basis.kept_whole)["total"]
+    activations = activations_at(basis, n, round(per_device * n), micro_batches, facts)
     wire = sum(item.calls * wire_bytes(item.collective, item.size_bytes, item.ranks(n)) for item in schedule
                if item.collective not in RECEIVED_ONLY)       # a recv is its peer's send
     algorithms = tuple(priced_on(model, item, n).algorithm(item.collective, item.size_bytes, item.ranks(n))
@@ -468,7 +482,33 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
                      step_low_s=low, step_high_s=high, samples_per_s=samples,
                      tokens_per_s=samples * basis.tokens_per_sample if basis.tokens_per_sample else None,
                      efficiency=efficiency, exposed_share=exposed / step, model_state_bytes_per_rank=memory,
-                     wire_bytes_per_rank=wire, schedule=schedule, algorithms=algorithms, notes=notes)
+                     wire_bytes_per_rank=wire, schedule=schedule, algorithms=algorithms, notes=notes,
+                     activation_bytes_per_rank=activations[0], activation_bytes_checkpointed_per_rank=activations[1])
+
+
+# The recipes whose saved tensors the block formula was measured against, and the bytes they compute in.
+ACTIVATION_COMPUTE_BYTES = {"fp32": 4, "autocast": 2}
+
+
+def activations_at(basis: Basis, world_size: int, global_batch: int, micro_batches: int,
+                   facts: StrategyFacts) -> tuple[float | None, float | None]:
+    """(every block whole, every block checkpointed): what the busiest rank's blocks hold for backward at
+    `world_size` (harness.derive.activations.rank_activation_bytes), split as the strategy splits a replica there
+    (tensor-parallel ranks, pipeline stages: `StrategyFacts.model_split`; data parallelism splits none), or
+    (None, None) without a shape, under a recipe the formula does not describe (bf16 weights), or under sequence
+    parallelism, whose saved tensors it was not checked against."""
+    shape = basis.shape
+    compute_bytes = ACTIVATION_COMPUTE_BYTES.get(basis.recipe)
+    if shape is None or compute_bytes is None or basis.options.get("sequence_parallel"):
+        return None, None
+    tensor_parallel, stages = (facts.model_split(workload=basis.workload, strategy=basis.strategy,
+                                                 options=basis.options, precision=basis.precision,
+                                                 world_size=world_size, global_batch=global_batch,
+                                                 micro_batch=basis.micro_batch) if basis.grouped else (1, 1))
+    sizes = dict(seq_len=int(shape["seq_len"]), micro_batch=basis.micro_batch, hidden=int(shape["n_embd"]),
+                 heads=int(shape["n_head"]), layers=int(shape["n_layer"]), compute_bytes=compute_bytes,
+                 tensor_parallel=tensor_parallel, stages=stages, micro_batches=micro_batches)
+    return rank_activation_bytes(**sizes), rank_activation_bytes(**sizes, checkpointed=True)
 
 
 def above_one_note(fraction: float) -> tuple[str, ...]:
@@ -696,7 +736,15 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
                  world_size=world_size, micro_batches=micro_batches, schedule=schedule,
                  gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
                  overlap_source=source, compute_source=compute_source,
-                 run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=notes, grouped=grouped)
+                 run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=notes, grouped=grouped,
+                 shape=transformer_shape(m.get("workload_description")))
+
+
+def transformer_shape(described: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """A row's `workload_description` as the shape `activations_at` reads, where it is a transformer's."""
+    if not described or described.get("family") != "gpt":
+        return None
+    return {key: int(described[key]) for key in ("seq_len", "n_embd", "n_head", "n_layer")}
 
 
 def on_the_wire(schedule: Sequence[Scheduled], facts: StrategyFacts, strategy: str, options: Mapping[str, Any],
@@ -723,12 +771,14 @@ def on_the_wire(schedule: Sequence[Scheduled], facts: StrategyFacts, strategy: s
 def description_basis(*, strategy: str, parameters: int, compute_s: float, gradient_element_bytes: float = 4,
                       gathered_element_bytes: float | None = None, per_device_batch: int = 1,
                       global_batch: int | None = None, recipe: str = "autocast", exposed_fraction: float = 1.0,
-                      options: Mapping[str, Any] | None = None, workload: str = "described") -> Basis:
+                      options: Mapping[str, Any] | None = None, workload: str = "described",
+                      shape: Mapping[str, int] | None = None) -> Basis:
     """A model of `parameters` whose step takes `compute_s` per device at `per_device_batch` samples, one
     micro-batch per step; the collectives are the strategy's own expected traffic (one call per collective
     type: bucketing's extra latency is not in it); `exposed_fraction` is f, exposed = f x priced communication
     (1: none overlapped; above 1: the step's collectives cost more than priced). Strong scaling keeps `global_batch` (default: per_device_batch x 1024, the batch of the largest
-    default world size, so that every default world size can split it)."""
+    default world size, so that every default world size can split it). `shape` (seq_len, n_embd, n_head,
+    n_layer of a transformer) adds the activations a rank holds, every block whole and checkpointed."""
     if parameters < 1 or not (compute_s > 0 and math.isfinite(compute_s)):
         raise SpecError(f"a description needs parameters >= 1 and compute seconds > 0, got {parameters} and {compute_s}")
     if gradient_element_bytes <= 0 or (gathered_element_bytes is not None and gathered_element_bytes <= 0):
@@ -747,7 +797,7 @@ def description_basis(*, strategy: str, parameters: int, compute_s: float, gradi
                  micro_batch=per_device_batch, compute_s=float(compute_s), world_size=None, micro_batches=1,
                  schedule=(), gradient_bytes=int(round(parameters * gradient_element_bytes)),
                  gathered_bytes=int(round(parameters * gathered)), exposed_fraction=exposed_fraction,
-                 overlap_source=source)
+                 overlap_source=source, shape=dict(shape) if shape else None)
 
 
 # ---- describing the target, recording, printing ---------------------------------------------------------
@@ -806,6 +856,8 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
         "samples_per_s": point.samples_per_s, "tokens_per_s": point.tokens_per_s,
         f"{point.scaling.value}_efficiency_vs_1_device": point.efficiency,
         "step_beyond_compute_share": point.exposed_share, "model_state_bytes_per_rank": point.model_state_bytes_per_rank,
+        "activation_bytes_per_rank": point.activation_bytes_per_rank,
+        "activation_bytes_checkpointed_per_rank": point.activation_bytes_checkpointed_per_rank,
         "wire_bytes_per_step_per_rank": point.wire_bytes_per_rank,
         "schedule": [asdict(item) | {"ranks": item.ranks(point.world_size), "algorithm": algorithm}
                      for item, algorithm in zip(point.schedule, point.algorithms, strict=True)],
@@ -828,7 +880,7 @@ def format_table(points: Sequence[Projected]) -> str:
     lines: list[str] = []
     header = (f"{'scaling':<7} {'N':>5} {'global batch':>12} {'compute ms':>11} {'comm ms':>10} {'beyond ms':>11} "
               f"{'step ms':>10} {'step ms band':>19} {'samples/s':>11} {'efficiency':>10} {'beyond':>8} "
-              f"{'states GiB/rank':>15}  algorithms")
+              f"{'states GiB/rank':>15} {'acts GiB (ckpt)':>17}  algorithms")
     by_basis: dict[int, list[Projected]] = {}
     for point in points:
         by_basis.setdefault(id(point.basis), []).append(point)
@@ -843,10 +895,19 @@ def format_table(points: Sequence[Projected]) -> str:
             lines.append(f"{p.scaling.value:<7} {p.world_size:>5} {p.global_batch:>12g} {p.compute_s * 1e3:>11.4g} "
                          f"{p.comm_s * 1e3:>10.4g} {p.exposed_s * 1e3:>11.4g} {p.step_s * 1e3:>10.4g} {band:>19} "
                          f"{p.samples_per_s:>11.4g} {p.efficiency:>10.1%} {p.exposed_share:>8.1%} "
-                         f"{p.model_state_bytes_per_rank / 2 ** 30:>15.4g}  {algorithms_text(p)}")
+                         f"{p.model_state_bytes_per_rank / 2 ** 30:>15.4g} {_activations_text(p):>17}  "
+                         f"{algorithms_text(p)}")
         for note in dict.fromkeys(n for p in group for n in b.notes + p.notes):
             lines.append(f"  note: {note}")
     return "\n".join(lines).lstrip("\n")
+
+
+def _activations_text(point: Projected) -> str:
+    """Every block whole (every block checkpointed), GiB per rank; "-" where not known."""
+    if point.activation_bytes_per_rank is None:
+        return "-"
+    return (f"{point.activation_bytes_per_rank / 2 ** 30:.4g} "
+            f"({point.activation_bytes_checkpointed_per_rank / 2 ** 30:.4g})")
 
 
 def algorithms_text(point: Projected) -> str:

@@ -36,7 +36,8 @@ DESCRIBED_STRATEGIES = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2")
 # rows give what it describes (f is measured; gradient bytes, batch and recipe are the row's).
 DESCRIPTION_DEFAULTS = {"grad_bytes": 4.0, "batch_per_device": 1, "recipe": "autocast", "exposed_fraction": 1.0}
 DESCRIPTION_FLAGS = {"--grad-bytes": "grad_bytes", "--batch-per-device": "batch_per_device",
-                     "--global-batch": "global_batch", "--recipe": "recipe", "--exposed-fraction": "exposed_fraction"}
+                     "--global-batch": "global_batch", "--recipe": "recipe", "--exposed-fraction": "exposed_fraction",
+                     "--shape": "shape"}
 
 
 def parse_scalings(names: Sequence[str]) -> tuple[Scaling, ...]:
@@ -187,7 +188,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
             parameters=args.params, compute_s=args.compute_ms / 1e3, gradient_element_bytes=chosen["grad_bytes"],
             per_device_batch=chosen["batch_per_device"],
             global_batch=args.global_batch or chosen["batch_per_device"] * max(world_sizes), recipe=chosen["recipe"],
-            exposed_fraction=chosen["exposed_fraction"])
+            exposed_fraction=chosen["exposed_fraction"], shape=args.shape)
     else:
         from harness.derive.rows import load_rows
         from harness.record import COMMBENCH_KIND, read_rows
