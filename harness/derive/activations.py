@@ -109,8 +109,9 @@ def korthikanti_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, 
 
 def predicted_activation_bytes(row_spec: Mapping[str, Any], m: Mapping[str, Any]) -> float | None:
     """What one micro-batch's forward through a rank's transformer blocks saves for backward (`block_activations`
-    x the blocks, `recomputed_block_activations` for those the row checkpointed), from the shape the row recorded (`workload_description`) and the tensor-parallel degree in
-    its `strategy_config` ("tensor_parallel"; 1 where absent); None for rows without a transformer's shape, for
+    x the blocks, `recomputed_block_activations` for those the row checkpointed), from the shape the row recorded
+    (`workload_description`) and the tensor-parallel degree in its `strategy_config` ("tensor_parallel"; 1 where
+    absent); None for rows without a transformer's shape, for
     the pipeline, whose stages hold several micro-batches in flight, for recipes that keep bf16 weights
     (DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy: a bf16 residual stream and no weight copies, which
     the terms above do not describe), and for sequence parallelism, whose saved tensors these terms have not
