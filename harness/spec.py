@@ -43,6 +43,12 @@ class Status(enum.StrEnum):
 class Precision(enum.StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"
+    FP16 = "fp16"      # with dynamic loss scaling (harness.strategies.loss_scaling)
+
+    @property
+    def is_mixed(self) -> bool:
+        """A 16-bit precision computed under autocast (or a library's own recipe) beside fp32 state."""
+        return self is not Precision.FP32
 
 
 class DeviceKind(enum.StrEnum):

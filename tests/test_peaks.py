@@ -123,9 +123,15 @@ def test_tf32_rule_edge_cases():
     assert tf32_in_use({"device_name": "cpu", "workload_family": "resnet"}) is False
 
 
+def test_fp16_takes_the_datasheets_fp16_tensor_figure_the_same_as_bf16s():
+    # H100 SXM5 whitepaper: FP16 and BF16 tensor both 989.4 dense TFLOP/s.
+    peak = peak_flops_for(H100_SXM, "fp16", None, None)
+    assert (peak.flops_per_s, peak.math_mode.value) == (989.4e12, "fp16")
+
+
 def test_bad_precision_and_bad_user_peak_are_refused():
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'fp16'"):
-        peak_flops_for(H100_SXM, "fp16", None, None)
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16, got 'fp8'"):
+        peak_flops_for(H100_SXM, "fp8", None, None)
     with pytest.raises(ValueError, match="positive"):
         peak_flops_for(H100_SXM, "bf16", None, 0.0)
 

@@ -146,9 +146,11 @@ class Quantity(enum.StrEnum):
 
 NORMS = (Quantity.GRADIENT_NORM, Quantity.PARAMETER_NORM, Quantity.UPDATE_NORM)
 TENSOR_NORMS = (Quantity.GRADIENT_NORM_BY_TENSOR, Quantity.UPDATE_NORM_BY_TENSOR)
-# bf16 recipes that compute with bf16 copies of the weights from step 0 on (harness.strategies.base
+# 16-bit recipes that compute with 16-bit copies of the weights from step 0 on (harness.strategies.base
 # PrecisionRecipe), where the plain loop keeps fp32 weights under autocast: a different arithmetic.
-BF16_WEIGHT_RECIPES = ("deepspeed-bf16", "fsdp-mp-policy")
+SIXTEEN_BIT_WEIGHT_RECIPES = ("deepspeed-bf16", "deepspeed-fp16", "fsdp-mp-policy")
+# fp16 rows (harness.strategies.loss_scaling): each step applied on every rank, or skipped on an overflow.
+STEP_APPLIED = "optimizer_step_applied"
 
 # What a row says its gradient reduction communicated in (harness.strategies.base.Strategy.gradient_reduce_dtypes,
 # torch's dtype names); only fp32 throughout keeps a bf16 row's reduced gradients to the plain loop's rounding.
@@ -179,7 +181,16 @@ NOT_JUDGED: Mapping[str, Mapping[Quantity, str]] = {
     "bf16-weights": {Quantity.UPDATE_NORM_BY_TENSOR: (
         "a bf16 weight near 1 (a LayerNorm's) does not move by a step of lr = 1e-3, under half of bf16's "
         "spacing there; its fp32 master copy does")},
+    "fp16-weights": {Quantity.UPDATE_NORM_BY_TENSOR: (
+        "held as bf16-weights is: DeepSpeed's fp16 section runs on GPUs only and was not measured here")},
 }
+# fp16 keeps 10 mantissa bits to bf16's 7 but 5 exponent bits: gradients too small for the loss scale fall into
+# fp16's subnormals, whose rounding changes with each micro-batch's share of the loss (1/K), so a tensor's
+# gradient differs between layouts more than in bf16 (measured: docs/methodology.md, "fp16 and loss scaling").
+# fp16 rows are held to bf16-comm's tolerances; fp16-weights (DeepSpeed's fp16 section, GPU only, unmeasured) to
+# bf16-weights'.
+TOLERANCE = {**TOLERANCE, "fp16": TOLERANCE["bf16-comm"], "fp16-comm": TOLERANCE["bf16-comm"],
+             "fp16-weights": TOLERANCE["bf16-weights"]}
 
 
 @dataclass(frozen=True)
@@ -228,12 +239,13 @@ def arithmetic(row: Mapping[str, Any]) -> str:
     ZeRO's torch_autocast section; also a bf16 row that does not say, written before rows recorded
     `gradient_reduce_dtypes`); bf16-weights (a recipe computing with bf16 weights)."""
     m = row["measurements"]
-    if row["spec"].get("precision", "fp32") == "fp32":
+    precision = row["spec"].get("precision", "fp32")
+    if precision == "fp32":
         return "fp32"
-    if m.get("precision_recipe") in BF16_WEIGHT_RECIPES:
-        return "bf16-weights"
+    if m.get("precision_recipe") in SIXTEEN_BIT_WEIGHT_RECIPES:
+        return f"{precision}-weights"
     reduced_in = m.get(REDUCE_DTYPES)
-    return "bf16" if reduced_in is not None and set(reduced_in) <= {FP32_REDUCTION} else "bf16-comm"
+    return precision if reduced_in is not None and set(reduced_in) <= {FP32_REDUCTION} else f"{precision}-comm"
 
 
 def deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Quantity, float]:
@@ -299,6 +311,9 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     if reference is None:
         return Parity(Verdict.NO_REFERENCE, note="no ok plain row with the same workload, batch, precision, "
                                                  "seed, device and steps among the rows read")
+    skipped = _skipped_steps_verdict(row, reference)
+    if skipped is not None:
+        return skipped
     key = arithmetic(row)
     tolerance = TOLERANCE[key]
     compared = _deviations(row, reference)
@@ -306,6 +321,8 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     failed = tuple(q for q, deviation in found.items() if not deviation <= tolerance[q])
     tensors = {q: tensor for q, (_, tensor) in compared.items() if tensor and q in found}
     notes = [f"{q.value}: {tensors[q]} off by {found[q]:.3g}" for q in failed if q in tensors]
+    if Quantity.GRADIENT_NORM in failed:
+        notes.append(_still_scaled(row, reference))
     notes += [_left_out(row, reference, compared)]
     notes += [f"{q.value} not judged with {key}: {why}" for q, why in NOT_JUDGED.get(key, {}).items() if q in compared]
     if key == "bf16-comm" and row["measurements"].get(REDUCE_DTYPES) is None:
@@ -313,6 +330,43 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     return Parity(Verdict.MISMATCH if failed else Verdict.MATCH, failed=failed, deviations=found,
                   tolerances={q: tolerance[q] for q in found}, note="; ".join(n for n in notes if n),
                   tensors=tensors)
+
+
+def _still_scaled(row: Mapping[str, Any], reference: Mapping[str, Any]) -> str:
+    """Where a row's gradient norm is its first loss scale times the reference's: gradients read between
+    reduction and update still multiplied by the scale (DeepSpeed ZeRO under torch_autocast float16, whose
+    GradScaler unscales only inside its step, while ZeRO's own norm, which its gradient clipping uses, divides
+    by ZeRO's scale of 1)."""
+    scales = row["measurements"].get("loss_scale_per_step") or []
+    norm, expected = (side["measurements"].get(Quantity.GRADIENT_NORM) for side in (row, reference))
+    if not scales or not norm or not expected or abs(norm / expected / scales[0] - 1) > 1e-2:
+        return ""
+    return (f"the gradient norm is {norm / expected:.6g} times the reference's, the loss scale {scales[0]:g}: the "
+            "reduced gradients were read still scaled, as the library's own norm (and any clipping) reads them")
+
+
+def _skipped_steps_verdict(row: Mapping[str, Any], reference: Mapping[str, Any]) -> Parity | None:
+    """fp16 rows: a MISMATCH where every optimizer step was skipped (nothing trained, whatever the losses say)
+    or where the row and the reference skipped different steps among those compared (different updates);
+    None where both applied the same steps, whose losses are then compared as any others."""
+    applied, expected = row["measurements"].get(STEP_APPLIED), reference["measurements"].get(STEP_APPLIED)
+    if applied is None and expected is None:
+        return None
+    if applied is not None and not any(applied):
+        scales = sorted(set(row["measurements"].get("loss_scale_per_step") or []))
+        return Parity(Verdict.MISMATCH, note=f"every one of the {len(applied)} optimizer steps was skipped on an "
+                                             f"inf/NaN gradient (loss scale {', '.join(f'{s:g}' for s in scales)}): "
+                                             "the weights never changed")
+    count = min(PARITY_STEPS, len(row["measurements"]["loss_per_step"]),
+                len(reference["measurements"]["loss_per_step"]))
+    # A row without the record applied every step (fp32, bf16).
+    mine, theirs = (list(steps[:count]) if steps is not None else [True] * count for steps in (applied, expected))
+    if mine != theirs:
+        def which(steps):
+            return ", ".join(str(i) for i, done in enumerate(steps) if not done) or "none"
+        return Parity(Verdict.MISMATCH, note=f"skipped different optimizer steps among the {count} compared: this "
+                                             f"row skipped {which(mine)}, the reference {which(theirs)}")
+    return None
 
 
 def _left_out(row: Mapping[str, Any], reference: Mapping[str, Any], found: Mapping[Quantity, Any]) -> str:

@@ -33,6 +33,7 @@ class MathMode(enum.StrEnum):
     """The arithmetic the dominant FLOPs (matmuls, convolutions) ran in."""
 
     BF16 = "bf16"     # bf16 tensor cores (autocast or DeepSpeed's bf16), fp32 accumulate
+    FP16 = "fp16"     # fp16 tensor cores (autocast or DeepSpeed's fp16), fp32 accumulate
     TF32 = "tf32"     # fp32 tensors on the tensor cores, inputs rounded to a 10-bit mantissa
     FP32 = "fp32"     # plain fp32 on the CUDA cores, no tensor cores
 
@@ -45,6 +46,11 @@ class DevicePeaks:
     tf32: float
     fp32: float
     document: str                 # the vendor document the figures come from
+
+    @property
+    def fp16(self) -> float:
+        """Each datasheet below prints the same dense FP16 and BF16 tensor-core figure (fp32 accumulate)."""
+        return self.bf16
 
     def __post_init__(self) -> None:
         for mode in MathMode:
@@ -132,7 +138,7 @@ PEAKS: dict[str, DevicePeaks] = {
 }
 
 USER_SOURCE = "user (--peak-tflops)"
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def normalise_device_name(name: str) -> str:
@@ -164,8 +170,8 @@ def math_mode_for(precision: str, tf32_in_use: bool | None) -> MathMode | None:
     """bf16 runs on bf16 tensor cores; fp32 on TF32 tensor cores or plain fp32 units; None if unknown."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "bf16":
-        return MathMode.BF16
+    if precision in ("bf16", "fp16"):
+        return MathMode(precision)
     if tf32_in_use is None:
         return None
     return MathMode.TF32 if tf32_in_use else MathMode.FP32
@@ -173,7 +179,7 @@ def math_mode_for(precision: str, tf32_in_use: bool | None) -> MathMode | None:
 
 def peak_flops_for(device_name: str, precision: str, tf32_in_use: bool | None,
                    user_peak_flops: float | None = None) -> Peak:
-    """The peak FLOP/s for a run at `precision` ("fp32" or "bf16") on the device torch named.
+    """The peak FLOP/s for a run at `precision` ("fp32", "bf16" or "fp16") on the device torch named.
 
     For fp32, `tf32_in_use` picks the TF32 tensor-core peak (True) or the plain fp32 peak (False); None
     (the row does not say) gives no peak. A user peak is returned as the user's whatever the table says.

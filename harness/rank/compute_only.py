@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from harness.spec import Precision, RunSpec
+from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.base import (ComputeOnlyPlan, RankContext, Sharding, Strategy, accumulate, make_adamw)
 from harness.strategies.checkpointing import checkpointed_blocks, interval_of
 from harness.strategies.plain import PlainTrainer
@@ -164,11 +165,11 @@ def compute_only_pass(spec: RunSpec, strategy: Strategy, context: RankContext, w
     # Checkpointed as the cell's blocks are: recomputation is the rank's own work, not communication.
     layers = checkpointed_blocks(workload.build_layers(), interval_of(strategy.resolved(spec)))
     model = nn.Sequential(*layers).to(context.device, dtype=plan.weights_dtype)
-    # Autocast or not is the plan's: a bf16-weights recipe computes in bf16 without it.
-    run_spec = spec.replace(precision=Precision.BF16 if plan.autocast else Precision.FP32)
+    # Autocast or not is the plan's: a 16-bit-weights recipe computes in 16 bits without it.
+    run_spec = spec.replace(precision=spec.precision if plan.autocast else Precision.FP32)
     if plan.sharding is Sharding.REPLICATED:
         trainer = PlainTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
-                               workload=workload, spec=run_spec)
+                               workload=workload, spec=run_spec, scaler=scaler_for(run_spec, context.device))
         step, elements = (lambda batches: trainer.train_step(batches)), sum(p.numel() for p in model.parameters())
     else:
         shard = ShardStep(model, plan, context.rank, layout.data_parallel, context.device)

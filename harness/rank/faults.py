@@ -19,13 +19,16 @@ kinds:
   reduced, as a rank that sums where it should average would make them;
 - `skip-microbatch`: the rank leaves its first micro-batch of that step out of its accumulated gradient, as
   a lost accumulation step would;
+- `overflow`: the rank's losses of that step are multiplied by inf before backward, so its gradients hold
+  infs and NaNs, as an fp16 overflow would: fp16's loss scaling (harness.strategies.loss_scaling) must skip
+  that step on every rank, and every strategy at the same step;
 - `slow-step` (with `factor=F >= 1`, optionally `strategy=NAME`): from the given step on, the rank sleeps
   at the end of each train step, inside its timed region, F - 1 times the time that train step took, so
   the step takes F times as long, as a strategy whose step got slower would; with `strategy=` only in the
   cells of that strategy (one results file holds several). Nothing else about the step changes.
 The first four fire at the start of the given step (warm-up steps count) on the given rank (`rank=all`:
-on every rank). The two silent kinds multiply that rank's loss of each micro-batch before its backward (by
-F, or by 0 for the first micro-batch), so every rank still runs every backward and issues every collective:
+on every rank). The three silent kinds multiply that rank's loss of each micro-batch before its backward (by
+F, by 0 for the first micro-batch, or by inf), so every rank still runs every backward and issues every collective:
 a rank that really skipped a micro-batch would leave ZeRO-2's per-micro-batch reduce-scatter waiting for it
 forever. `grad-scale` with `tensors=PATTERN` (fnmatch over parameter names in the unwrapped model, e.g.
 `*.c_attn.weight`) scales only those parameters' gradients, as a strategy that mishandles some tensors
@@ -61,7 +64,8 @@ import torch
 
 FAULT_ENV = "PARBENCH_FAULT"
 LOUD_KINDS = ("kill", "hang", "oom", "crash")
-SILENT_KINDS = ("grad-scale", "skip-microbatch")
+OVERFLOW = "overflow"
+SILENT_KINDS = ("grad-scale", "skip-microbatch", OVERFLOW)
 EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "weight-copy", "lr-scale")
 SLOW_STEP = "slow-step"
 KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,)
@@ -148,6 +152,8 @@ class Fault:
             return None
         if self.kind == "grad-scale":
             return [self.factor] * micro_batches
+        if self.kind == OVERFLOW:
+            return [math.inf] * micro_batches
         return [0.0] + [1.0] * (micro_batches - 1)
 
     def before_step(self, rank: int, step: int, optimizer: Callable[[], torch.optim.Optimizer]) -> None:

@@ -33,7 +33,7 @@ from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_m
                                   reset_peak_memory)
 from harness.rank.recompute_pass import recompute_pass
 from harness.rank.saved_activations import SavedActivationCensus
-from harness.spec import RunSpec, Status
+from harness.spec import Precision, RunSpec, Status
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
 from harness.strategies.checkpointing import count_checkpointed, interval_of, setting
@@ -102,6 +102,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
 
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
+    outcomes: list[tuple[bool, float] | None] = []       # fp16: each step's (applied, loss scale)
     fault = fault_from_environment()
     model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
     peak_rss_since = PeakRssSince.PROCESS_START
@@ -133,11 +134,14 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             if fault:
                 fault.in_step(context.rank, step, context.device)
             started = time.perf_counter()
+            trainer.step_outcome = None
             losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
                                                                       model_states.gradients_ready(step, micro_batches))))
             if fault and fault.slows(context.rank, step, spec.strategy):
                 _sleep_planted_slowdown(fault, context.device, started)
         disarm()
+        outcome = trainer.step_outcome
+        outcomes.append((outcome.applied, outcome.loss_scale) if outcome else None)
         if fault:
             fault.after_step(context.rank, step, trainer.torch_optimizer)
         norms.after_step(step)
@@ -158,10 +162,11 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "compute_only": compute_only_raw, "model_states": _model_state_figures(model_states),
                               "parameters_held": trainer.parameters_held(parameters),
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
-                              "saved_activations": census.peak, "recompute": recompute,
+                              "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
                               "host_load": _host_load(context)})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_host_load_figures(by_rank))
+    measurements.update(_loss_scaling_figures(spec, by_rank))
     measurements.update(_activation_figures(spec, strategy, layers, by_rank))
     measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
@@ -430,6 +435,22 @@ def _model_state_figures(reader: ModelStateReader) -> dict[str, Any]:
     """What this rank's model-state reading found, as plain values for the gather."""
     return {"census": reader.census, "allocated": reader.allocated, "note": reader.note, "read_at": reader.read_at,
             "unavailable_because": reader.unavailable_because}
+
+
+def _loss_scaling_figures(spec: RunSpec, by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """fp16 (harness.strategies.loss_scaling): per step, warm-up included (as `loss_per_step`), whether every
+    rank applied its optimizer step, each rank's verdict, and the loss scale rank 0 multiplied the step's
+    losses by (a pipeline's stages each keep their own scaler)."""
+    if spec.precision is not Precision.FP16:
+        return {}
+    outcomes = [r["outcomes"] for r in by_rank]
+    missing = [rank for rank, steps in enumerate(outcomes) if any(step is None for step in steps)]
+    if missing:
+        raise RuntimeError(f"fp16 cell: ranks {missing} did not say whether their optimizer steps were applied")
+    applied_by_rank = [[applied for applied, _ in steps] for steps in outcomes]
+    return {"optimizer_step_applied": [all(step) for step in zip(*applied_by_rank)],
+            "optimizer_step_applied_by_rank": applied_by_rank,
+            "loss_scale_per_step": [scale for _, scale in outcomes[0]]}
 
 
 def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContext, trainer: Trainer,

@@ -24,7 +24,7 @@ from harness.derive.comm import Collective
 from harness.derive.memory import zero_plan
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option, Strategy,
-                                     TrafficBytes, Trainer, make_adamw, optimizer_description)
+                                     TrafficBytes, Trainer, half_dtype_names, make_adamw, optimizer_description)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
                                                  throughput_timer_state)
 from harness.strategies.mesh_layout import MeshLayout
@@ -125,7 +125,7 @@ class AutoTP(MeshLayout, Strategy):
     def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
         """As `tp`: under autocast the row-parallel outputs are summed in bf16 (and DeepSpeed's torch_autocast
         section reduces Linear gradients in bf16 under ZeRO)."""
-        return ("bfloat16", "float32") if spec.precision is Precision.BF16 else ("float32",)
+        return (*half_dtype_names(spec), "float32")
 
     def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
         """`tp`'s all-reduces among the tp ranks (LinearAllreduce's forward sums, the column-parallel layers'
@@ -137,7 +137,7 @@ class AutoTP(MeshLayout, Strategy):
         config = get_workload(spec.workload).config
         collectives = activation_all_reduces(
             micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
-            micro_batches=layout.micro_batches, tp=tp, bf16=spec.precision is Precision.BF16, group="tp") if tp > 1 else ()
+            micro_batches=layout.micro_batches, tp=tp, half=spec.precision.is_mixed, group="tp") if tp > 1 else ()
         slice_bytes = 4 * split_parameter_count(layers, tp)
         held = split_parameter_count(layers, tp)
         if options["zero_stage"] == 0:
@@ -172,6 +172,7 @@ class AutoTP(MeshLayout, Strategy):
             label_group(groups.get_tensor_model_parallel_group(), "tp")
             label_group(groups.get_data_parallel_group(), "dp")
         return AutoTPTrainer(context=context, engine=engine, workload=workload, precision_recipe=recipe,
+                             loss_scaled=spec.precision is Precision.FP16,
                              tp_coordinate=context.rank % tp, replica_index=context.rank // tp,
                              config={"deepspeed_config": config, "tensor_parallel": tp,
                                      "data_parallel": context.world_size // tp, **throughput_timer_state(engine),

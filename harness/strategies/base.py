@@ -31,6 +31,7 @@ from harness.derive.exposed import SAME_WORK
 from harness.derive.memory import ModelStatePlan, zero_plan
 from harness.rank.memory_model import ModelStateTensors
 from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
+from harness.strategies.loss_scaling import StepOutcome, scaler_step
 from workloads import Workload
 
 # One optimizer for every strategy (torch AdamW, handed to DeepSpeed as a client optimizer), so that
@@ -48,9 +49,10 @@ class PrecisionRecipe(enum.StrEnum):
     """How low precision is applied; every row names the one it used."""
 
     FP32 = "fp32"                        # no low precision anywhere
-    AUTOCAST = "autocast"                # torch.autocast: fp32 weights, bf16 compute (the default everywhere)
+    AUTOCAST = "autocast"                # torch.autocast: fp32 weights, bf16/fp16 compute (the default everywhere)
     DEEPSPEED_BF16 = "deepspeed-bf16"    # DeepSpeed's `bf16` section: bf16 weights + fp32 master copy
-    FSDP_MP_POLICY = "fsdp-mp-policy"    # FSDP2 MixedPrecisionPolicy: bf16 params for compute, fp32 reduce
+    DEEPSPEED_FP16 = "deepspeed-fp16"    # DeepSpeed's `fp16` section (GPU only): fp16 weights + fp32 master copy
+    FSDP_MP_POLICY = "fsdp-mp-policy"    # FSDP2 MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 reduce
 
 
 # Bytes per parameter of (weights, gradients, optimizer state) for torch AdamW over a model's own
@@ -66,6 +68,7 @@ ADAMW_STATE_BYTES: Mapping[PrecisionRecipe, tuple[int, int, int]] = {
     PrecisionRecipe.AUTOCAST: (4, 4, 8),
     PrecisionRecipe.FSDP_MP_POLICY: (4, 4, 8),
     PrecisionRecipe.DEEPSPEED_BF16: (2, 2, 12),
+    PrecisionRecipe.DEEPSPEED_FP16: (2, 2, 12),     # the same mixed-precision Adam, in fp16
 }
 
 
@@ -192,6 +195,9 @@ class Trainer(abc.ABC):
     # What this rank multiplies each micro-batch's loss by before backward in the coming step: set by the
     # worker from a silent-corruption fault (harness.rank.faults), None in every honest step.
     loss_multipliers: Sequence[float] | None = None
+    # fp16 only: what the last `train_step` did under loss scaling (harness.strategies.loss_scaling), read by
+    # the worker after every step; None in fp32 and bf16.
+    step_outcome: StepOutcome | None = None
 
     # False where a strategy's step cannot be stopped between reduction and update (DeepSpeed's pipeline
     # runs both inside `train_batch`); `gradients_ready` is then never called.
@@ -389,7 +395,7 @@ class Strategy(abc.ABC):
     def compute_only_plan(self, spec: RunSpec) -> ComputeOnlyPlan:
         """This rank's own work without communication. Default: the whole model and a full optimizer step,
         fp32 weights, autocast in bf16 (what every replicating strategy's rank does)."""
-        return ComputeOnlyPlan(autocast=spec.precision is Precision.BF16)
+        return ComputeOnlyPlan(autocast=spec.precision.is_mixed)
 
     def expected_traffic(self, spec: RunSpec, layers: Sequence[nn.Module]) -> ExpectedTraffic:
         """The collectives one optimizer step should issue per rank, from freshly built (unwrapped) layers."""
@@ -473,11 +479,24 @@ def optimizer_description(device: torch.device) -> dict[str, Any]:
             "optimizer_impl": "fused" if device.type == "cuda" else "single-tensor"}
 
 
+AUTOCAST_DTYPES: Mapping[Precision, torch.dtype] = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+
+
 def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextManager:
-    """torch.autocast for bf16 runs (fp32 weights, bf16 compute); a no-op for fp32."""
-    if spec.precision is Precision.BF16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    """torch.autocast for bf16 and fp16 runs (fp32 weights, 16-bit compute); a no-op for fp32."""
+    if spec.precision.is_mixed:
+        return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[spec.precision])
     return contextlib.nullcontext()
+
+
+def half_dtype_names(spec: RunSpec) -> tuple[str, ...]:
+    """torch's name of the 16-bit dtype autocast computes in under `spec`'s precision (none in fp32)."""
+    return (str(AUTOCAST_DTYPES[spec.precision]).removeprefix("torch."),) if spec.precision.is_mixed else ()
+
+
+def recipe_of(spec: RunSpec) -> PrecisionRecipe:
+    """The recipe of a strategy that runs every 16-bit precision under torch.autocast."""
+    return PrecisionRecipe.AUTOCAST if spec.precision.is_mixed else PrecisionRecipe.FP32
 
 
 def torchrun_context(device_kind: DeviceKind) -> RankContext:
@@ -531,11 +550,13 @@ def place_rank(device_kind: DeviceKind, local_rank: int, local_world_size: int) 
 def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Sequence[MicroBatch],
                spec: RunSpec, device: torch.device,
                no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
-               multipliers: Sequence[float] | None = None) -> torch.Tensor:
+               multipliers: Sequence[float] | None = None,
+               scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
     """Forward and backward over micro-batches, each loss scaled by 1/K so gradients are the batch mean.
 
     `no_sync` (DDP's, for instance) suppresses gradient communication on all but the last micro-batch.
     `multipliers` (a fault's, `Trainer.loss_multipliers`) scale each micro-batch's loss before backward.
+    `scaler` (fp16's, harness.strategies.loss_scaling) multiplies what backward starts from by its scale.
     Returns the mean unscaled loss (detached).
     """
     count = len(micro_batches)
@@ -547,11 +568,20 @@ def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Se
             with autocast(spec, device):
                 outputs = model(inputs)
             loss = loss_fn(outputs, targets)
-            scaled = loss if multipliers is None else loss * multipliers[index]
-            (scaled / count).backward()
+            scaled = (loss if multipliers is None else loss * multipliers[index]) / count
+            (scaled if scaler is None else scaler.scale(scaled)).backward()
         # A DTensor loss (tensor parallelism's loss_parallel: every rank holds the whole value) as a plain tensor.
         total += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
     return total / count
+
+
+def apply_update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> StepOutcome | None:
+    """The optimizer step: plain, or through fp16's loss scaler (skipped on an inf or NaN gradient), whose
+    outcome it returns (None without one)."""
+    if scaler is None:
+        optimizer.step()
+        return None
+    return scaler_step(scaler, optimizer)
 
 
 # What wrappers put into a parameter's name in the model they wrap: DDP and DataParallel a leading `module.`,

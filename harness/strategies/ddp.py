@@ -21,11 +21,12 @@ from torch.nn.parallel import DistributedDataParallel
 from harness.derive.comm import Collective
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import torch_model_state_tensors
-from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
-                                     Strategy, Trainer, accumulate, make_adamw, optimizer_description,
+from harness.spec import RunSpec
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, Strategy, Trainer,
+                                     accumulate, apply_update, make_adamw, optimizer_description, recipe_of,
                                      replicated_gradients, replicated_parameters, torchrun_context,
                                      unwrapped_parameter_names)
+from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
@@ -36,13 +37,16 @@ class DDPTrainer(Trainer):
     optimizer: torch.optim.Optimizer | None = None
     workload: Workload | None = None
     spec: RunSpec | None = None
+    scaler: torch.amp.GradScaler | None = None      # fp16's (harness.strategies.loss_scaling)
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          no_sync=self.model.no_sync, multipliers=self.loss_multipliers)
+                          no_sync=self.model.no_sync, multipliers=self.loss_multipliers, scaler=self.scaler)
+        if self.scaler is not None:         # every rank unscales the same averaged gradients: the same verdict
+            self.scaler.unscale_(self.optimizer)
         if gradients_ready is not None:     # DDP's last backward has waited for every bucket's all-reduce
             gradients_ready()
-        self.optimizer.step()
+        self.step_outcome = apply_update(self.optimizer, self.scaler)
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
@@ -111,8 +115,8 @@ class DDP(Strategy):
             broadcast_buffers=options["broadcast_buffers"],
         )
         ddp.register_comm_hook(state=None, hook=allreduce_hook)
-        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return DDPTrainer(context=context, model=ddp, optimizer=make_adamw(ddp.parameters(), context.device),
-                          workload=workload, spec=spec, precision_recipe=recipe,
+                          workload=workload, spec=spec, precision_recipe=recipe_of(spec),
+                          scaler=scaler_for(spec, context.device),
                           config={**options, "comm_hook": "allreduce_hook",
                                   **optimizer_description(context.device)})

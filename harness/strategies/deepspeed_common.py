@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from harness.spec import Precision, RunSpec
+from harness.spec import DeviceKind, Precision, RunSpec
 from harness.strategies.base import Option, PrecisionRecipe, RankContext, torchrun_context
+from harness.strategies.loss_scaling import deepspeed_fp16_config
 
 PRECISION_OPTION = Option(
     "autocast", "bf16 recipe: DeepSpeed's torch_autocast section (fp32 weights, like torch.autocast "
@@ -45,9 +46,21 @@ def precision_config(spec: RunSpec, options: Mapping[str, Any]) -> tuple[dict[st
     row records."""
     if spec.precision is Precision.FP32:
         return {}, PrecisionRecipe.FP32
+    if spec.precision is Precision.FP16:
+        # The fp16 section needs a device with fp16 kernels: DeepSpeed refuses it on this CPU ("Type fp16 is
+        # not supported on your device"), so a CPU cell runs the torch_autocast section in float16.
+        if spec.device is DeviceKind.CUDA:
+            return deepspeed_fp16_config(), PrecisionRecipe.DEEPSPEED_FP16
+        return {"torch_autocast": {"enabled": True, "dtype": "float16"}}, PrecisionRecipe.AUTOCAST
     if options.get("precision_recipe", "autocast") == "deepspeed-bf16":
         return {"bf16": {"enabled": True}}, PrecisionRecipe.DEEPSPEED_BF16
     return {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}, PrecisionRecipe.AUTOCAST
+
+
+def sixteen_bit_weights(spec: RunSpec, options: Mapping[str, Any]) -> bool:
+    """Whether DeepSpeed keeps the model's weights in 16 bits under `spec` (its bf16 or fp16 section, with fp32
+    master copies) rather than fp32 under its torch_autocast section."""
+    return precision_config(spec, options)[1] in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16)
 
 
 def base_config(spec: RunSpec, micro_batches: int) -> dict[str, Any]:

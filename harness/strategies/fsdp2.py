@@ -26,10 +26,11 @@ from harness.derive.comm import Collective
 from harness.derive.memory import zero_plan
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ADAMW_STATE_BYTES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic,
-                                     MicroBatch, Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes,
-                                     Trainer, accumulate, is_block, make_adamw, optimizer_description,
-                                     torchrun_context, unwrapped_parameter_names)
+from harness.strategies.base import (ADAMW_STATE_BYTES, AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective,
+                                     ExpectedTraffic, MicroBatch, Option, PrecisionRecipe, Sharding, Strategy,
+                                     TrafficBytes, Trainer, accumulate, apply_update, is_block, make_adamw,
+                                     optimizer_description, recipe_of, torchrun_context, unwrapped_parameter_names)
+from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
@@ -40,13 +41,18 @@ class FSDP2Trainer(Trainer):
     optimizer: torch.optim.Optimizer | None = None
     workload: Workload | None = None
     spec: RunSpec | None = None
+    scaler: torch.amp.GradScaler | None = None      # fp16's (harness.strategies.loss_scaling)
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          no_sync=self._no_sync, multipliers=self.loss_multipliers)
+                          no_sync=self._no_sync, multipliers=self.loss_multipliers, scaler=self.scaler)
+        if self.scaler is not None:
+            # Each rank unscales its shards; the scaler all-reduces the inf/NaN verdict over the DTensors' mesh,
+            # so that every rank steps or skips together.
+            self.scaler.unscale_(self.optimizer)
         if gradients_ready is not None:     # FSDP2's root post-backward has waited for the reduce-scatters
             gradients_ready()
-        self.optimizer.step()
+        self.step_outcome = apply_update(self.optimizer, self.scaler)
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
@@ -82,8 +88,8 @@ class FSDP2(Strategy):
     options = {
         "reshard_after_forward": Option(True, "free gathered block parameters after forward (ZeRO-3 "
                                         "behaviour); False keeps them until backward (ZeRO-2-like)"),
-        "mixed_precision": Option("autocast", "bf16 recipe: torch.autocast over fp32 shards, or FSDP2's "
-                                  "MixedPrecisionPolicy (bf16 params, fp32 reduce)", choices=("autocast", "policy")),
+        "mixed_precision": Option("autocast", "bf16/fp16 recipe: torch.autocast over fp32 shards, or FSDP2's "
+                                  "MixedPrecisionPolicy (16-bit params, fp32 reduce)", choices=("autocast", "policy")),
         OPTION_NAME: ACTIVATION_CHECKPOINTING,
     }
 
@@ -91,7 +97,7 @@ class FSDP2(Strategy):
         return torchrun_context(spec.device)
 
     def _policy(self, spec: RunSpec) -> bool:
-        return spec.precision is Precision.BF16 and self.resolved(spec)["mixed_precision"] == "policy"
+        return spec.precision.is_mixed and self.resolved(spec)["mixed_precision"] == "policy"
 
     def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
         count = sum(p.numel() for p in model.parameters())
@@ -112,8 +118,9 @@ class FSDP2(Strategy):
         forward and backward run on bf16 weights, each whole gradient is cast to fp32 (the reduce dtype)
         before its chunk is taken, and the fp32 chunk is stepped and cast back into the bf16 weights."""
         policy = self._policy(spec)
-        return ComputeOnlyPlan(sharding=Sharding.DIM0_ROWS, weights_dtype=torch.bfloat16 if policy else torch.float32,
-                               autocast=spec.precision is Precision.BF16 and not policy,
+        return ComputeOnlyPlan(sharding=Sharding.DIM0_ROWS,
+                               weights_dtype=AUTOCAST_DTYPES[spec.precision] if policy else torch.float32,
+                               autocast=spec.precision.is_mixed and not policy,
                                whole_gradients_in_fp32=policy)
 
     def model_state_plan(self, data_parallel, recipe, options):
@@ -129,13 +136,16 @@ class FSDP2(Strategy):
 
         options = self.resolved(spec)
         mesh = init_device_mesh(context.device.type, (context.world_size,))
-        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
+        recipe = recipe_of(spec)
         shard_kwargs = {"mesh": mesh, "reshard_after_forward": options["reshard_after_forward"]}
         run_spec = spec
-        if spec.precision is Precision.BF16 and options["mixed_precision"] == "policy":
-            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if self._policy(spec):
+            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=AUTOCAST_DTYPES[spec.precision],
+                                                             reduce_dtype=torch.float32)
             recipe = PrecisionRecipe.FSDP_MP_POLICY
             run_spec = spec.replace(precision=Precision.FP32)   # the policy casts; no autocast on top
+        # fp16's scaler, with the policy too (its fp16 gradients are reduced in fp32 and still need unscaling).
+        scaler = scaler_for(spec, context.device)
         # Checkpointing wraps each block before fully_shard does (torchtitan's order).
         model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options))).to(context.device)
         blocks = [layer for layer in model if is_block(layer)]
@@ -143,6 +153,6 @@ class FSDP2(Strategy):
             fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)
         return FSDP2Trainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
-                            workload=workload, spec=run_spec, precision_recipe=recipe,
+                            workload=workload, spec=run_spec, precision_recipe=recipe, scaler=scaler,
                             config={**options, "sharded_units": len(blocks) + 1,
                                     **optimizer_description(context.device)})

@@ -28,9 +28,10 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.derive.memory import zero_plan
-from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option,
-                                     PrecisionRecipe, is_block, make_adamw, optimizer_description)
+from harness.spec import RunSpec
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option, is_block,
+                                     make_adamw, optimizer_description, recipe_of)
+from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.fsdp2 import FSDP2Trainer
 from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
@@ -92,7 +93,7 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         if tp > 1:
             collectives = activation_all_reduces(
                 micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
-                micro_batches=layout.micro_batches, tp=tp, bf16=spec.precision is Precision.BF16, group=TP)
+                micro_batches=layout.micro_batches, tp=tp, half=spec.precision.is_mixed, group=TP)
         if layout.data_parallel == 1:       # FSDP2 skips its collectives over a group of one rank
             return ExpectedTraffic(collectives=collectives)
         # One call per FSDP2 unit: each block, then the root holding the rest (embeddings, final norm, head).
@@ -132,9 +133,9 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
             if is_block(layer):
                 fully_shard(layer, mesh=mesh[DP], reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh[DP], reshard_after_forward=reshard)
-        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return FSDP2TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
-                              workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank % tp,
+                              workload=workload, spec=spec, precision_recipe=recipe_of(spec),
+                              scaler=scaler_for(spec, context.device), tp_coordinate=context.rank % tp,
                               config={"tensor_parallel": tp, "data_parallel": context.world_size // tp,
                                       "reshard_after_forward": reshard,
                                       "split_blocks": len(blocks), "sharded_units": len(blocks) + 1,

@@ -29,11 +29,11 @@ from torch import nn
 from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
 from harness.rank.memory_model import torch_model_state_tensors
-from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, PrecisionRecipe,
-                                     RankContext, Strategy, Trainer, accumulate, make_adamw, optimizer_description,
-                                     place_rank, replicated_gradients, replicated_parameters,
-                                     unwrapped_parameter_names)
+from harness.spec import RunSpec
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, RankContext, Strategy,
+                                     Trainer, accumulate, apply_update, make_adamw, optimizer_description, place_rank,
+                                     recipe_of, replicated_gradients, replicated_parameters, unwrapped_parameter_names)
+from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
@@ -45,11 +45,21 @@ class HorovodTrainer(Trainer):
     workload: Workload | None = None
     spec: RunSpec | None = None
     hvd: Any = None
+    scaler: torch.amp.GradScaler | None = None      # fp16's (harness.strategies.loss_scaling)
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          multipliers=self.loss_multipliers)
-        if gradients_ready is None:
+                          multipliers=self.loss_multipliers, scaler=self.scaler)
+        if self.scaler is not None:
+            # Horovod's AMP recipe (examples/pytorch/pytorch_mnist.py): wait for the all-reduces, unscale the
+            # averaged gradients, then let the scaler step (or skip) without synchronising again.
+            self.optimizer.synchronize()
+            self.scaler.unscale_(self.optimizer)
+            if gradients_ready is not None:
+                gradients_ready()
+            with self.optimizer.skip_synchronize():
+                self.step_outcome = apply_update(self.optimizer, self.scaler)
+        elif gradients_ready is None:
             self.optimizer.step()      # waits for the outstanding all-reduces, then updates
         else:
             # Horovod's documented split (as for gradient clipping): wait for the all-reduces, then update.
@@ -147,9 +157,8 @@ class Horovod(Strategy):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)   # not the optimizer: see the docstring
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              op=hvd.Average, backward_passes_per_step=self.layout(spec).micro_batches)
-        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return HorovodTrainer(context=context, model=model, optimizer=optimizer, workload=workload, spec=spec,
-                              hvd=hvd, precision_recipe=recipe,
+                              hvd=hvd, precision_recipe=recipe_of(spec), scaler=scaler_for(spec, context.device),
                               config={**self.resolved(spec), "op": "Average",
                                       "broadcast_from_rank_0": "parameters and buffers",
                                       "backward_passes_per_step": self.layout(spec).micro_batches,

@@ -21,18 +21,53 @@ import torch.utils.checkpoint
 
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors, optimizer_state_tensors
-from harness.spec import Layout, Precision, RunSpec, SpecError
+from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (BLOCK_CLASS_NAMES, ExpectedCollective, ExpectedTraffic, MicroBatch, Option,
-                                     PrecisionRecipe, Strategy, Trainer, make_adamw, optimizer_description)
+                                     PrecisionRecipe, Strategy, Trainer, half_dtype_names, make_adamw,
+                                     optimizer_description)
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, interval_of
-from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
-                                                 throughput_timer_state)
+from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
+                                                 start_deepspeed, throughput_timer_state)
+from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
 from workloads import get_workload
+
+
+class PlantedLoss:
+    """The workload's loss as the pipeline's last stage computes it inside `train_batch`, its gradient (not its
+    value, which train_batch reports) multiplied by a planted fault's factor for the micro-batch
+    (`Trainer.loss_multipliers`), as every other strategy multiplies the loss it backpropagates."""
+
+    def __init__(self, loss: Any):
+        self.loss = loss
+        self.multipliers: list[float] | None = None
+        self.calls = 0              # micro-batches seen this step: the last stage computes them in order
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.loss(outputs, targets)
+        if self.multipliers is not None:
+            loss = _ScaleGradient.apply(loss, self.multipliers[self.calls])
+        self.calls += 1
+        return loss
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `factor` (inf plants an overflow)."""
+
+    @staticmethod
+    def forward(ctx, tensor, factor):
+        ctx.factor = factor
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx, gradient):
+        return gradient * ctx.factor, None
 
 
 @dataclass
 class PipelineTrainer(Trainer):
     engine: Any = None
+    planted_loss: PlantedLoss | None = None
+    loss_scaled: bool = False       # fp16: read what each step did under loss scaling (harness.strategies.loss_scaling)
 
     reaches_gradients_ready = False      # train_batch reduces and updates in one call
     norms_unavailable_because = (
@@ -40,11 +75,14 @@ class PipelineTrainer(Trainer):
         "with no point between them to read the gradients")
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
-        if self.loss_multipliers is not None:
-            raise RuntimeError("a grad-scale or skip-microbatch fault cannot reach the pipeline's losses: "
-                               "train_batch computes and backpropagates them inside DeepSpeed")
+        self.planted_loss.multipliers, self.planted_loss.calls = self.loss_multipliers, 0
+        if self.loss_scaled:
+            skipped, scale = self.engine.skipped_steps, deepspeed_loss_scale(self.engine)
         # train_batch returns the step's mean loss, already averaged over the replicas, on every stage.
-        return self.engine.train_batch(data_iter=iter(micro_batches)).detach().float()
+        loss = self.engine.train_batch(data_iter=iter(micro_batches)).detach().float()
+        if self.loss_scaled:
+            self.step_outcome = deepspeed_step_outcome(self.engine, skipped, scale)
+        return loss
 
     def model_state_tensors(self) -> ModelStateTensors:
         optimizer = self.engine.optimizer
@@ -81,6 +119,15 @@ class Pipeline(Strategy):
         OPTION_NAME: ACTIVATION_CHECKPOINTING,
     }
 
+    def skip_reason(self, spec: RunSpec) -> str | None:
+        if spec.precision is Precision.FP16 and spec.device is DeviceKind.CPU:
+            # Measured (DeepSpeed 0.19.8, gloo, gpt-tiny at 2 stages): rank 0 failed with "Attempted step but
+            # _scale is None".
+            return ("fp16 on CPU is DeepSpeed's torch_autocast float16, whose GradScaler the pipeline steps on "
+                    "every stage but scales the loss with only on the last (deepspeed/runtime/pipe/engine.py, "
+                    "0.19.8), so the first stage fails; its fp16 section, which the pipeline supports, runs on GPUs")
+        return super().skip_reason(spec)
+
     def validate(self, spec: RunSpec) -> None:
         if interval_of(self.resolved(spec)) > 1:
             raise SpecError(f"pipeline takes {OPTION_NAME}=none or blocks: DeepSpeed's activation_checkpoint_interval "
@@ -116,6 +163,14 @@ class Pipeline(Strategy):
         model's dtype unless data_types.grad_accum_dtype says otherwise, engine.get_data_types), and fp32
         master weights with the AdamW moments partitioned over the data-parallel replicas
         (deepspeed/runtime/bf16_optimizer.py, fp32_groups_flat_partition)."""
+        if recipe is PrecisionRecipe.DEEPSPEED_FP16:
+            # The fp16 section's FP16_Optimizer (deepspeed/runtime/fp16/fused_optimizer.py): fp16 weights and
+            # gradients, fp32 master weights and the AdamW moments whole on every replica.
+            return ModelStatePlan(weights=ShardedState(bytes_per_parameter=2),
+                                  gradients=ShardedState(bytes_per_parameter=2),
+                                  optimizer=ShardedState(bytes_per_parameter=12),
+                                  basis=f"{recipe.value}: DeepSpeed FP16_Optimizer, fp16 weights and gradients, "
+                                        "fp32 master weights + AdamW moments whole on every replica")
         if recipe is not PrecisionRecipe.DEEPSPEED_BF16:
             return super().model_state_plan(data_parallel, recipe, options)
         return ModelStatePlan(weights=ShardedState(bytes_per_parameter=2),
@@ -129,11 +184,11 @@ class Pipeline(Strategy):
                 "schedule's bubble as much as communication")
 
     def gradient_reduce_dtypes(self, spec, model):
-        """Without ZeRO the engine all-reduces gradients in its `communication_data_type`: bf16 where the bf16
-        section is on, else the gradients' fp32 (deepspeed/runtime/engine.py, 0.19.8; the torch_autocast
-        section's bf16 communication is ZeRO's alone)."""
-        if spec.precision is Precision.BF16 and self.resolved(spec)["precision_recipe"] == "deepspeed-bf16":
-            return ("bfloat16",)
+        """Without ZeRO the engine all-reduces gradients in its `communication_data_type`: bf16 or fp16 where
+        the bf16 or fp16 section is on, else the gradients' fp32 (deepspeed/runtime/engine.py, 0.19.8; the
+        torch_autocast section's 16-bit communication is ZeRO's alone)."""
+        if sixteen_bit_weights(spec, self.resolved(spec)):
+            return half_dtype_names(spec)
         return ("float32",)
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
@@ -179,13 +234,13 @@ class Pipeline(Strategy):
 
         options, layout, workload = self.resolved(spec), self.layout(spec), get_workload(spec.workload)
         boundaries, held, stage_of = self._stages(spec, layers)
-        # DeepSpeed's bf16 section keeps the model in bf16, so it sends bf16; autocast's block outputs (a
-        # residual sum, a batch norm) and fp32 send fp32.
-        bf16_model = spec.precision is Precision.BF16 and options["precision_recipe"] == "deepspeed-bf16"
+        # DeepSpeed's bf16 or fp16 section keeps the model in 16 bits, so it sends 16 bits; autocast's block
+        # outputs (a residual sum, a batch norm) and fp32 send fp32.
+        half_model = sixteen_bit_weights(spec, options)
         inputs, _ = workload.batch(spec.seed, 0, torch.arange(spec.micro_batch), torch.device("cpu"))
         with torch.device("meta"):
             shapes = workload.build_layers()
-        activations = boundary_bytes(shapes, inputs, 2 if bf16_model else 4)
+        activations = boundary_bytes(shapes, inputs, 2 if half_model else 4)
         tied_stages, tied_bytes = [], 0
         for tie in workload.ties():
             tied_stages = [stage_of[tie.owner], stage_of[tie.user]]
@@ -240,7 +295,8 @@ class Pipeline(Strategy):
                                                       forward_fn=tie.user_forward, tied_weight_attr=tie.weight_attr)
         # The pipeline's own checkpointing: its interval of 1 layer, limited to the blocks, through torch's
         # non-reentrant checkpoint as everywhere else (DeepSpeed's default is its reentrant one).
-        module = PipelineModule(layers=pipeline_layers, num_stages=options["stages"], loss_fn=workload.loss,
+        planted_loss = PlantedLoss(workload.loss)
+        module = PipelineModule(layers=pipeline_layers, num_stages=options["stages"], loss_fn=planted_loss,
                                 partition_method=options["partition_method"],
                                 activation_checkpoint_interval=interval_of(options),
                                 checkpointable_layers=list(BLOCK_CLASS_NAMES),
@@ -260,7 +316,8 @@ class Pipeline(Strategy):
             raise RuntimeError("DeepSpeed's topology disagrees with the data-parallel index the data was cut by")
         _label_groups(engine, module)
         parts = [int(part) for part in module.parts]     # numpy integers from partition_balanced
-        return PipelineTrainer(context=context, engine=engine, precision_recipe=recipe,
+        return PipelineTrainer(context=context, engine=engine, precision_recipe=recipe, planted_loss=planted_loss,
+                               loss_scaled=spec.precision is Precision.FP16,
                                config={"deepspeed_config": config, **throughput_timer_state(engine),
                                        "stages": options["stages"],
                                        "partition_method": options["partition_method"], "layer_boundaries": parts,

@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from harness.rank.memory_model import torch_model_state_tensors
-from harness.spec import Precision, RunSpec, SpecError
-from harness.strategies.base import (ExpectedTraffic, MicroBatch, PrecisionRecipe, RankContext, Strategy,
-                                     Trainer, accumulate, make_adamw, optimizer_description, place_rank,
-                                     replicated_gradients, replicated_parameters,
-                                     unwrapped_parameter_names)
+from harness.spec import RunSpec, SpecError
+from harness.strategies.base import (ExpectedTraffic, MicroBatch, RankContext, Strategy, Trainer, accumulate,
+                                     apply_update, make_adamw, optimizer_description, place_rank, recipe_of,
+                                     replicated_gradients, replicated_parameters, unwrapped_parameter_names)
+from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
@@ -27,14 +27,17 @@ class PlainTrainer(Trainer):
     optimizer: torch.optim.Optimizer | None = None
     workload: Workload | None = None
     spec: RunSpec | None = None
+    scaler: torch.amp.GradScaler | None = None      # fp16's (harness.strategies.loss_scaling)
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          multipliers=self.loss_multipliers)
+                          multipliers=self.loss_multipliers, scaler=self.scaler)
         self.finish_gradients()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)    # the reduced gradients are read and stepped unscaled
         if gradients_ready is not None:
             gradients_ready()
-        self.optimizer.step()
+        self.step_outcome = apply_update(self.optimizer, self.scaler)
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
@@ -58,9 +61,9 @@ class PlainTrainer(Trainer):
 def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model: nn.Module) -> PlainTrainer:
     """An unwrapped model on this rank's device with the common optimizer (also the compute-only baseline)."""
     model = model.to(context.device)
-    recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
     return PlainTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
-                        workload=workload, spec=spec, precision_recipe=recipe,
+                        workload=workload, spec=spec, precision_recipe=recipe_of(spec),
+                        scaler=scaler_for(spec, context.device),
                         config=optimizer_description(context.device))
 
 

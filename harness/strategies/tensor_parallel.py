@@ -143,24 +143,24 @@ def split_parameter_count(layers: Sequence[nn.Module], tp: int, vocabulary: bool
 
 
 def activation_all_reduces(*, micro_batch: int, seq_len: int, n_embd: int, n_layer: int, micro_batches: int,
-                           tp: int, bf16: bool, group: str):
+                           tp: int, half: bool, group: str):
     """The all-reduces tensor parallelism adds to one optimizer step of a rank (Shoeybi et al. 2019, sec. 3):
     forward sums each block's two row-parallel outputs, backward the input gradients of its two column-parallel
     layers (q, k and v are one fused layer here, so Megatron's 2 + 2), each b x s x h values among the `tp`
-    ranks, for every micro-batch. Forward sums in the dtype autocast computed the outputs in (bf16), backward in
+    ranks, for every micro-batch. Forward sums in the dtype autocast computed the outputs in (bf16 or fp16: `half`), backward in
     the fp32 of the inputs (a LayerNorm's output under autocast)."""
     from harness.derive.comm import Collective
     from harness.strategies.base import ExpectedCollective
 
     values, calls = micro_batch * seq_len * n_embd, 2 * n_layer * micro_batches
-    return (ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * (2 if bf16 else 4),
+    return (ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * (2 if half else 4),
                                calls=calls, ranks=tp, group=group),
             ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=values * 4, calls=calls, ranks=tp,
                                group=group))
 
 
 def sequence_parallel_collectives(*, micro_batch: int, seq_len: int, n_embd: int, n_layer: int, micro_batches: int,
-                                  tp: int, bf16: bool, group: str, partial_gradients: Sequence[int]):
+                                  tp: int, half: bool, group: str, partial_gradients: Sequence[int]):
     """The collectives sequence parallelism adds to one optimizer step of a rank, in place of
     `activation_all_reduces` (Korthikanti et al. 2022, sec. 4.2.2: each all-reduce becomes a reduce-scatter and
     an all-gather of the same b x s x h values, nccl-tests sizes being the whole gathered buffer), for every
@@ -179,7 +179,7 @@ def sequence_parallel_collectives(*, micro_batch: int, seq_len: int, n_embd: int
     from harness.strategies.base import ExpectedCollective
 
     values, per_block = micro_batch * seq_len * n_embd, 2 * n_layer * micro_batches
-    compute = values * (2 if bf16 else 4)
+    compute = values * (2 if half else 4)
 
     def each(collective, size_bytes, calls):
         return ExpectedCollective(collective=collective, size_bytes=size_bytes, calls=calls, ranks=tp, group=group)

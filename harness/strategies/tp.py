@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from torch import nn
 
 from harness.derive.memory import zero_plan
-from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
-from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, Option, PrecisionRecipe, Strategy,
-                                     make_adamw, optimizer_description, torchrun_context)
+from harness.spec import DeviceKind, Layout, RunSpec, SpecError
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, Option, Strategy,
+                                     half_dtype_names, make_adamw, optimizer_description, recipe_of,
+                                     torchrun_context)
+from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.plain import PlainTrainer
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, merge_collectives,
                                                 parallelize_blocks, partial_gradient_sizes, reduce_partial_gradients,
@@ -134,7 +136,7 @@ class TensorParallel(Strategy):
         config = get_workload(spec.workload).config
         shape = dict(micro_batch=spec.micro_batch, seq_len=config.seq_len, n_embd=config.n_embd,
                      n_layer=config.n_layer, micro_batches=self.layout(spec).micro_batches, tp=spec.world_size,
-                     bf16=spec.precision is Precision.BF16, group=MESH_DIMENSION)
+                     half=spec.precision.is_mixed, group=MESH_DIMENSION)
         options = self.resolved(spec)
         if options.get("sequence_parallel"):
             collectives = sequence_parallel_collectives(**shape, partial_gradients=partial_gradient_sizes(layers))
@@ -157,7 +159,7 @@ class TensorParallel(Strategy):
         that reaches the gradients as a bf16 gradient reduction's does, so parity holds such rows to its
         `bf16-comm` tolerances (gpt-tiny TP 2: gradient norm 1.1e-5 and a tensor's up to 1.2e-3 off the plain
         loop, against 1.3e-7 and 1.2e-6 for a reduction in fp32)."""
-        return ("bfloat16", "float32") if spec.precision is Precision.BF16 else ("float32",)
+        return (*half_dtype_names(spec), "float32")
 
     def start(self, spec):
         return torchrun_context(spec.device)
@@ -176,9 +178,9 @@ class TensorParallel(Strategy):
                                     loss_parallel=loss_parallel)
         # Checkpointing wraps the blocks tensor parallelism has split (torchtitan's order).
         model = nn.Sequential(*checkpointed_blocks(list(model), interval_of(self.resolved(spec))))
-        recipe = PrecisionRecipe.AUTOCAST if spec.precision is Precision.BF16 else PrecisionRecipe.FP32
         return TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
-                         workload=workload, spec=spec, precision_recipe=recipe, tp_coordinate=context.rank,
+                         workload=workload, spec=spec, precision_recipe=recipe_of(spec),
+                         scaler=scaler_for(spec, context.device, mixed_tensors=True), tp_coordinate=context.rank,
                          loss_parallel=loss_parallel,
                          config={"tensor_parallel": context.world_size, "split_blocks": len(blocks),
                                  "sequence_parallel": sequence_parallel, "loss_parallel": loss_parallel,

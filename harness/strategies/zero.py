@@ -50,11 +50,12 @@ from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
 from harness.derive.memory import ModelStatePlan, zero_plan
 from harness.rank.memory_model import ModelStateTensors, deepspeed_estimate, optimizer_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
+from harness.strategies.base import (AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
                                      Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
-                                     optimizer_description, unwrapped_parameter_names)
-from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
-                                                 throughput_timer_state)
+                                     half_dtype_names, optimizer_description, unwrapped_parameter_names)
+from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
+                                                 start_deepspeed, throughput_timer_state)
+from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from workloads import Workload
 
@@ -63,6 +64,7 @@ from workloads import Workload
 class DeepSpeedTrainer(Trainer):
     engine: Any = None
     workload: Workload | None = None
+    loss_scaled: bool = False       # fp16: read what each step did under loss scaling (harness.strategies.loss_scaling)
 
     # DeepSpeed's own norm of the reduced gradients, which it computes in the optimizer step (below).
     gradient_norm_after_step = True
@@ -73,6 +75,8 @@ class DeepSpeedTrainer(Trainer):
         # finishes the gradient reduction (reduce_gradients / the stage-3 reduce-scatter epilogue).
         total = torch.zeros((), device=self.context.device)
         multipliers = self.loss_multipliers
+        if self.loss_scaled:
+            skipped, scale = self.engine.skipped_steps, deepspeed_loss_scale(self.engine)
         for index, (inputs, targets) in enumerate(micro_batches):
             loss = self.workload.loss(self.engine(inputs), targets)
             self.engine.backward(loss if multipliers is None else loss * multipliers[index])
@@ -80,6 +84,8 @@ class DeepSpeedTrainer(Trainer):
                 gradients_ready()
             self.engine.step()
             total += loss.detach().float()
+        if self.loss_scaled:
+            self.step_outcome = deepspeed_step_outcome(self.engine, skipped, scale)
         return total / len(micro_batches)
 
     def model_state_tensors(self) -> ModelStateTensors:
@@ -196,17 +202,17 @@ class ZeRO(Strategy):
     def start(self, spec):
         return start_deepspeed(spec)
 
-    def _bf16_section(self, spec: RunSpec) -> bool:
-        return spec.precision is Precision.BF16 and self.resolved(spec)["precision_recipe"] == "deepspeed-bf16"
+    def _half_weights(self, spec: RunSpec) -> bool:
+        return sixteen_bit_weights(spec, self.resolved(spec))
 
     def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
         parameters = list(model.parameters())
         count = sum(p.numel() for p in parameters)
         if spec.precision is Precision.FP32:
             return TrafficBytes(parameters=count, gradients_reduced=4 * count, parameters_gathered=4 * count)
-        if self._bf16_section(spec):
+        if self._half_weights(spec):
             return TrafficBytes(parameters=count, gradients_reduced=2 * count, parameters_gathered=2 * count)
-        low = _communicated_in_bf16(model)
+        low = _communicated_in_bf16(model)      # in autocast's 16-bit dtype, bf16 or fp16: 2 bytes either way
         reduced = sum(p.numel() * (2 if id(p) in low else 4) for p in parameters)
         return TrafficBytes(parameters=count, gradients_reduced=reduced,
                             parameters_gathered=reduced if self.stage == 3 else 4 * count)
@@ -216,10 +222,11 @@ class ZeRO(Strategy):
         parameters of Linear and Conv modules and fp32 for the rest."""
         if spec.precision is Precision.FP32:
             return ("float32",)
-        if self._bf16_section(spec):
-            return ("bfloat16",)
+        (half,) = half_dtype_names(spec)
+        if self._half_weights(spec):
+            return (half,)
         low = _communicated_in_bf16(model)
-        return tuple(sorted({"bfloat16" if id(p) in low else "float32" for p in model.parameters()}))
+        return tuple(sorted({half if id(p) in low else "float32" for p in model.parameters()}))
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         def collective(kind: Collective, size: int, calls: int) -> ExpectedCollective:
@@ -244,7 +251,7 @@ class ZeRO(Strategy):
         flattened (stages 1-2) or of each parameter (stage 3), stepped as one flat fp32 tensor whose update
         is copied back into the weights, as DeepSpeed's fp32 partition is."""
         options = self.resolved(spec)
-        bf16_weights = self._bf16_section(spec)
+        half_weights = self._half_weights(spec)
         kind = SAME_WORK
         if options["offload_optimizer"] != "none":
             kind = (f"{BOUND_PREFIX}the real step runs the optimizer on the host (offload_optimizer="
@@ -255,8 +262,8 @@ class ZeRO(Strategy):
                     f"{options['offload_param']}) and copies them in for every gather; the baseline does not, "
                     "so exposed time includes those copies (an upper bound)")
         return ComputeOnlyPlan(kind=kind, sharding=Sharding.FLAT if self.stage < 3 else Sharding.PER_PARAMETER,
-                               weights_dtype=torch.bfloat16 if bf16_weights else torch.float32,
-                               autocast=spec.precision is Precision.BF16 and not bf16_weights)
+                               weights_dtype=AUTOCAST_DTYPES[spec.precision] if half_weights else torch.float32,
+                               autocast=spec.precision.is_mixed and not half_weights)
 
     def model_state_plan(self, data_parallel, recipe, options) -> ModelStatePlan:
         """The ZeRO paper's partitioning for this stage (sec. 5.1). In every recipe DeepSpeed's ZeRO
@@ -267,7 +274,7 @@ class ZeRO(Strategy):
         DeepSpeed's bf16 recipe. (Stage 3 means to skip the copy for fp32 partitions on `self.device`, but
         compares a torch.device with a device-name string, which never match in 0.19.8; the census of a
         CPU run finds the copy.)"""
-        weights = 2 if recipe is PrecisionRecipe.DEEPSPEED_BF16 else 4
+        weights = 2 if recipe in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16) else 4
         return zero_plan(self.stage, data_parallel, weights, weights, 12,
                          basis=f"{recipe.value}: DeepSpeed ZeRO-{self.stage}, {weights}-byte weights and gradients, "
                                f"fp32 master partition + AdamW moments (K = 12)")
@@ -308,5 +315,6 @@ class ZeRO(Strategy):
         resolved = {**config, "zero_optimization": {**config["zero_optimization"],
                                                     "overlap_comm": zero.overlap_comm}}
         return DeepSpeedTrainer(context=context, engine=engine, workload=workload, precision_recipe=recipe,
+                                loss_scaled=spec.precision is Precision.FP16,
                                 config={"deepspeed_config": resolved, **throughput_timer_state(engine),
                                         **optimizer_description(context.device)})

@@ -1,0 +1,170 @@
+"""fp16 with dynamic loss scaling (harness.strategies.loss_scaling) on every strategy that runs it on CPU, an overflow
+planted in one rank's loss (harness.rank.faults, `overflow`), and what parity makes of skipped steps.
+
+The launched cells: gpt-tiny at 2 ranks in fp16, every strategy, with rank 0's losses of step 1 multiplied by inf
+(the other rank's are honest). torch's GradScaler starts at 2^10 and halves on an overflow, so its rows must read
+applied [T, F, T, T, T] and scales 1024, 1024, 512, 512, 512; DeepSpeed's torch_autocast scaler starts at
+torch's default 2^16 and, under ZeRO, never falls (its overflow check returns before the scaler's update), so
+65536 throughout. The pipeline is skipped on CPU with its reason.
+"""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.derive.parity import Quantity, Verdict, arithmetic, judge
+from harness.rank.faults import FAULT_ENV, Fault
+from harness.spec import DeviceKind, Precision, RunSpec, Status
+from harness.strategies import STRATEGIES
+from harness.strategies.deepspeed_common import precision_config
+from harness.strategies.loss_scaling import deepspeed_fp16_config, grad_scaler, scaler_step
+from launch_streams import Stream, run_streams
+
+SMOKE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
+OVERFLOW = "overflow:rank=0:step=1"
+TORCH_SCALED = ("plain", "ddp", "horovod", "fsdp2", "tp", "fsdp2-tp")
+DEEPSPEED_SCALED = ("zero1", "zero2", "zero3", "autotp")
+
+
+# ---- without launching ------------------------------------------------------------------------------------
+
+
+def test_an_overflow_fault_multiplies_every_micro_batch_loss_of_its_step_by_inf():
+    fault = Fault.parse(OVERFLOW)
+    assert fault.loss_multipliers(0, 1, 3) == [math.inf] * 3
+    assert fault.loss_multipliers(1, 1, 3) is None and fault.loss_multipliers(0, 0, 3) is None
+
+
+def test_the_scaler_skips_a_step_with_an_inf_gradient_and_halves_its_scale():
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scaler = grad_scaler(torch.device("cpu"))
+    scaler.scale(torch.ones(()))                           # what a backward starts from: it sets the scale up
+    weight.grad = torch.tensor([1.0, math.inf, 0.0])
+    outcome = scaler_step(scaler, optimizer)
+    assert (outcome.applied, outcome.loss_scale, scaler.get_scale()) == (False, 1024.0, 512.0)
+    assert weight.detach().tolist() == [1.0, 1.0, 1.0]
+    weight.grad = torch.tensor([512.0, 0.0, 0.0])        # 1 once unscaled by 512: the weight moves by lr x 1
+    outcome = scaler_step(scaler, optimizer)
+    assert (outcome.applied, outcome.loss_scale, scaler.get_scale()) == (True, 512.0, 512.0)
+    assert weight.detach().tolist() == [0.5, 1.0, 1.0]
+
+
+def test_deepspeed_gets_torchs_rule_on_gpus_and_its_torch_autocast_section_on_cpu():
+    # initial_scale_power 10 is 2^10 = 1024; hysteresis 1 lowers the scale at the first overflow, as torch does.
+    assert deepspeed_fp16_config() == {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 10,
+                                                "loss_scale_window": 2000, "hysteresis": 1, "min_loss_scale": 1}}
+    spec = RunSpec(workload="gpt-tiny", strategy="zero1", world_size=2, precision="fp16", device="cpu",
+                   global_batch=16, micro_batch=4)
+    assert precision_config(spec, {})[0] == {"torch_autocast": {"enabled": True, "dtype": "float16"}}
+    on_gpu = spec.replace(device=DeviceKind.CUDA)
+    assert precision_config(on_gpu, {})[0] == deepspeed_fp16_config()
+
+
+def test_the_pipeline_skips_fp16_on_cpu_with_its_reason():
+    spec = RunSpec(workload="gpt-tiny", strategy="pipeline", world_size=2, precision=Precision.FP16, device="cpu",
+                   global_batch=16, micro_batch=4)
+    assert "the first stage fails" in STRATEGIES["pipeline"].skip_reason(spec)
+
+
+@pytest.fixture
+def pair():
+    """The smoke file's plain and DDP gpt-tiny rows, as fp16 rows that applied every step."""
+    rows = {row["spec"]["strategy"]: row for row in map(json.loads, SMOKE.read_text().splitlines())}
+    pair = []
+    for name in ("plain", "ddp"):
+        row = copy.deepcopy(rows[name])
+        row["spec"]["precision"] = "fp16"
+        steps = len(row["measurements"]["loss_per_step"])
+        row["measurements"].update(precision_recipe="autocast", gradient_reduce_dtypes=["float32"],
+                                   optimizer_step_applied=[True] * steps, loss_scale_per_step=[1024.0] * steps)
+        pair.append(row)
+    return pair
+
+
+def test_fp16_rows_that_skip_the_same_steps_are_judged_on_their_losses(pair):
+    plain, ddp = pair
+    for row in pair:
+        row["measurements"]["optimizer_step_applied"][1] = False
+    assert arithmetic(ddp) == "fp16"
+    assert judge([plain, ddp])[1].verdict is Verdict.MATCH
+    ddp["measurements"]["loss_per_step"][3] += 0.1          # and still on them
+    assert judge([plain, ddp])[1].verdict is Verdict.MISMATCH
+
+
+def test_an_fp16_row_that_skipped_another_step_is_a_mismatch_naming_both(pair):
+    plain, ddp = pair
+    ddp["measurements"]["optimizer_step_applied"][2] = False
+    parity = judge([plain, ddp])[1]
+    assert parity.verdict is Verdict.MISMATCH
+    assert "this row skipped 2, the reference none" in parity.note
+
+
+def test_an_fp16_row_that_skipped_every_step_is_a_mismatch_whatever_its_losses(pair):
+    plain, ddp = pair
+    ddp["measurements"]["optimizer_step_applied"] = [False] * len(ddp["measurements"]["loss_per_step"])
+    ddp["measurements"]["loss_scale_per_step"] = [65536.0] * len(ddp["measurements"]["loss_per_step"])
+    parity = judge([plain, ddp])[1]
+    assert parity.verdict is Verdict.MISMATCH
+    assert "every one of the 13 optimizer steps was skipped" in parity.note and "65536" in parity.note
+
+
+# ---- launched ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fp16_rows(tmp_path_factory):
+    """{strategy: row} of every strategy in fp16 on gpt-tiny at 2 ranks (the plain loop at 1), the overflow
+    planted; two streams, the DeepSpeed strategies in the second."""
+    names = [name for name in STRATEGIES if name != "dataparallel"]        # CUDA only: skipped on CPU anyway
+    torch_side = [name for name in names if name in TORCH_SCALED]
+    streams = [Stream(f"fp16-{n}", ("--workload", "gpt-tiny", "--world-sizes", "2", "--precision", "fp16",
+                                    "--strategy", ",".join(group)), {FAULT_ENV: OVERFLOW})
+               for n, group in enumerate((torch_side, [name for name in names if name not in torch_side]))]
+    rows = run_streams(tmp_path_factory.mktemp("fp16"), streams)
+    return {row.spec.strategy: row for stream in rows.values() for row in stream}
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("strategy", TORCH_SCALED + DEEPSPEED_SCALED)
+def test_every_rank_of_every_strategy_skips_the_planted_overflow_and_no_other_step(fp16_rows, strategy):
+    row = fp16_rows[strategy]
+    assert row.status is Status.OK, row.message
+    assert row.environment["env"][FAULT_ENV] == OVERFLOW and row.spec.precision == "fp16"
+    applied = [True, False, True, True, True]
+    assert row.measurements["optimizer_step_applied"] == applied
+    assert row.measurements["optimizer_step_applied_by_rank"] == [applied, applied]
+    assert all(math.isfinite(loss) for loss in row.measurements["loss_per_step"])
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("strategy", TORCH_SCALED)
+def test_torchs_scaler_starts_at_2_to_the_10_and_halves_at_the_overflow_then_parity_matches(fp16_rows, strategy):
+    row = fp16_rows[strategy]
+    assert row.measurements["loss_scale_per_step"] == [1024.0, 1024.0, 512.0, 512.0, 512.0]
+    if strategy != "plain":
+        parity = judge([row.to_dict(), fp16_rows["plain"].to_dict()])[0]
+        assert parity.verdict is Verdict.MATCH, parity
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("strategy", DEEPSPEED_SCALED)
+def test_zero_under_torch_autocast_fp16_keeps_its_scale_and_reads_gradients_still_scaled(fp16_rows, strategy):
+    """The overflow is skipped, but the scale stays at 2^16; the gradients read between reduction and update (and
+    DeepSpeed's own norm of them) are 65536 times the plain loop's, which parity names."""
+    row = fp16_rows[strategy]
+    assert row.measurements["loss_scale_per_step"] == [65536.0] * 5
+    parity = judge([row.to_dict(), fp16_rows["plain"].to_dict()])[0]
+    assert parity.verdict is Verdict.MISMATCH and Quantity.GRADIENT_NORM in parity.failed
+    assert "the loss scale 65536: the reduced gradients were read still scaled" in parity.note
+    assert Quantity.LATER_LOSSES not in parity.failed       # the updates themselves are unscaled
+
+
+@pytest.mark.launch
+def test_the_pipeline_row_is_skipped_with_its_reason(fp16_rows):
+    row = fp16_rows["pipeline"]
+    assert row.status is Status.SKIPPED and "the first stage fails" in row.message
