@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, help="launches per cell")
     run.add_argument("--global-batch", type=int, help="samples per optimizer step (overrides the matrix)")
     run.add_argument("--micro-batch", type=int, help="samples per forward pass per rank (overrides)")
-    run.add_argument("--precision", help="fp32 or bf16 (overrides)")
+    run.add_argument("--precision", help="fp32, bf16 or fp16 (overrides)")
     run.add_argument("--warmup-steps", type=int)
     run.add_argument("--timed-steps", type=int)
     run.add_argument("--seed", type=int)
@@ -208,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--params", type=_count, required=True, help="parameters, e.g. 124M, 1.5B")
     memory.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
     memory.add_argument("--recipe", default="autocast", help="precision recipe: fp32, autocast, deepspeed-bf16, "
-                        "fsdp-mp-policy")
+                        "deepspeed-fp16, fsdp-mp-policy")
+    memory.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the strategies that take it, e.g. offload_optimizer=cpu (ZeRO), "
+                             "offload_policy=cpu (FSDP2): offloaded states are counted on the host, not the device")
     memory.add_argument("--stages", type=int, default=2, help="pipeline stages (for the pipeline row)")
     memory.add_argument("--largest-layer", type=_count, help="the most parameters one module holds itself "
                         "(DeepSpeed's largest_layer_params, for its ZeRO-3 estimate; default: params / 20)")
@@ -517,12 +520,19 @@ def command_memory(args: argparse.Namespace) -> int:
     print(f"model states per rank, {args.params:,} parameters, {args.dp} data-parallel ranks, recipe "
           f"{args.recipe}: each strategy's own bytes per parameter and sharding (Rajbhandari et al. 2020, "
           f"sec. 5.1)")
+    given = dict(args.option)
+    unknown = sorted(set(given) - {name for strategy in STRATEGIES.values() for name in strategy.options})
+    if unknown:
+        raise SpecError(f"no strategy has option(s) {', '.join(unknown)}")
     print(f"{'strategy':<13} {'bytes w+g+o':>11} {'weights GiB':>12} {'grads GiB':>10} {'optim GiB':>10} "
-          f"{'total GiB':>10} {'DeepSpeed est. GiB':>19}")
+          f"{'total GiB':>10} {'host GiB':>9} {'DeepSpeed est. GiB':>19}")
     for name, strategy in STRATEGIES.items():
         if name in ("plain", "dataparallel"):
             continue
-        plan = strategy.model_state_plan(args.dp, recipe, strategy.resolve_options({}))
+        taken = {key: strategy.options[key].given(value) for key, value in given.items() if key in strategy.options}
+        strategy.check_options(taken)
+        options = strategy.resolve_options(taken)
+        plan = strategy.model_state_plan(args.dp, recipe, options)
         # A pipeline stage holds its share of the layers; evenly cut here, though a stage holding a tied
         # weight's copy holds more (the row of a real run records each stage's own count).
         params = args.params // args.stages if name == "pipeline" else args.params
@@ -533,15 +543,15 @@ def command_memory(args: argparse.Namespace) -> int:
         if use_deepspeed:
             # DeepSpeed divides the sharded states by num_nodes x num_gpus_per_node: all --dp GPUs, so the
             # estimate is for the same cluster as the columns beside it.
-            estimate = strategy.deepspeed_estimate_bytes(args.params, largest_layer, gpus_per_node, nodes,
-                                                         strategy.resolve_options({}))
+            estimate = strategy.deepspeed_estimate_bytes(args.params, largest_layer, gpus_per_node, nodes, options)
         shown = f"{estimate / gib:>19.3f}" if estimate is not None else f"{'-':>19}"
         print(f"{name:<13} {per_parameter:>11} {states['weights'] / gib:>12.3f} {states['gradients'] / gib:>10.3f} "
-              f"{states['optimizer'] / gib:>10.3f} {states['total'] / gib:>10.3f} {shown}")
+              f"{states['optimizer'] / gib:>10.3f} {states['total'] / gib:>10.3f} {states['host'] / gib:>9.3f} {shown}"
+              + (f"  [{', '.join(f'{k}={v}' for k, v in taken.items())}]" if taken else ""))
     if use_deepspeed:
-        print(f"DeepSpeed est.: its estimate_zero{{2,3}}_model_states_mem_needs without offload for {args.dp} GPUs "
+        print(f"DeepSpeed est.: its estimate_zero{{2,3}}_model_states_mem_needs, with the offload options given, for {args.dp} GPUs "
               f"({nodes} node(s) x {gpus_per_node} GPUs), largest layer {largest_layer:,} parameters")
-        if recipe is not PrecisionRecipe.DEEPSPEED_BF16:
+        if recipe not in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16):
             # DeepSpeed's functions know one recipe: 16-bit weights and gradients with fp32 master weights and
             # Adam moments (2 + 2 + 12 bytes a parameter). Beside another recipe's columns they differ by the
             # recipe, not by the sharding.

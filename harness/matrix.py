@@ -338,25 +338,40 @@ TECHNIQUE_PLANS = {
 }
 TECHNIQUE_STRATEGIES = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3", "tp", "fsdp2-tp", "autotp", "pipeline")
 CHECKPOINTING_SETTINGS = ("none", "blocks")
+# Offload, each option alone, with the strategies that take it (harness.strategies.offload); skipped on a CPU.
+ACTIVATION_OFFLOAD_STRATEGIES = tuple(name for name in TECHNIQUE_STRATEGIES if name != "pipeline")
+STATE_OFFLOAD = {"zero1": ({"offload_optimizer": "cpu"},), "zero2": ({"offload_optimizer": "cpu"},),
+                 "zero3": ({"offload_optimizer": "cpu"}, {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+                 "fsdp2": ({"offload_policy": "cpu"},)}
 
 
 def memory_techniques(machine: Machine, select: Selection) -> list[RunSpec]:
-    """Each data-parallel and hybrid strategy with activation checkpointing off and on (every block), in fp32
-    and bf16, on the transformers (gpt-tiny on CPU; GPT-2 small to xl on GPUs), at the largest world size, two
-    ranks at least (ranks share one device where there is one, valid for memory; an OOM is a finding), and the
-    plain loop both ways: the report opens on the memory each saved and the step time it cost
-    (harness.report.techniques). A cell without checkpointing is the same cell as in the other matrices."""
+    """Each data-parallel and hybrid strategy with activation checkpointing off and on (every block), in fp32,
+    bf16 and fp16, on the transformers (gpt-tiny on CPU; GPT-2 small to xl on GPUs), at the largest world size,
+    two ranks at least (ranks share one device where there is one, valid for memory; an OOM is a finding), and
+    the plain loop both ways; then each offload option alone in the precision of the machine's other matrices
+    (skipped on a CPU, with the reason): the report opens on the memory each saved and the step time it cost
+    (harness.report.techniques). A cell without a technique is the same cell as in the other matrices."""
     largest = max(2, _powers_of_two_up_to(machine.devices)[-1])
     cells = Cells(machine, select, Plan(TECHNIQUE_STRATEGIES, (largest,), repeats=1, precision=Precision.FP32))
     for workload, plan in _plans(machine, select, TECHNIQUE_PLANS, "memory-techniques plan").items():
-        for precision in (Precision.FP32, Precision.BF16):
+        def add(strategy: str, precision: Precision, technique: dict[str, str]) -> None:
+            for world_size in cells.sizes_for(strategy):
+                options = {**hybrid_options(strategy, world_size, machine, workload), **technique}
+                cells.add(workload, plan, strategy, world_size, plan.global_batch(cells.largest),
+                          options=options, precision=precision)
+
+        for precision in (Precision.FP32, Precision.BF16, Precision.FP16):
             for setting in CHECKPOINTING_SETTINGS:
                 checkpointing = {} if setting == "none" else {"activation_checkpointing": setting}
                 for strategy in cells.chosen:
-                    for world_size in cells.sizes_for(strategy):
-                        options = {**hybrid_options(strategy, world_size, machine, workload), **checkpointing}
-                        cells.add(workload, plan, strategy, world_size, plan.global_batch(cells.largest),
-                                  options=options, precision=precision)
+                    add(strategy, precision, checkpointing)
+        precision = _precision(machine)
+        for strategy in cells.chosen:
+            offloads = (({"activation_offload": "cpu"},) if strategy in (*ACTIVATION_OFFLOAD_STRATEGIES, "plain")
+                        else ()) + STATE_OFFLOAD.get(strategy, ())
+            for offload in offloads:
+                add(strategy, precision, offload)
     return cells.specs
 
 

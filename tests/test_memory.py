@@ -263,9 +263,9 @@ def test_plan_bytes_adds_persistent_parameters_only_where_weights_are_sharded():
     plan = STRATEGIES["zero3"].model_state_plan(4, PrecisionRecipe.FP32, {})
     # 1,000 parameters over 4 ranks at (4, 4, 12) bytes, 100 of them also whole: 1,000 + 400 + 1,000 + 3,000
     assert plan_bytes(plan, 1_000, kept_whole=100) == {"weights": 1_400, "gradients": 1_000, "optimizer": 3_000,
-                                                       "total": 5_400}
+                                                       "total": 5_400, "host": 0}
     # The same under DeepSpeed's bf16 section: a kept-whole parameter costs its 2-byte bf16 weight, not 4
     # (ZeRO paper, 2 + 2 + 12 bytes): 1,000 x 2 / 4 + 100 x 2 = 700 of weights, 500 + 3,000 for the rest.
     plan = STRATEGIES["zero3"].model_state_plan(4, PrecisionRecipe.DEEPSPEED_BF16, {})
     assert plan_bytes(plan, 1_000, kept_whole=100) == {"weights": 700, "gradients": 500, "optimizer": 3_000,
-                                                       "total": 4_200}
+                                                       "total": 4_200, "host": 0}

@@ -147,10 +147,11 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "samples_per_s_all_steps", "tokens_per_s", "peak_rss_bytes_max", "peak_allocated_bytes_max",
                   "model_state_bytes_predicted", "model_state_census_bytes_max", "model_state_bytes_measured_max",
                   "activation_bytes_predicted", "saved_activation_bytes", "allocator_activation_bytes",
-                  "recompute_cost", "recompute_cost_low", "recompute_cost_high",
+                  "recompute_cost", "recompute_cost_low", "recompute_cost_high", "host_bytes_per_step",
+                  "optimizer_steps_skipped",
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
                   "exposed_comm_share", "framework_overhead_share", "mfu")
-FIRST_COLUMNS = ("activation_checkpointing", "compute_only_kind", "exposed_comm_note", "framework_overhead_note",
+FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note", "framework_overhead_note",
                  "mfu_unavailable_because", "peak_flops_source")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
 PARITY_ORDER = ("mismatch", "not-judged", "no-reference", "match", "reference")

@@ -28,6 +28,7 @@ Torch-free: standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -40,10 +41,12 @@ STORED_SCHEMA_1 = "stored by the rank (schema 1: whole model / pipeline stages, 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ShardedState:
-    """One model-state component: bytes per parameter, and the ranks each holding 1/sharded_over of it."""
+    """One model-state component: bytes per parameter, the ranks each holding 1/sharded_over of it, and whether
+    it is kept in host memory rather than on the device (harness.strategies.offload)."""
 
     bytes_per_parameter: float
     sharded_over: int = 1
+    on_host: bool = False
 
     def __post_init__(self) -> None:
         if self.bytes_per_parameter < 0:
@@ -63,7 +66,8 @@ class ModelStatePlan:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {name: {"bytes_per_parameter": getattr(self, name).bytes_per_parameter,
-                                       "sharded_over": getattr(self, name).sharded_over} for name in COMPONENTS}
+                                       "sharded_over": getattr(self, name).sharded_over,
+                                       "on_host": getattr(self, name).on_host} for name in COMPONENTS}
         data["basis"] = self.basis
         return data
 
@@ -86,14 +90,21 @@ def zero_plan(stage: int, data_parallel: int, weights: float, gradients: float, 
         basis=basis)
 
 
+def offloaded_to_host(plan: ModelStatePlan, *components: str) -> ModelStatePlan:
+    """`plan` with `components` kept in host memory (ZeRO-Offload, FSDP2's CPUOffloadPolicy)."""
+    moved = {name: dataclasses.replace(getattr(plan, name), on_host=True) for name in components}
+    return dataclasses.replace(plan, **moved, basis=f"{plan.basis}; {', '.join(components)} on the host")
+
+
 def plan_bytes(plan: ModelStatePlan, parameters: int, kept_whole: int = 0) -> dict[str, float]:
-    """Bytes of each component and their total for a rank holding `parameters` (Psi), `kept_whole` of
-    which are also kept unsharded beside their weight shard."""
+    """Bytes of each component for a rank holding `parameters` (Psi), `kept_whole` of which are also kept
+    unsharded beside their weight shard; `total` is what the device holds, `host` what offload keeps on the host."""
     figures = {name: parameters * getattr(plan, name).bytes_per_parameter / getattr(plan, name).sharded_over
                for name in COMPONENTS}
     if plan.weights.sharded_over > 1:
         figures["weights"] += kept_whole * plan.weights.bytes_per_parameter
-    figures["total"] = sum(figures[name] for name in COMPONENTS)
+    figures["total"] = sum(figures[name] for name in COMPONENTS if not getattr(plan, name).on_host)
+    figures["host"] = sum(figures[name] for name in COMPONENTS if getattr(plan, name).on_host)
     return figures
 
 

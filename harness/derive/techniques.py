@@ -1,7 +1,10 @@
 """What a memory technique bought and cost, from a row's raw figures: activation checkpointing's saved-for-backward
-bytes and its recompute cost.
+bytes and its recompute cost, activation offload's traffic to the host, and fp16's skipped steps.
 
     saved-for-backward bytes = max over ranks of the census's peak (harness.rank.saved_activations)
+    host bytes per step      = 2 x max over ranks of the bytes save_on_cpu packed in a step (out in forward,
+                               back in backward; harness.strategies.offload)
+    skipped steps            = optimizer steps not applied on every rank (fp16, harness.strategies.loss_scaling)
     activations by allocator = max over ranks of (peak allocated - model states allocated)     (GPU only)
     recompute cost           = median over pairs of (checkpointed_i / kept_i) - 1     (harness.rank.recompute_pass)
 
@@ -21,8 +24,8 @@ from typing import Any, Mapping
 def techniques_on(m: Mapping[str, Any]) -> tuple[str, ...]:
     """The memory techniques a row ran with (its recorded settings; none in rows from before they existed): parity
     holds the plain loop with one on against the loop without (harness.derive.parity)."""
-    checkpointing = m.get("activation_checkpointing") or "none"
-    return () if checkpointing == "none" else (f"activation_checkpointing={checkpointing}",)
+    settings = {name: m.get(name) or "none" for name in ("activation_checkpointing", "activation_offload")}
+    return tuple(f"{name}={value}" for name, value in settings.items() if value != "none")
 
 
 def saved_activation_bytes(m: Mapping[str, Any]) -> int | None:
@@ -53,8 +56,24 @@ def recompute_cost(m: Mapping[str, Any]) -> dict[str, float | None]:
     return {"recompute_cost": median(extra), "recompute_cost_low": min(extra), "recompute_cost_high": max(extra)}
 
 
+def host_bytes_per_step(m: Mapping[str, Any]) -> int | None:
+    """Activation offload's traffic between device and host in a step, the busiest rank's; None without it."""
+    by_rank = m.get("activation_offload_bytes_by_rank")
+    if not by_rank or any(value is None for value in by_rank):
+        return None
+    return 2 * max(by_rank)
+
+
+def skipped_steps(m: Mapping[str, Any]) -> int | None:
+    """fp16: optimizer steps (warm-up included) some rank skipped; None for rows without loss scaling."""
+    applied = m.get("optimizer_step_applied")
+    return None if applied is None else sum(1 for done in applied if not done)
+
+
 def technique_columns(m: Mapping[str, Any]) -> dict[str, Any]:
     """A launch's technique figures, as `harness.derive.cells` tables them."""
     return {"activation_checkpointing": m.get("activation_checkpointing", "none"),
+            "activation_offload": m.get("activation_offload", "none"),
             "saved_activation_bytes": saved_activation_bytes(m),
-            "allocator_activation_bytes": allocator_activation_bytes(m), **recompute_cost(m)}
+            "allocator_activation_bytes": allocator_activation_bytes(m), **recompute_cost(m),
+            "host_bytes_per_step": host_bytes_per_step(m), "optimizer_steps_skipped": skipped_steps(m)}

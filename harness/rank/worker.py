@@ -37,6 +37,7 @@ from harness.spec import Precision, RunSpec, Status
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
 from harness.strategies.checkpointing import count_checkpointed, interval_of, setting
+from harness.strategies.offload import ACTIVATION_OFFLOAD_NAME, packed_bytes
 from harness.rank.teardown import exit_without_teardown
 from harness.rank.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
@@ -110,6 +111,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     # Saved-for-backward bytes in the last warm-up step, beside the functional collectives' sampling.
     census = SavedActivationCensus(torch.nn.Sequential(*layers))
     census_step = spec.warmup_steps - 1
+    offloaded = None            # bytes activation offload copied to the host in that step
     disarm = lambda: None       # noqa: E731
     for step in range(spec.warmup_steps + spec.timed_steps):
         if fault:
@@ -135,10 +137,13 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                 fault.in_step(context.rank, step, context.device)
             started = time.perf_counter()
             trainer.step_outcome = None
+            packed_before = packed_bytes()
             losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
                                                                       model_states.gradients_ready(step, micro_batches))))
             if fault and fault.slows(context.rank, step, spec.strategy):
                 _sleep_planted_slowdown(fault, context.device, started)
+        if step == census_step:
+            offloaded = packed_bytes() - packed_before
         disarm()
         outcome = trainer.step_outcome
         outcomes.append((outcome.applied, outcome.loss_scale) if outcome else None)
@@ -163,6 +168,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "parameters_held": trainer.parameters_held(parameters),
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
+                              "offloaded": offloaded,
                               "host_load": _host_load(context)})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_host_load_figures(by_rank))
@@ -299,12 +305,19 @@ def _activation_figures(spec: RunSpec, strategy: Strategy, layers: list[torch.nn
     """Each rank's saved-for-backward peak (harness.rank.saved_activations) and, where blocks are checkpointed,
     the recompute pass's times; the recompute cost is derived from them at read time (harness.derive.techniques)."""
     options = strategy.resolved(spec)
+    offload = options.get(ACTIVATION_OFFLOAD_NAME, "none")
     figures: dict[str, Any] = {"activation_checkpointing": setting(interval_of(options)),
                                # of the model's blocks (a pipeline stage holds some of them)
-                               "activation_checkpointed_blocks": count_checkpointed(layers, interval_of(options))}
+                               "activation_checkpointed_blocks": count_checkpointed(layers, interval_of(options)),
+                               ACTIVATION_OFFLOAD_NAME: offload}
     if spec.warmup_steps == 0:
         figures["saved_activation_unmeasured_because"] = ("no warm-up step: the census's hooks would slow a "
                                                           "timed step")
+    elif offload != "none":
+        figures["saved_activation_unmeasured_because"] = ("activation offload's save_on_cpu hook is the innermost "
+                                                          "and hides the saved tensors from the census's")
+        # What its pack hook copied to the host in the last warm-up step; backward copies it back.
+        figures["activation_offload_bytes_by_rank"] = [r["offloaded"] for r in by_rank]
     else:
         figures["saved_activation_bytes_by_rank"] = [r["saved_activations"] for r in by_rank]
     recompute = [r["recompute"] for r in by_rank]

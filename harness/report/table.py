@@ -150,6 +150,9 @@ COLUMNS = [
     Column("saved for backward, measured MiB", _scaled("saved_activation_bytes", 1 / MIB)),
     Column("peak allocated - model states MiB", _scaled("allocator_activation_bytes", 1 / MIB)),
     Column("recompute cost", _share("recompute_cost")),
+    # Activation offload's copies to the host and back (harness.derive.techniques), and fp16's skipped steps.
+    Column("host MiB/step", _scaled("host_bytes_per_step", 1 / MIB)),
+    Column("skipped steps", _scaled("optimizer_steps_skipped", 1)),
     Column("MFU", _share("mfu")),
     Column("parity", _text("parity")),
     Column("host load", _text("host_load")),

@@ -14,12 +14,12 @@ from typing import Any, Mapping
 import pandas as pd
 
 MIB = float(1 << 20)
-CHECKPOINTING = "activation_checkpointing"
+TECHNIQUES = ("activation_checkpointing", "activation_offload")
 
 
 def technique_lines(cells: pd.DataFrame, comparable: list[str]) -> list[str]:
     """One line per cell with a technique on that has its counterpart without; [] where none has."""
-    if cells.empty or CHECKPOINTING not in cells:
+    if cells.empty or not any(name in cells for name in TECHNIQUES):
         return []
     lines = []
     ok = cells[cells["status"] == "ok"]
@@ -34,14 +34,18 @@ def technique_lines(cells: pd.DataFrame, comparable: list[str]) -> list[str]:
 
 
 def _setting(record: Mapping[str, Any]) -> str:
-    value = record.get(CHECKPOINTING)
-    return value if isinstance(value, str) and value else "none"
+    """The techniques a cell ran with, as "name value" (joined), or "none"."""
+    values = {name: record.get(name) for name in TECHNIQUES}
+    on = [f"{name.replace('_', ' ')} {value}" for name, value in values.items()
+          if isinstance(value, str) and value and value != "none"]
+    return ", ".join(on) or "none"
 
 
 def _base(record: Mapping[str, Any]) -> tuple[str, str]:
-    """The cell's strategy and its options but the technique's."""
+    """The cell's strategy and its options but the techniques'."""
     options = str(record.get("options") or "")
-    kept = ",".join(part for part in options.split(",") if part and not part.startswith(f"{CHECKPOINTING}="))
+    kept = ",".join(part for part in options.split(",")
+                    if part and not any(part.startswith(f"{name}=") for name in TECHNIQUES))
     return str(record["strategy"]), kept
 
 
@@ -49,8 +53,8 @@ def _line(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
     strategy, options = _base(on)
     name = f"{strategy}[{options}]" if options else strategy
     head = (f"{on['workload']} at {int(on['world_size'])} rank(s) ({on['device']}, {on['precision']}, global batch "
-            f"{int(on['global_batch'])}), {name}, activation checkpointing {_setting(on)}")
-    parts = [_memory(on, off), _step(on, off), _recompute(on)]
+            f"{int(on['global_batch'])}), {name}, {_setting(on)}")
+    parts = [_memory(on, off), _step(on, off), _recompute(on), _host(on)]
     return head + ": " + "; ".join(part for part in parts if part) + "."
 
 
@@ -69,10 +73,15 @@ def _step(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
     return f"median step {before / after - 1:+.0%} against the cell without it"
 
 
+def _host(on: Mapping[str, Any]) -> str:
+    moved = on.get("host_bytes_per_step")
+    return f"{moved / MIB:.3g} MiB a step to the host and back" if _present(moved) else ""
+
+
 def _recompute(on: Mapping[str, Any]) -> str:
     cost = on.get("recompute_cost")
     if not _present(cost):
-        return "no recompute pass"
+        return "" if on.get("activation_checkpointing") in (None, "none") else "no recompute pass"
     low, high = on.get("recompute_cost_low"), on.get("recompute_cost_high")
     spread = f", pairs {low:+.0%} to {high:+.0%}" if _present(low) and _present(high) else ""
     return f"recompute pass {cost:+.0%} forward and backward{spread}"

@@ -32,6 +32,7 @@ from harness.strategies.tensor_parallel import (COLUMN_PARALLEL, ROW_PARALLEL, a
                                                 split_parameter_count)
 from harness.strategies.zero import DeepSpeedTrainer, ZeRO
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import get_workload
 
 # The workload's block in AutoTP's configurable API (deepspeed/module_inject/autotp_config.py TPLayerSpec),
@@ -99,7 +100,7 @@ class AutoTP(MeshLayout, Strategy):
     options = {
         "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas", minimum=1),
         "zero_stage": Option(1, "ZeRO stage across the replicas (AutoTP trains with 0, 1 or 2)", choices=(0, 1, 2)),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
         "precision_recipe": PRECISION_OPTION,
     }
 
@@ -172,7 +173,7 @@ class AutoTP(MeshLayout, Strategy):
             label_group(groups.get_tensor_model_parallel_group(), "tp")
             label_group(groups.get_data_parallel_group(), "dp")
         return AutoTPTrainer(context=context, engine=engine, workload=workload, precision_recipe=recipe,
-                             loss_scaled=spec.precision is Precision.FP16,
+                             loss_scaled=spec.precision is Precision.FP16, spec=spec,
                              tp_coordinate=context.rank % tp, replica_index=context.rank // tp,
                              config={"deepspeed_config": config, "tensor_parallel": tp,
                                      "data_parallel": context.world_size // tp, **throughput_timer_state(engine),

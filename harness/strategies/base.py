@@ -32,6 +32,8 @@ from harness.derive.memory import ModelStatePlan, zero_plan
 from harness.rank.memory_model import ModelStateTensors
 from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
 from harness.strategies.loss_scaling import StepOutcome, scaler_step
+from harness.strategies.offload import offload_refusal, saved_on_host
+from harness.strategies.option import Option
 from workloads import Workload
 
 # One optimizer for every strategy (torch AdamW, handed to DeepSpeed as a client optimizer), so that
@@ -70,44 +72,6 @@ ADAMW_STATE_BYTES: Mapping[PrecisionRecipe, tuple[int, int, int]] = {
     PrecisionRecipe.DEEPSPEED_BF16: (2, 2, 12),
     PrecisionRecipe.DEEPSPEED_FP16: (2, 2, 12),     # the same mixed-precision Adam, in fp16
 }
-
-
-@dataclass(frozen=True)
-class Option:
-    """A strategy option: its default, the values it takes, and what it does."""
-
-    default: OptionValue
-    help: str
-    choices: tuple[OptionValue, ...] | None = None   # allowed values, or None for any of `default`'s type
-    minimum: float | None = None
-    # For values of a form rather than a list (`every:K`): reads one, raising SpecError in one line if it is not.
-    parse: Callable[[OptionValue], Any] | None = None
-
-    def given(self, value: OptionValue) -> OptionValue:
-        """A value as the command line gave it, in this option's own form: `=none` arrives as None (the command line
-        reads none and null so), which is the word "none" for an option whose values are words and take it."""
-        if value is not None or None in (self.choices or ()):
-            return value
-        takes_none = "none" in (self.choices or ()) if self.parse is None else _parses(self.parse, "none")
-        return "none" if takes_none else value
-
-    def check(self, strategy: str, name: str, value: OptionValue) -> None:
-        if self.parse is not None:
-            self.parse(value)
-            return
-        if self.choices is not None:
-            if value not in self.choices:
-                allowed = ", ".join(str(c) for c in self.choices)
-                raise SpecError(f"option {name}={value!r} of strategy {strategy} is not one of: {allowed}")
-            return
-        expected = type(self.default)
-        ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            raise SpecError(f"option {name} of strategy {strategy} takes a {expected.__name__}, got {value!r}")
-        if self.minimum is not None and value < self.minimum:
-            raise SpecError(f"option {name} of strategy {strategy} must be >= {self.minimum}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,7 +336,7 @@ class Strategy(abc.ABC):
 
     def skip_reason(self, spec: RunSpec) -> str | None:
         """Why this cell cannot run on this machine (checked before launch), or None."""
-        refusal = self.layout_refusal(spec)
+        refusal = self.layout_refusal(spec) or offload_refusal(spec, self.resolved(spec))
         if refusal:
             return refusal
         missing = [module for module in self.requires if not _importable(module)]
@@ -564,7 +528,7 @@ def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Se
     for index, (inputs, targets) in enumerate(micro_batches):
         last = index == count - 1
         context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
-        with context:
+        with context, saved_on_host(spec):
             with autocast(spec, device):
                 outputs = model(inputs)
             loss = loss_fn(outputs, targets)
@@ -625,14 +589,6 @@ def is_block(layer: nn.Module) -> bool:
 
     layer = getattr(layer, "_checkpoint_wrapped_module", layer)
     return isinstance(layer, (Block, BasicBlock, Bottleneck))
-
-
-def _parses(parse: Callable[[OptionValue], Any], value: OptionValue) -> bool:
-    try:
-        parse(value)
-    except SpecError:
-        return False
-    return True
 
 
 def _importable(module: str) -> bool:

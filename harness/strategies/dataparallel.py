@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.spec import DeviceKind, RunSpec
+from harness.spec import DeviceKind, RunSpec, SpecError
 from harness.strategies.base import ExpectedTraffic, RankContext, Strategy, place_rank
 from harness.strategies.plain import plain_trainer
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 
 
 class DataParallel(Strategy):
@@ -24,7 +25,7 @@ class DataParallel(Strategy):
     launcher = "python"
     description = "torch.nn.DataParallel over the visible GPUs (one process)"
     comm_interception = "none: DataParallel copies through torch.cuda.comm, which is not intercepted"
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING}
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "one process drives every GPU; its scatter/gather is not separable from its compute"
@@ -32,6 +33,11 @@ class DataParallel(Strategy):
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         return ExpectedTraffic(not_modelled_because="DataParallel scatters inputs, replicates weights and gathers "
                                "outputs and gradients through torch.cuda.comm copies, not process-group collectives")
+
+    def validate(self, spec: RunSpec) -> None:
+        if self.resolved(spec)[ACTIVATION_OFFLOAD_NAME] != "none":
+            raise SpecError("strategy dataparallel cannot take activation_offload: its replicas run in threads, "
+                            "which torch's save_on_cpu hook (thread-local) does not reach; use none")
 
     def skip_reason(self, spec: RunSpec) -> str | None:
         if spec.device is not DeviceKind.CUDA:

@@ -28,6 +28,7 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroB
                                      unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
 
@@ -77,7 +78,7 @@ class DDP(Strategy):
         "static_graph": Option(None, "declare the graph static; default: when a step has one micro-batch",
                                choices=(None, True, False)),
         "broadcast_buffers": Option(True, "broadcast BatchNorm buffers from rank 0 before each forward"),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def start(self, spec):

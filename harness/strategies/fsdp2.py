@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from harness.derive.comm import Collective
-from harness.derive.memory import zero_plan
+from harness.derive.memory import offloaded_to_host, zero_plan
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective,
@@ -32,6 +32,7 @@ from harness.strategies.base import (ADAMW_STATE_BYTES, AUTOCAST_DTYPES, Compute
                                      optimizer_description, recipe_of, torchrun_context, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
 
@@ -88,9 +89,11 @@ class FSDP2(Strategy):
     options = {
         "reshard_after_forward": Option(True, "free gathered block parameters after forward (ZeRO-3 "
                                         "behaviour); False keeps them until backward (ZeRO-2-like)"),
+        "offload_policy": Option("none", "FSDP2's CPUOffloadPolicy: sharded parameters, gradients and the optimizer "
+                                 "step on the host (GPU only)", choices=("none", "cpu")),
         "mixed_precision": Option("autocast", "bf16/fp16 recipe: torch.autocast over fp32 shards, or FSDP2's "
                                   "MixedPrecisionPolicy (16-bit params, fp32 reduce)", choices=("autocast", "policy")),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def start(self, spec):
@@ -127,17 +130,25 @@ class FSDP2(Strategy):
         """Weights, gradients and optimizer state all sharded over the ranks, like ZeRO-3, each kept in the
         parameters' own fp32 (see base.ADAMW_STATE_BYTES for the MixedPrecisionPolicy)."""
         weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
-        return zero_plan(3, data_parallel, weights, gradients, optimizer,
+        plan = zero_plan(3, data_parallel, weights, gradients, optimizer,
                          basis=f"{recipe.value}: torch AdamW over fully_shard's fp32 shards, all three sharded")
+        if options.get("offload_policy", "none") != "none":     # CPUOffloadPolicy: every sharded state on the host
+            return offloaded_to_host(plan, "weights", "gradients", "optimizer")
+        return plan
 
     def wrap(self, spec, context, workload, layers):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         options = self.resolved(spec)
         mesh = init_device_mesh(context.device.type, (context.world_size,))
         recipe = recipe_of(spec)
         shard_kwargs = {"mesh": mesh, "reshard_after_forward": options["reshard_after_forward"]}
+        # The shards, and so the optimizer step, live on the host under the offload policy.
+        step_device = context.device
+        if options["offload_policy"] == "cpu":
+            shard_kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+            step_device = torch.device("cpu")
         run_spec = spec
         if self._policy(spec):
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=AUTOCAST_DTYPES[spec.precision],
@@ -152,7 +163,7 @@ class FSDP2(Strategy):
         for block in blocks:
             fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)
-        return FSDP2Trainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
+        return FSDP2Trainer(context=context, model=model, optimizer=make_adamw(model.parameters(), step_device),
                             workload=workload, spec=run_spec, precision_recipe=recipe, scaler=scaler,
                             config={**options, "sharded_units": len(blocks) + 1,
-                                    **optimizer_description(context.device)})
+                                    **optimizer_description(step_device)})

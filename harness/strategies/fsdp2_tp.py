@@ -38,6 +38,7 @@ from harness.strategies.tensor_parallel import (SlicedParameters, activation_all
                                                 split_parameter_count)
 from harness.strategies.tp import TensorParallel
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import get_workload
 
 TP, DP = "tp", "dp"       # the mesh's dimensions, and the groups' names in the counts
@@ -68,7 +69,7 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
 
     name = "fsdp2-tp"
     description = "2-D: DTensor tensor parallelism inside, FSDP2 across, on a (dp, tp) mesh (torchrun)"
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING,
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
                "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
                                "FSDP2", minimum=1),
                # As `fsdp2` passes it, to every unit the root included: the two strategies shard alike.

@@ -109,8 +109,8 @@ def deepspeed_step_outcome(engine: Any, skipped_before: int, scale_before: float
     """What a DeepSpeed engine's step did: skipped where the engine counted a skip (its fp16 and ZeRO
     optimizers' overflow flag, `engine.skipped_steps`) or where the GradScaler it keeps for ZeRO stage 0
     under torch_autocast lowered its scale (that scaler skips without telling the engine)."""
-    return StepOutcome(applied=engine.skipped_steps == skipped_before and not deepspeed_loss_scale(engine) < scale_before,
-                       loss_scale=scale_before)
+    applied = engine.skipped_steps == skipped_before and not deepspeed_loss_scale(engine) < scale_before
+    return StepOutcome(applied=applied, loss_scale=scale_before)
 
 
 def deepspeed_loss_scale(engine: Any) -> float:

@@ -26,6 +26,7 @@ from harness.strategies.base import (BLOCK_CLASS_NAMES, ExpectedCollective, Expe
                                      PrecisionRecipe, Strategy, Trainer, half_dtype_names, make_adamw,
                                      optimizer_description)
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
                                                  start_deepspeed, throughput_timer_state)
 from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
@@ -116,7 +117,7 @@ class Pipeline(Strategy):
         "partition_method": Option("parameters", "how layers are balanced over stages",
                                    choices=("parameters", "uniform")),
         "precision_recipe": PRECISION_OPTION,
-        OPTION_NAME: ACTIVATION_CHECKPOINTING,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def skip_reason(self, spec: RunSpec) -> str | None:
@@ -129,6 +130,9 @@ class Pipeline(Strategy):
         return super().skip_reason(spec)
 
     def validate(self, spec: RunSpec) -> None:
+        if self.resolved(spec)[ACTIVATION_OFFLOAD_NAME] != "none":
+            raise SpecError("strategy pipeline cannot take activation_offload: DeepSpeed runs forward and backward "
+                            "inside train_batch, where torch's save_on_cpu hook does not reach; use none")
         if interval_of(self.resolved(spec)) > 1:
             raise SpecError(f"pipeline takes {OPTION_NAME}=none or blocks: DeepSpeed's activation_checkpoint_interval "
                             "checkpoints runs of K layers as one, not one block in K")

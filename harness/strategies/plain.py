@@ -18,6 +18,7 @@ from harness.strategies.base import (ExpectedTraffic, MicroBatch, RankContext, S
                                      replicated_gradients, replicated_parameters, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
 
@@ -72,7 +73,7 @@ class Plain(Strategy):
     launcher = "python"
     description = "single device, no wrapper: the reference loop"
     comm_interception = "none: one process, no communication"
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING}
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "the plain loop has no communication to expose"

@@ -39,6 +39,7 @@ from harness.strategies.tensor_parallel import (SlicedParameters, activation_all
                                                 sequence_parallel_collectives, split_parameter_count,
                                                 vocabulary_parallel_collectives)
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Family, get_workload
 
 MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
@@ -75,7 +76,7 @@ class TensorParallel(Strategy):
     description = "DTensor tensor parallelism, Megatron's layout of each block (torchrun)"
     comm_interception = ("torch.distributed collectives, and DTensor's functional collectives in the last "
                          "warm-up step (a dispatch mode)")
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING,
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
                "sequence_parallel": Option(False, "split the residual stream along the sequence between the "
                                                   "linear layers (Korthikanti et al. 2022): reduce-scatters and "
                                                   "all-gathers in place of the all-reduces"),

@@ -47,7 +47,7 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
-from harness.derive.memory import ModelStatePlan, zero_plan
+from harness.derive.memory import ModelStatePlan, offloaded_to_host, zero_plan
 from harness.rank.memory_model import ModelStateTensors, deepspeed_estimate, optimizer_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
@@ -57,6 +57,7 @@ from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, 
                                                  start_deepspeed, throughput_timer_state)
 from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME, saved_on_host
 from workloads import Workload
 
 
@@ -65,6 +66,7 @@ class DeepSpeedTrainer(Trainer):
     engine: Any = None
     workload: Workload | None = None
     loss_scaled: bool = False       # fp16: read what each step did under loss scaling (harness.strategies.loss_scaling)
+    spec: RunSpec | None = None
 
     # DeepSpeed's own norm of the reduced gradients, which it computes in the optimizer step (below).
     gradient_norm_after_step = True
@@ -78,8 +80,9 @@ class DeepSpeedTrainer(Trainer):
         if self.loss_scaled:
             skipped, scale = self.engine.skipped_steps, deepspeed_loss_scale(self.engine)
         for index, (inputs, targets) in enumerate(micro_batches):
-            loss = self.workload.loss(self.engine(inputs), targets)
-            self.engine.backward(loss if multipliers is None else loss * multipliers[index])
+            with saved_on_host(self.spec):
+                loss = self.workload.loss(self.engine(inputs), targets)
+                self.engine.backward(loss if multipliers is None else loss * multipliers[index])
             if gradients_ready is not None and index == len(micro_batches) - 1:
                 gradients_ready()
             self.engine.step()
@@ -188,7 +191,7 @@ class ZeRO(Strategy):
             # torch's non-reentrant checkpoint: DeepSpeed's own non_reentrant_checkpoint crashes under ZeRO-3
             # (deepspeedai/DeepSpeed#4595), and its `activation_checkpointing` config section is read only by
             # deepspeed.checkpointing.configure, never by the engine.
-            OPTION_NAME: ACTIVATION_CHECKPOINTING,
+            OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
         }
         if stage < 3:
             options["allgather_bucket_size"] = Option(500_000_000, "elements all-gathered at a time", minimum=1)
@@ -275,9 +278,18 @@ class ZeRO(Strategy):
         compares a torch.device with a device-name string, which never match in 0.19.8; the census of a
         CPU run finds the copy.)"""
         weights = 2 if recipe in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16) else 4
-        return zero_plan(self.stage, data_parallel, weights, weights, 12,
+        plan = zero_plan(self.stage, data_parallel, weights, weights, 12,
                          basis=f"{recipe.value}: DeepSpeed ZeRO-{self.stage}, {weights}-byte weights and gradients, "
                                f"fp32 master partition + AdamW moments (K = 12)")
+        # ZeRO-Offload (Ren et al. 2021, sec. 4): the fp32 master partition and the moments are stepped on the host,
+        # and from stage 2 on the reduced gradient partitions go there too (stage 1 keeps its whole gradients on
+        # the device until the boundary's reduce-scatter: DeepSpeed's estimate_zero2 with cpu_offload counts 2
+        # bytes a parameter on the device, the weights); ZeRO-Infinity's CPU tier also keeps the parameter shards.
+        # The host figures use the device's bytes per parameter (DeepSpeed's host copy of a gradient is fp32).
+        moved = (("gradients",) if self.stage >= 2 else ()) + ("optimizer",)
+        moved = moved if options.get("offload_optimizer", "none") != "none" else ()
+        moved += ("weights",) if options.get("offload_param", "none") != "none" else ()
+        return offloaded_to_host(plan, *moved) if moved else plan
 
     def deepspeed_estimate_bytes(self, parameters, largest_module_parameters, gpus_per_node, nodes, options):
         estimate = deepspeed_estimate(self.stage, parameters, largest_module_parameters, gpus_per_node, nodes=nodes,
@@ -315,6 +327,6 @@ class ZeRO(Strategy):
         resolved = {**config, "zero_optimization": {**config["zero_optimization"],
                                                     "overlap_comm": zero.overlap_comm}}
         return DeepSpeedTrainer(context=context, engine=engine, workload=workload, precision_recipe=recipe,
-                                loss_scaled=spec.precision is Precision.FP16,
+                                loss_scaled=spec.precision is Precision.FP16, spec=spec,
                                 config={"deepspeed_config": resolved, **throughput_timer_state(engine),
                                         **optimizer_description(context.device)})

@@ -1,0 +1,82 @@
+"""Offload (harness.strategies.offload): what each option's memory plan keeps on the device and on the host, checked
+against DeepSpeed's own estimator and by hand; the one-line refusals; and the skip on a CPU device.
+
+Hand arithmetic, 1.5e9 parameters over 8 data-parallel ranks in DeepSpeed's fp16 recipe (2 + 2 + 12 bytes a
+parameter, Rajbhandari et al. 2020):
+- ZeRO-2 with offload_optimizer=cpu: the device keeps the fp16 weights whole, 2 x 1.5e9 = 3.0e9 B (DeepSpeed's
+  estimate_zero2_model_states_mem_needs(cpu_offload=True) says 2 x params on the GPU); the host the gradient and
+  optimizer partitions, (2 + 12) x 1.5e9 / 8 = 2.625e9 B;
+- ZeRO-1 likewise keeps its gradients whole on the device until the boundary: (2 + 2) x 1.5e9 = 6.0e9 B, and the
+  optimizer partition on the host, 12 x 1.5e9 / 8 = 2.25e9 B;
+- FSDP2 with offload_policy=cpu: nothing on the device, every shard on the host, 16 x 1.5e9 / 8 = 3.0e9 B.
+"""
+
+import pytest
+import torch
+
+from harness.derive.memory import plan_bytes
+from harness.spec import RunSpec, SpecError
+from harness.strategies import STRATEGIES
+from harness.strategies.base import PrecisionRecipe
+from harness.strategies.offload import saved_on_host
+
+PARAMETERS, DP = 1_500_000_000, 8
+
+
+def planned(strategy, **options):
+    plan = STRATEGIES[strategy].model_state_plan(DP, PrecisionRecipe.DEEPSPEED_FP16,
+                                                 STRATEGIES[strategy].resolve_options(options))
+    figures = plan_bytes(plan, PARAMETERS)
+    return figures["total"], figures["host"]
+
+
+def test_zero_offload_keeps_the_weights_on_the_device_as_deepspeeds_estimate_says():
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    _, gpu = estimate_zero2_model_states_mem_needs(PARAMETERS, DP, 1, cpu_offload=True)
+    assert planned("zero2", offload_optimizer="cpu") == (gpu, 2.625e9) == (3.0e9, 2.625e9)
+
+
+def test_zero1_offload_keeps_its_whole_gradients_and_fsdp2s_policy_keeps_nothing_on_the_device():
+    assert planned("zero1", offload_optimizer="cpu") == (6.0e9, 2.25e9)
+    assert planned("fsdp2", offload_policy="cpu") == (0.0, 3.0e9)
+    assert planned("zero2") == (3.0e9 + 2 * PARAMETERS / DP + 12 * PARAMETERS / DP, 0.0)    # without: all on it
+
+
+def spec(strategy, device="cpu", **options):
+    return RunSpec(workload="gpt-tiny", strategy=strategy, world_size=2, global_batch=16, micro_batch=4,
+                   device=device, options=options)
+
+
+@pytest.mark.parametrize("strategy, option", [("ddp", "activation_offload"), ("zero2", "offload_optimizer"),
+                                              ("zero3", "offload_param"), ("fsdp2", "offload_policy")])
+def test_an_offloading_cell_is_skipped_on_a_cpu_device_with_the_reason(strategy, option):
+    reason = STRATEGIES[strategy].skip_reason(spec(strategy, **{option: "cpu"}))
+    assert f"{option}=cpu moves" in reason and "on a CPU device they are there already" in reason
+    assert STRATEGIES[strategy].skip_reason(spec(strategy)) is None
+
+
+@pytest.mark.parametrize("strategy, why", [("pipeline", "inside train_batch"), ("dataparallel", "run in threads")])
+def test_strategies_whose_forward_a_hook_cannot_reach_refuse_activation_offload_in_one_line(strategy, why):
+    with pytest.raises(SpecError, match=why) as refused:
+        STRATEGIES[strategy].validate(spec(strategy, activation_offload="cpu"))
+    assert "\n" not in str(refused.value)
+
+
+def test_activation_offload_is_torchs_save_on_cpu_and_only_when_asked():
+    assert isinstance(saved_on_host(spec("ddp", activation_offload="cpu")), torch.autograd.graph.save_on_cpu)
+    assert not isinstance(saved_on_host(spec("ddp")), torch.autograd.graph.save_on_cpu)
+
+
+def test_activation_offload_counts_every_byte_its_pack_hook_copies_to_the_host():
+    # x (8 x 16) @ w (16 x 4) saves x and w for backward, relu its output: 4 bytes each element,
+    # 8 x 16 x 4 + 16 x 4 x 4 + 8 x 4 x 4 = 512 + 256 + 128 = 896 bytes.
+    from harness.strategies.offload import packed_bytes
+
+    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    before = packed_bytes()
+    with saved_on_host(spec("ddp", activation_offload="cpu")):
+        (x @ w).relu().sum().backward()
+    assert packed_bytes() - before == 896
+    assert x.grad.shape == (8, 16)
