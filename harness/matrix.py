@@ -28,6 +28,7 @@ from harness.spec import DeviceKind, Precision, RunSpec, SpecError
 from harness.launch.launcher import get_launcher
 from harness.strategies import STRATEGIES, checked, get_strategy
 from workloads import get_workload
+from workloads.base import Family
 
 
 @dataclass(frozen=True)
@@ -302,7 +303,7 @@ def hybrid_options(strategy: str, world_size: int, machine: Machine, workload: s
     rest."""
     two_if_even = 2 if world_size % 2 == 0 else 1
     model = get_workload(workload)
-    if strategy in ("fsdp2-tp", "autotp"):
+    if strategy in ("fsdp2-tp", "autotp") and model.family is Family.GPT:    # elsewhere skipped, with the reason
         return {"tp": max(two_if_even, math.gcd(world_size, machine.devices_per_node, model.config.n_head))}
     if strategy == "pipeline":
         most = max(two_if_even, min(world_size // machine.devices_per_node, model.layer_count))
@@ -331,10 +332,14 @@ def hybrid(machine: Machine, select: Selection) -> list[RunSpec]:
 # Short runs, as the memory sweep's: the questions are the bytes saved for backward (counted in a warm-up step),
 # parity and the recompute pass, which times its own steps. The micro-batch is larger than the memory sweep's
 # one sample so that activations, not model states, are what a GPU's peak holds.
+# ResNet's blocks checkpoint too (the tensor-parallel strategies skip it, with their reason); its GPU micro-batch is
+# the full matrix's.
 TECHNIQUE_PLANS = {
-    DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=3)},
-    DeviceKind.CUDA: {name: BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=2, timed_steps=5)
-                      for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+    DeviceKind.CPU: {name: BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=3)
+                     for name in ("gpt-tiny", "resnet20-cifar")},
+    DeviceKind.CUDA: {**{name: BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=2, timed_steps=5)
+                         for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+                      "resnet50": BatchPlan(micro_batch=256, per_device_batch=256, warmup_steps=2, timed_steps=5)},
 }
 TECHNIQUE_STRATEGIES = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3", "tp", "fsdp2-tp", "autotp", "pipeline")
 CHECKPOINTING_SETTINGS = ("none", "blocks")
@@ -347,7 +352,8 @@ STATE_OFFLOAD = {"zero1": ({"offload_optimizer": "cpu"},), "zero2": ({"offload_o
 
 def memory_techniques(machine: Machine, select: Selection) -> list[RunSpec]:
     """Each data-parallel and hybrid strategy with activation checkpointing off and on (every block), in fp32,
-    bf16 and fp16, on the transformers (gpt-tiny on CPU; GPT-2 small to xl on GPUs), at the largest world size,
+    bf16 and fp16, on the transformers (gpt-tiny on CPU; GPT-2 small to xl on GPUs) and ResNet (ResNet-20, ResNet-50),
+    at the largest world size,
     two ranks at least (ranks share one device where there is one, valid for memory; an OOM is a finding), and
     the plain loop both ways; then each offload option alone in the precision of the machine's other matrices
     (skipped on a CPU, with the reason): the report opens on the memory each saved and the step time it cost
