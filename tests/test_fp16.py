@@ -52,6 +52,9 @@ def test_the_scaler_skips_a_step_with_an_inf_gradient_and_halves_its_scale():
     outcome = scaler_step(scaler, optimizer)
     assert (outcome.applied, outcome.loss_scale, scaler.get_scale()) == (True, 512.0, 512.0)
     assert weight.detach().tolist() == [0.5, 1.0, 1.0]
+    scaler.update(0.0)                                     # a scale run down to 0 unscales by inf: never applied
+    weight.grad = torch.tensor([0.0, 0.0, 0.0])
+    assert scaler_step(scaler, optimizer).applied is False
 
 
 def test_deepspeed_gets_torchs_rule_on_gpus_and_its_torch_autocast_section_on_cpu():
@@ -102,6 +105,34 @@ def test_an_fp16_row_that_skipped_another_step_is_a_mismatch_naming_both(pair):
     parity = judge([plain, ddp])[1]
     assert parity.verdict is Verdict.MISMATCH
     assert "this row skipped 2, the reference none" in parity.note
+
+
+def test_a_step_skipped_after_the_compared_losses_is_still_a_mismatch(pair):
+    plain, ddp = pair
+    ddp["measurements"]["optimizer_step_applied"][12] = False        # the last of 13 steps
+    parity = judge([plain, ddp])[1]
+    assert parity.verdict is Verdict.MISMATCH and "this row skipped 12, the reference none" in parity.note
+
+
+def test_ranks_that_disagree_on_a_step_are_a_mismatch_though_the_step_counts_as_skipped(pair):
+    plain, ddp = pair
+    plain["measurements"]["optimizer_step_applied"][1] = False
+    ddp["measurements"]["optimizer_step_applied"][1] = False         # all(...) over the ranks: False
+    applied = ddp["measurements"]["optimizer_step_applied"]
+    ddp["measurements"]["optimizer_step_applied_by_rank"] = [applied, [True] * len(applied)]
+    parity = judge([plain, ddp])[1]
+    assert parity.verdict is Verdict.MISMATCH and "the ranks disagreed on applying optimizer steps 1" in parity.note
+
+
+def test_rows_that_both_skipped_step_0_are_judged_on_losses_not_on_its_inf_norms(pair):
+    for row in pair:
+        row["measurements"]["optimizer_step_applied"][0] = False
+        row["measurements"].update(gradient_norm_first_step=math.inf, parameter_norm_after_first_step=25.3,
+                                   update_norm_first_step=0.0)
+    parity = judge(pair)[1]
+    assert parity.verdict is Verdict.MATCH, parity
+    assert "step 0, whose norms are read, was skipped" in parity.note
+    assert Quantity.GRADIENT_NORM not in parity.deviations
 
 
 def test_an_fp16_row_that_skipped_every_step_is_a_mismatch_whatever_its_losses(pair):

@@ -1,14 +1,21 @@
 """Offload (harness.strategies.offload): what each option's memory plan keeps on the device and on the host, checked
 against DeepSpeed's own estimator and by hand; the one-line refusals; and the skip on a CPU device.
 
-Hand arithmetic, 1.5e9 parameters over 8 data-parallel ranks in DeepSpeed's fp16 recipe (2 + 2 + 12 bytes a
-parameter, Rajbhandari et al. 2020):
+Hand arithmetic, 1.5e9 parameters over 8 data-parallel ranks (one node of 8 GPUs) in DeepSpeed's fp16 recipe
+(2 + 2 + 12 bytes a parameter, Rajbhandari et al. 2020). ZeRO-Offload (Ren et al. 2021) keeps on the host the fp32
+master weights, momentum, variance and the fp32 gradients they step on, 16 bytes a parameter over the ranks:
 - ZeRO-2 with offload_optimizer=cpu: the device keeps the fp16 weights whole, 2 x 1.5e9 = 3.0e9 B (DeepSpeed's
-  estimate_zero2_model_states_mem_needs(cpu_offload=True) says 2 x params on the GPU); the host the gradient and
-  optimizer partitions, (2 + 12) x 1.5e9 / 8 = 2.625e9 B;
-- ZeRO-1 likewise keeps its gradients whole on the device until the boundary: (2 + 2) x 1.5e9 = 6.0e9 B, and the
-  optimizer partition on the host, 12 x 1.5e9 / 8 = 2.25e9 B;
-- FSDP2 with offload_policy=cpu: nothing on the device, every shard on the host, 16 x 1.5e9 / 8 = 3.0e9 B.
+  estimate_zero2_model_states_mem_needs(cpu_offload=True) says 2 x params on the GPU); the host 16 x 1.5e9 / 8 =
+  3.0e9 B;
+- ZeRO-1 keeps its 16-bit gradients whole on the device until the boundary: (2 + 2) x 1.5e9 = 6.0e9 B there, and
+  the same 3.0e9 B on the host;
+- ZeRO-3 with offload_optimizer=cpu: the device keeps its weight shard, 2 x 1.5e9 / 8 = 3.75e8 B, the host 3.0e9 B;
+  with offload_param=cpu too, the device nothing and the host the 16-bit shard as well, 18 x 1.5e9 / 8 = 3.375e9 B
+  (DeepSpeed's estimate_zero3_model_states_mem_needs: 16 and 18 bytes a parameter a node on the CPU, and on the
+  GPU its largest layer's working copy beside that, which the plan leaves out); 1,000 parameters it keeps whole
+  (persistent, 2 bytes each) stay on the device: 2,000 B there;
+- FSDP2 with offload_policy=cpu in its autocast recipe (4 + 4 + 8): nothing on the device, every shard on the host,
+  16 x 1.5e9 / 8 = 3.0e9 B.
 """
 
 import pytest
@@ -23,25 +30,40 @@ from harness.strategies.offload import saved_on_host
 PARAMETERS, DP = 1_500_000_000, 8
 
 
-def planned(strategy, **options):
-    plan = STRATEGIES[strategy].model_state_plan(DP, PrecisionRecipe.DEEPSPEED_FP16,
-                                                 STRATEGIES[strategy].resolve_options(options))
-    figures = plan_bytes(plan, PARAMETERS)
+def planned(strategy, recipe=PrecisionRecipe.DEEPSPEED_FP16, kept_whole=0, **options):
+    plan = STRATEGIES[strategy].model_state_plan(DP, recipe, STRATEGIES[strategy].resolve_options(options))
+    figures = plan_bytes(plan, PARAMETERS, kept_whole)
     return figures["total"], figures["host"]
 
 
-def test_zero_offload_keeps_the_weights_on_the_device_as_deepspeeds_estimate_says():
+def test_zero2_offload_keeps_the_weights_on_the_device_as_deepspeeds_estimate_says():
     pytest.importorskip("deepspeed")
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     _, gpu = estimate_zero2_model_states_mem_needs(PARAMETERS, DP, 1, cpu_offload=True)
-    assert planned("zero2", offload_optimizer="cpu") == (gpu, 2.625e9) == (3.0e9, 2.625e9)
+    assert planned("zero2", offload_optimizer="cpu") == (gpu, 3.0e9) == (3.0e9, 3.0e9)
+    assert planned("zero2") == (3.0e9 + 2 * PARAMETERS / DP + 12 * PARAMETERS / DP, 0.0)    # without: all on it
+
+
+def test_zero3_offload_keeps_on_the_host_what_deepspeeds_estimate_counts_there():
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    largest = 10_000_000
+    for offload_param, device, host in ((False, 3.75e8, 3.0e9), (True, 0.0, 3.375e9)):
+        # One node of DP GPUs, no buffer factor: the CPU figure is the node's, DP ranks' worth.
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(PARAMETERS, largest, DP, 1, cpu_offload=True,
+                                                            cpu_offload_params=offload_param,
+                                                            additional_buffer_factor=1)
+        options = {"offload_optimizer": "cpu", **({"offload_param": "cpu"} if offload_param else {})}
+        assert planned("zero3", **options) == (device, host)
+        assert (gpu - 4 * largest, cpu / DP) == (device, host)
+    assert planned("zero3", kept_whole=1_000, offload_optimizer="cpu", offload_param="cpu") == (2_000, 3.375e9)
 
 
 def test_zero1_offload_keeps_its_whole_gradients_and_fsdp2s_policy_keeps_nothing_on_the_device():
-    assert planned("zero1", offload_optimizer="cpu") == (6.0e9, 2.25e9)
-    assert planned("fsdp2", offload_policy="cpu") == (0.0, 3.0e9)
-    assert planned("zero2") == (3.0e9 + 2 * PARAMETERS / DP + 12 * PARAMETERS / DP, 0.0)    # without: all on it
+    assert planned("zero1", offload_optimizer="cpu") == (6.0e9, 3.0e9)
+    assert planned("fsdp2", PrecisionRecipe.AUTOCAST, offload_policy="cpu") == (0.0, 3.0e9)
 
 
 def spec(strategy, device="cpu", **options):

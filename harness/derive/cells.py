@@ -151,8 +151,8 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "optimizer_steps_skipped",
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
                   "exposed_comm_share", "framework_overhead_share", "mfu")
-FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note", "framework_overhead_note",
-                 "mfu_unavailable_because", "peak_flops_source")
+FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
+                 "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
 PARITY_ORDER = ("mismatch", "not-judged", "no-reference", "match", "reference")
 

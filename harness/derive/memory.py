@@ -101,10 +101,15 @@ def plan_bytes(plan: ModelStatePlan, parameters: int, kept_whole: int = 0) -> di
     unsharded beside their weight shard; `total` is what the device holds, `host` what offload keeps on the host."""
     figures = {name: parameters * getattr(plan, name).bytes_per_parameter / getattr(plan, name).sharded_over
                for name in COMPONENTS}
-    if plan.weights.sharded_over > 1:
-        figures["weights"] += kept_whole * plan.weights.bytes_per_parameter
+    # Parameters kept whole beside their shard stay gathered on the device, even where the shards are on the host
+    # (ZeRO-3's persistent parameters under offload_param: deepspeed/runtime/zero/partition_parameters.py).
+    whole = kept_whole * plan.weights.bytes_per_parameter if plan.weights.sharded_over > 1 else 0
+    figures["weights"] += whole
     figures["total"] = sum(figures[name] for name in COMPONENTS if not getattr(plan, name).on_host)
     figures["host"] = sum(figures[name] for name in COMPONENTS if getattr(plan, name).on_host)
+    if plan.weights.on_host:
+        figures["total"] += whole
+        figures["host"] -= whole
     return figures
 
 

@@ -285,6 +285,8 @@ def _deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Qu
         found[Quantity.FIRST_LOSS] = by_step[0], ""
     if len(by_step) >= 2:
         found[Quantity.LATER_LOSSES] = max(by_step[1:]), ""
+    if _probed_step_skipped(row) or _probed_step_skipped(reference):
+        return found
     for quantity in NORMS:
         if m.get(quantity) is not None and r.get(quantity) is not None:
             found[quantity] = _relative(m[quantity], r[quantity]), ""
@@ -353,33 +355,54 @@ def _still_scaled(row: Mapping[str, Any], reference: Mapping[str, Any]) -> str:
 
 
 def _skipped_steps_verdict(row: Mapping[str, Any], reference: Mapping[str, Any]) -> Parity | None:
-    """fp16 rows: a MISMATCH where every optimizer step was skipped (nothing trained, whatever the losses say)
-    or where the row and the reference skipped different steps among those compared (different updates);
-    None where both applied the same steps, whose losses are then compared as any others."""
-    applied, expected = row["measurements"].get(STEP_APPLIED), reference["measurements"].get(STEP_APPLIED)
+    """fp16 rows: a MISMATCH where every optimizer step was skipped (nothing trained, whatever the losses say),
+    where the ranks of the row did not skip the same steps (their replicas or stages now differ), or where the
+    row and the reference skipped different steps, any of the steps both ran (different updates: compared
+    losses would only hide it for a while); None where both applied the same steps, whose losses are then
+    compared as any others."""
+    m = row["measurements"]
+    applied, expected = m.get(STEP_APPLIED), reference["measurements"].get(STEP_APPLIED)
     if applied is None and expected is None:
         return None
     if applied is not None and not any(applied):
-        scales = sorted(set(row["measurements"].get("loss_scale_per_step") or []))
+        scales = sorted(set(m.get("loss_scale_per_step") or []))
         return Parity(Verdict.MISMATCH, note=f"every one of the {len(applied)} optimizer steps was skipped on an "
                                              f"inf/NaN gradient (loss scale {', '.join(f'{s:g}' for s in scales)}): "
                                              "the weights never changed")
-    count = min(PARITY_STEPS, len(row["measurements"]["loss_per_step"]),
-                len(reference["measurements"]["loss_per_step"]))
+    by_rank = m.get("optimizer_step_applied_by_rank") or []
+    split = [step for step, verdicts in enumerate(zip(*by_rank)) if len(set(verdicts)) > 1]
+    if split:
+        return Parity(Verdict.MISMATCH, note=f"the ranks disagreed on applying optimizer steps {_steps(split)}: "
+                                             "some updated their weights and others did not")
+    count = min(len(row["measurements"]["loss_per_step"]), len(reference["measurements"]["loss_per_step"]))
     # A row without the record applied every step (fp32, bf16).
     mine, theirs = (list(steps[:count]) if steps is not None else [True] * count for steps in (applied, expected))
     if mine != theirs:
-        def which(steps):
-            return ", ".join(str(i) for i, done in enumerate(steps) if not done) or "none"
-        return Parity(Verdict.MISMATCH, note=f"skipped different optimizer steps among the {count} compared: this "
-                                             f"row skipped {which(mine)}, the reference {which(theirs)}")
+        def skipped(steps):
+            return _steps([i for i, done in enumerate(steps) if not done]) or "none"
+        return Parity(Verdict.MISMATCH, note=f"skipped different optimizer steps of the {count} both ran: this "
+                                             f"row skipped {skipped(mine)}, the reference {skipped(theirs)}")
     return None
+
+
+def _steps(steps: Sequence[int]) -> str:
+    return ", ".join(str(step) for step in steps)
+
+
+def _probed_step_skipped(row: Mapping[str, Any]) -> bool:
+    """Whether the step the first-step norms read (step 0) was skipped on an overflow: its gradients are inf or
+    NaN and its update nothing, on the reference as on the row (`_skipped_steps_verdict` has made them agree)."""
+    applied = row["measurements"].get(STEP_APPLIED)
+    return bool(applied) and not applied[0]
 
 
 def _left_out(row: Mapping[str, Any], reference: Mapping[str, Any], found: Mapping[Quantity, Any]) -> str:
     """Which quantities were not compared, and why."""
     if all(q in found for q in NORMS + TENSOR_NORMS):
         return ""
+    if _probed_step_skipped(row):
+        return ("judged on losses alone: step 0, whose norms are read, was skipped on an overflow (here and in the "
+                "reference)")
     for side, which in ((row, "this row"), (reference, "the reference")):
         reason = side["measurements"].get("norms_unavailable_because")
         if reason:

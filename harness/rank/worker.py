@@ -138,8 +138,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             started = time.perf_counter()
             trainer.step_outcome = None
             packed_before = packed_bytes()
-            losses.append(trainer.train_step(micro_batches, _together(norms.gradients_ready(step),
-                                                                      model_states.gradients_ready(step, micro_batches))))
+            ready = _together(norms.gradients_ready(step), model_states.gradients_ready(step, micro_batches))
+            losses.append(trainer.train_step(micro_batches, ready))
             if fault and fault.slows(context.rank, step, spec.strategy):
                 _sleep_planted_slowdown(fault, context.device, started)
         if step == census_step:

@@ -23,6 +23,7 @@ optimizer step was applied on every rank and the scale the step's loss was multi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -90,11 +91,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> StepOutcome:
     """`scaler.step` then `scaler.update`: the step is skipped where `unscale_` found an inf or NaN, and then
     (and only then) the scale falls by BACKOFF_FACTOR (torch.amp.GradScaler.update), which is how a skip is
-    read here without the scaler's private state."""
+    read here without the scaler's private state. A scale already at 0 (or not finite) cannot fall: every step
+    at it is skipped (a zero scale unscales by inf)."""
     before = scaler.get_scale()
     scaler.step(optimizer)
     scaler.update()
-    return StepOutcome(applied=not scaler.get_scale() < before, loss_scale=before)
+    usable = 0 < before < math.inf
+    return StepOutcome(applied=usable and not scaler.get_scale() < before, loss_scale=before)
 
 
 def deepspeed_fp16_config() -> dict[str, Any]:

@@ -11,12 +11,13 @@ names it.
 All of them move bytes from a GPU to its host; on a CPU device the bytes are on the host already and nothing
 would be measured, so such a cell is skipped there with that reason (`offload_refusal`), while its memory plan
 (harness.derive.memory: `on_host` components) and the projection still say what each would keep on the device.
-`save_on_cpu` is torch's pack hook: it copies each tensor saved for backward (parameters a matmul saves included)
-to the host in forward and back in backward; the bytes it packs are counted here (`packed_bytes`), and a step moves
-them twice. Being the innermost hook it hides those tensors from the saved-for-backward census
-(harness.rank.saved_activations), whose figure such a row leaves out, saying why. DeepSpeed's pipeline runs forward and backward inside `train_batch`, where no hook of ours reaches (its own
-`cpu_checkpointing` needs its reentrant checkpointing), and DataParallel runs replicas in threads that a
-thread-local pack hook does not reach: both refuse `activation_offload` in one line before launch.
+`save_on_cpu` is torch's pack hook: it copies each tensor saved for backward (parameters a matmul saves
+included) to the host in forward and back in backward; the bytes it packs are counted here (`packed_bytes`), and
+a step moves them twice. Being the innermost hook it hides those tensors from the saved-for-backward census
+(harness.rank.saved_activations), whose figure such a row leaves out, saying why. DeepSpeed's pipeline runs
+forward and backward inside `train_batch`, where no hook of ours reaches (its own `cpu_checkpointing` needs its
+reentrant checkpointing), and DataParallel runs replicas in threads that a thread-local pack hook does not
+reach: both refuse `activation_offload` in one line before launch.
 """
 
 from __future__ import annotations

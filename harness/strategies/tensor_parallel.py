@@ -147,8 +147,8 @@ def activation_all_reduces(*, micro_batch: int, seq_len: int, n_embd: int, n_lay
     """The all-reduces tensor parallelism adds to one optimizer step of a rank (Shoeybi et al. 2019, sec. 3):
     forward sums each block's two row-parallel outputs, backward the input gradients of its two column-parallel
     layers (q, k and v are one fused layer here, so Megatron's 2 + 2), each b x s x h values among the `tp`
-    ranks, for every micro-batch. Forward sums in the dtype autocast computed the outputs in (bf16 or fp16: `half`), backward in
-    the fp32 of the inputs (a LayerNorm's output under autocast)."""
+    ranks, for every micro-batch. Forward sums in the dtype autocast computed the outputs in (`half`: bf16 or
+    fp16), backward in the fp32 of the inputs (a LayerNorm's output under autocast)."""
     from harness.derive.comm import Collective
     from harness.strategies.base import ExpectedCollective
 

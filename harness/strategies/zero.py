@@ -39,6 +39,7 @@ The bytes follow the precision recipe (DeepSpeed 0.19.8's source):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,15 +282,21 @@ class ZeRO(Strategy):
         plan = zero_plan(self.stage, data_parallel, weights, weights, 12,
                          basis=f"{recipe.value}: DeepSpeed ZeRO-{self.stage}, {weights}-byte weights and gradients, "
                                f"fp32 master partition + AdamW moments (K = 12)")
-        # ZeRO-Offload (Ren et al. 2021, sec. 4): the fp32 master partition and the moments are stepped on the host,
-        # and from stage 2 on the reduced gradient partitions go there too (stage 1 keeps its whole gradients on
-        # the device until the boundary's reduce-scatter: DeepSpeed's estimate_zero2 with cpu_offload counts 2
-        # bytes a parameter on the device, the weights); ZeRO-Infinity's CPU tier also keeps the parameter shards.
-        # The host figures use the device's bytes per parameter (DeepSpeed's host copy of a gradient is fp32).
-        moved = (("gradients",) if self.stage >= 2 else ()) + ("optimizer",)
-        moved = moved if options.get("offload_optimizer", "none") != "none" else ()
-        moved += ("weights",) if options.get("offload_param", "none") != "none" else ()
-        return offloaded_to_host(plan, *moved) if moved else plan
+        if options.get("offload_optimizer", "none") == "none":
+            return plan
+        # ZeRO-Offload (Ren et al. 2021, sec. 4): the host holds the fp32 master partition, the moments and the
+        # fp32 gradient partition they step on, 16 bytes a parameter over the ranks (DeepSpeed's
+        # estimate_zero3_model_states_mem_needs counts 16 on the host with offload_optimizer, 18 with
+        # offload_param). From stage 2 on the device keeps no gradient beyond its buckets (estimate_zero2 with
+        # cpu_offload: 2 bytes a parameter on the device, the weights); stage 1 keeps its whole 16-bit or fp32
+        # gradients there until the boundary's reduction, so its host copy joins the optimizer's bytes.
+        if self.stage == 1:
+            optimizer = dataclasses.replace(plan.optimizer, bytes_per_parameter=16)
+            return offloaded_to_host(dataclasses.replace(plan, optimizer=optimizer), "optimizer")
+        plan = dataclasses.replace(plan, gradients=dataclasses.replace(plan.gradients, bytes_per_parameter=4))
+        # ZeRO-Infinity's CPU tier keeps the parameter shards there too, in the weights' own bytes.
+        moved = ("weights",) if options.get("offload_param", "none") != "none" else ()
+        return offloaded_to_host(plan, "gradients", "optimizer", *moved)
 
     def deepspeed_estimate_bytes(self, parameters, largest_module_parameters, gpus_per_node, nodes, options):
         estimate = deepspeed_estimate(self.stage, parameters, largest_module_parameters, gpus_per_node, nodes=nodes,
