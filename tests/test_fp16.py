@@ -6,6 +6,11 @@ The launched cells: gpt-tiny at 2 ranks in fp16, every strategy, with rank 0's l
 applied [T, F, T, T, T] and scales 1024, 1024, 512, 512, 512; DeepSpeed's torch_autocast scaler starts at
 torch's default 2^16 and, under ZeRO, never falls (its overflow check returns before the scaler's update), so
 65536 throughout. The pipeline is skipped on CPU with its reason.
+
+An inf in one rank's loss reaches every rank's gradients through the reductions (and tensor parallelism's
+all-reduces), so it cannot tell whether a scaler shares its verdict. A third stream plants the overflow in one
+rank's shard of a column-parallel weight alone (`tensors=*.c_fc.weight`), which no collective carries: the
+tensor-parallel strategies must still skip on both ranks (fsdp2-tp with torch's own scaler did not).
 """
 
 import copy
@@ -26,6 +31,8 @@ from launch_streams import Stream, run_streams
 
 SMOKE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
 OVERFLOW = "overflow:rank=0:step=1"
+SHARD_OVERFLOW = "overflow:tensors=*.c_fc.weight:rank=0:step=1"
+SPLIT = ("tp", "fsdp2-tp", "autotp")
 TORCH_SCALED = ("plain", "ddp", "horovod", "fsdp2", "tp", "fsdp2-tp")
 DEEPSPEED_SCALED = ("zero1", "zero2", "zero3", "autotp")
 
@@ -37,6 +44,12 @@ def test_an_overflow_fault_multiplies_every_micro_batch_loss_of_its_step_by_inf(
     fault = Fault.parse(OVERFLOW)
     assert fault.loss_multipliers(0, 1, 3) == [math.inf] * 3
     assert fault.loss_multipliers(1, 1, 3) is None and fault.loss_multipliers(0, 0, 3) is None
+
+
+def test_an_overflow_confined_to_some_tensors_leaves_the_losses_alone_and_multiplies_their_gradients_by_inf():
+    fault = Fault.parse(SHARD_OVERFLOW)
+    assert (fault.tensors, fault.factor) == ("*.c_fc.weight", math.inf)
+    assert fault.loss_multipliers(0, 1, 3) is None
 
 
 def test_the_scaler_skips_a_step_with_an_inf_gradient_and_halves_its_scale():
@@ -148,16 +161,21 @@ def test_an_fp16_row_that_skipped_every_step_is_a_mismatch_whatever_its_losses(p
 
 
 @pytest.fixture(scope="module")
-def fp16_rows(tmp_path_factory):
-    """{strategy: row} of every strategy in fp16 on gpt-tiny at 2 ranks (the plain loop at 1), the overflow
-    planted; two streams, the DeepSpeed strategies in the second."""
+def fp16_streams(tmp_path_factory):
+    """Every strategy in fp16 on gpt-tiny at 2 ranks (the plain loop at 1), the overflow planted, in two streams (the
+    DeepSpeed strategies in the second); and the tensor-parallel ones with the overflow in one shard, a third."""
     # Every built-in strategy but DataParallel (CUDA only), named: another test may register one more.
-    groups = (TORCH_SCALED, (*DEEPSPEED_SCALED, "pipeline"))
-    streams = [Stream(f"fp16-{n}", ("--workload", "gpt-tiny", "--world-sizes", "2", "--precision", "fp16",
-                                    "--strategy", ",".join(group)), {FAULT_ENV: OVERFLOW})
-               for n, group in enumerate(groups)]
-    rows = run_streams(tmp_path_factory.mktemp("fp16"), streams)
-    return {row.spec.strategy: row for stream in rows.values() for row in stream}
+    fp16 = ("--workload", "gpt-tiny", "--world-sizes", "2", "--precision", "fp16", "--strategy")
+    streams = [Stream(f"fp16-{n}", (*fp16, ",".join(group)), {FAULT_ENV: OVERFLOW})
+               for n, group in enumerate((TORCH_SCALED, (*DEEPSPEED_SCALED, "pipeline")))]
+    streams.append(Stream("fp16-shard", (*fp16, ",".join(SPLIT)), {FAULT_ENV: SHARD_OVERFLOW}))
+    return run_streams(tmp_path_factory.mktemp("fp16"), streams)
+
+
+@pytest.fixture(scope="module")
+def fp16_rows(fp16_streams):
+    """{strategy: row} with the overflow in rank 0's loss."""
+    return {row.spec.strategy: row for name in ("fp16-0", "fp16-1") for row in fp16_streams[name]}
 
 
 @pytest.mark.launch
@@ -193,6 +211,17 @@ def test_zero_under_torch_autocast_fp16_keeps_its_scale_and_reads_gradients_stil
     assert parity.verdict is Verdict.MISMATCH and Quantity.GRADIENT_NORM in parity.failed
     assert "the loss scale 65536: the reduced gradients were read still scaled" in parity.note
     assert Quantity.LATER_LOSSES not in parity.failed       # the updates themselves are unscaled
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("strategy", SPLIT)
+def test_an_overflow_in_one_ranks_shard_alone_skips_the_step_on_every_rank(fp16_streams, fp16_rows, strategy):
+    row = next(row for row in fp16_streams["fp16-shard"] if row.spec.strategy == strategy)
+    assert row.status is Status.OK and row.environment["env"][FAULT_ENV] == SHARD_OVERFLOW, row.message
+    applied = [True, False, True, True, True]
+    assert row.measurements["optimizer_step_applied_by_rank"] == [applied, applied]
+    if strategy != "autotp":         # DeepSpeed's gradients are read still scaled (above)
+        assert judge([row.to_dict(), fp16_rows["plain"].to_dict()])[0].verdict is Verdict.MATCH
 
 
 @pytest.mark.launch

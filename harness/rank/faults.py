@@ -21,7 +21,9 @@ kinds:
   a lost accumulation step would;
 - `overflow`: the rank's losses of that step are multiplied by inf before backward, so its gradients hold
   infs and NaNs, as an fp16 overflow would: fp16's loss scaling (harness.strategies.loss_scaling) must skip
-  that step on every rank, and every strategy at the same step;
+  that step on every rank, and every strategy at the same step; with `tensors=PATTERN` only those parameters'
+  gradients on that rank are (as `grad-scale` scales them), an overflow confined to one rank's shard of a
+  tensor-parallel weight, which no collective carries to the other ranks unless the scaler's verdict is shared;
 - `slow-step` (with `factor=F >= 1`, optionally `strategy=NAME`): from the given step on, the rank sleeps
   at the end of each train step, inside its timed region, F - 1 times the time that train step took, so
   the step takes F times as long, as a strategy whose step got slower would; with `strategy=` only in the
@@ -70,8 +72,8 @@ EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "w
 SLOW_STEP = "slow-step"
 KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,)
 FACTOR_KINDS = ("grad-scale", LR_SCALE, SLOW_STEP)
-USAGE = ("KIND:rank=R:step=S (R a rank or all; grad-scale and lr-scale also :factor=F, grad-scale optionally "
-         ":tensors=PATTERN; slow-step also :factor=F >= 1 and optionally :strategy=NAME)")
+USAGE = ("KIND:rank=R:step=S (R a rank or all; grad-scale and lr-scale also :factor=F, grad-scale and overflow "
+         "optionally :tensors=PATTERN; slow-step also :factor=F >= 1 and optionally :strategy=NAME)")
 ALL_RANKS = -1           # rank=all
 EXTRA_ALL_REDUCE_ELEMENTS = 1024       # 4,096 bytes in fp32: one all-reduce's calls and bytes, plainly seen
 WEIGHT_COPY_STATE = "parbench_fault_weight_copy"     # the optimizer-state key the copy is kept under
@@ -97,14 +99,14 @@ class Fault:
             rank_text, step = values.pop("rank"), int(values.pop("step"))
             rank = ALL_RANKS if rank_text == "all" else int(rank_text)
             factor = float(values.pop("factor")) if kind in FACTOR_KINDS else 1.0
-            tensors = values.pop("tensors", "") if kind == "grad-scale" else ""
+            tensors = values.pop("tensors", "") if kind in ("grad-scale", OVERFLOW) else ""
             strategy = values.pop("strategy", "") if kind == SLOW_STEP else ""
         except (KeyError, ValueError):
             raise ValueError(f"{FAULT_ENV}={text!r}: expected {USAGE}, KIND one of {', '.join(KINDS)}") from None
         if kind not in KINDS or values:
             raise ValueError(f"{FAULT_ENV}={text!r}: kind must be one of {', '.join(KINDS)}, with only rank= "
                              "and step= (and factor= for grad-scale and lr-scale, optionally tensors= for "
-                             "grad-scale; factor=, optionally strategy=, for slow-step)")
+                             "grad-scale and overflow; factor=, optionally strategy=, for slow-step)")
         if (rank < 0 and rank_text != "all") or step < 0 or not math.isfinite(factor):
             raise ValueError(f"{FAULT_ENV}={text!r}: rank must be >= 0 or all, step >= 0 and factor a finite "
                              "number")
@@ -118,6 +120,8 @@ class Fault:
 
             if strategy not in STRATEGIES:
                 raise ValueError(f"{FAULT_ENV}={text!r}: no strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        if kind == OVERFLOW:
+            factor = math.inf        # what `scale_tensor_gradients` multiplies the gradients by
         return cls(kind, rank, step, factor, tensors, strategy)
 
     def _fires(self, rank: int, step: int) -> bool:

@@ -136,7 +136,11 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         fully_shard(model, mesh=mesh[DP], reshard_after_forward=reshard)
         return FSDP2TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
                               workload=workload, spec=spec, precision_recipe=recipe_of(spec),
-                              scaler=scaler_for(spec, context.device), tp_coordinate=context.rank % tp,
+                              # FSDP2's scaler shares its overflow verdict over the dp ranks, not the tp ranks: an
+                              # inf in one tp rank's shard alone left that rank skipping and the other stepping
+                              # (measured), so the verdict is summed over every rank.
+                              scaler=scaler_for(spec, context.device, mixed_tensors=True),
+                              tp_coordinate=context.rank % tp,
                               config={"tensor_parallel": tp, "data_parallel": context.world_size // tp,
                                       "reshard_after_forward": reshard,
                                       "split_blocks": len(blocks), "sharded_units": len(blocks) + 1,

@@ -47,9 +47,8 @@ class StepOutcome:
 
 
 def grad_scaler(device: torch.device, mixed_tensors: bool = False) -> torch.amp.GradScaler:
-    """torch's dynamic loss scaler with parbench's initial scale and torch's own backoff and growth; where a
-    model mixes DTensor and plain parameters (`mixed_tensors`: tensor parallelism), the scaler that unscales
-    their local tensors."""
+    """torch's dynamic loss scaler with parbench's initial scale and torch's own backoff and growth; for tensor
+    parallelism (`mixed_tensors`), the scaler that unscales local tensors and shares its verdict over every rank."""
     kind = LocalTensorGradScaler if mixed_tensors else torch.amp.GradScaler
     return kind(device.type, init_scale=INITIAL_SCALE, growth_factor=2.0, backoff_factor=BACKOFF_FACTOR,
                 growth_interval=GROWTH_INTERVAL)
@@ -61,11 +60,12 @@ def scaler_for(spec: RunSpec, device: torch.device, mixed_tensors: bool = False)
 
 
 class LocalTensorGradScaler(torch.amp.GradScaler):
-    """torch's GradScaler for a model whose parameters are partly DTensors (tensor parallelism's split layers)
-    and partly plain tensors (what it leaves whole): torch's fused unscale kernel refuses a list mixing the two
-    ("got mixed torch.Tensor and DTensor", torch 2.13), so each gradient is unscaled through its local tensor,
-    and the inf/NaN verdict is summed over the ranks, so that a shard's overflow skips the step on every rank
-    (as torch's ShardedGradScaler does for FSDP1)."""
+    """torch's GradScaler for tensor parallelism. Its parameters are partly DTensors (the split layers) and, under
+    `tp`, partly plain tensors (what it leaves whole), and torch's fused unscale kernel refuses a list mixing the
+    two ("got mixed torch.Tensor and DTensor", torch 2.13): each gradient is unscaled through its local tensor.
+    The inf/NaN verdict is then summed over every rank, so that an overflow in one rank's shard skips the step on
+    all of them (as torch's ShardedGradScaler does for FSDP1); under fsdp2-tp torch's own scaler left the other
+    tp rank stepping (measured: `overflow:tensors=*.c_fc.weight:rank=0`)."""
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         stand_ins = []
