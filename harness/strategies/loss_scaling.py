@@ -13,8 +13,9 @@ the scale, and doubles it after `GROWTH_INTERVAL` clean steps. Each library does
   to torch's rule); on a CPU, where DeepSpeed refuses that section, its `torch_autocast` section with
   float16, whose GradScaler DeepSpeed makes itself (torch's default initial scale, 2^16; no setting reaches
   it). Under ZeRO-1/2/3 its overflow check returns before that scaler's `update()`, so the scale never
-  falls and every step after the first overflow is skipped (deepspeed/runtime/zero/stage_1_and_2.py, 0.19.8,
-  `step`): rows show it, parity calls it a mismatch.
+  falls (deepspeed/runtime/zero/stage_1_and_2.py, 0.19.8, `step`): an overflow that recurred at that scale
+  would skip every later step. Measured here, a planted one left the scale at 2^16 and the later steps applied;
+  the gradients read between reduction and update still carry the scale, which parity names.
 
 The initial scale is low (2^10, not torch's 2^16) so that a tiny model does not spend its warm-up halving
 the scale. Every row of an fp16 cell records, per step (warm-up included, as `loss_per_step`), whether the

@@ -113,8 +113,10 @@ class DeepSpeedTrainer(Trainer):
         # all-reduced over the data-parallel group; stage 3 (stage3.py, step -> _get_norm_groups) over the
         # reduce-scattered partitions, likewise. The gradients are those of losses divided by
         # gradient_accumulation_steps and averaged over the data-parallel ranks, as everywhere else here;
-        # the norm is divided by the loss scale (1: no fp16 here) and taken before unscale_and_clip_grads,
-        # which would clip only where gradient_clipping > 0 (it is 0).
+        # the norm is divided by ZeRO's own loss scale and taken before unscale_and_clip_grads, which would clip
+        # only where gradient_clipping > 0 (it is 0). That scale is 1 in fp32, bf16 and under torch_autocast
+        # float16, whose GradScaler's scale stays in the gradients: there the norm is that scale times the
+        # true one (harness.derive.parity names it); the fp16 section's scale on a GPU is its own.
         return float(self.engine.get_global_grad_norm())
 
     def local_parameters(self):
