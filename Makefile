@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup test-tools run smoke test test-unit docker-check
+.PHONY: setup test-tools run smoke test test-matrix test-unit docker-check
 setup:
 	PARBENCH_VENV=$(VENV) scripts/setup-env.sh
 
@@ -17,8 +17,13 @@ run: setup
 smoke: setup
 	$(PYTHON) -m harness run --matrix smoke
 
+# Everything but the matrix tier's tests (under 10 minutes here): those judge cells of every strategy in bf16 and
+# fp16, checkpointed, at 4 ranks, on ResNet-20 and with planted faults, and .ci/run runs them after this.
 test: setup test-tools
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -m "not matrix"
+
+test-matrix: setup test-tools
+	$(PYTHON) -m pytest -m matrix
 
 # The unit tier: the tests that start no process (marked otherwise `launch`; tests/launch_guard.py), under a minute.
 test-unit: setup

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.strategies import STRATEGIES
 from launch_guard import LaunchGuard
-from launch_streams import Stream, run_streams
+from launch_streams import Stream, StreamBank
 
 
 def pytest_configure(config):
@@ -23,6 +24,11 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    unmarked = [item.nodeid for item in items if "matrix" not in item.keywords
+                and set(item.fixturenames) & set(MATRIX_FIXTURES)]
+    if unmarked:    # it would launch the matrix tier's streams in `make test`
+        raise pytest.UsageError(f"mark `matrix` the tests that read {', '.join(MATRIX_FIXTURES)}: "
+                                f"{', '.join(unmarked)}")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; this machine has none")
@@ -32,20 +38,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---- cells launched once per session and shared by the modules that judge them, two streams at a time
-# (tests/launch_streams.py: the steps and cores they run with) ---------------------------------------------
+# (tests/launch_streams.py: the steps and cores they run with). A fixture below names the streams it reads;
+# the first fixture asked for launches every stream that any selected test will read, so that the streams
+# of `make test` and of `make test-matrix` each launch together, and neither launches the other's. --------
 
 
-@pytest.fixture(scope="session")
-def fp32_streams(tmp_path_factory):
-    """The fp32 cells of `fp32_rows` and `hybrid_rows`, launched together: three streams, two at a time, keep
-    both cores busier than the 4-rank stream alone would."""
-    streams = [Stream(workload, ("--workload", workload, "--world-sizes", "2"))   # with the plain loop
-               for workload in ("resnet20-cifar", "gpt-tiny")]
-    streams.append(Stream("hybrid", ("--workload", "gpt-tiny", "--world-sizes", "4", "--warmup-steps", "1",
-                                     "--strategy", "plain,fsdp2-tp,autotp,pipeline")))
-    streams += [CHECKPOINTED, SEQUENCE_PARALLEL, LOSS_PARALLEL, CHECKPOINTED_EVERY_2]
-    return run_streams(tmp_path_factory.mktemp("fp32"), streams)
+def _fp32(name: str, workload: str, strategies: tuple[str, ...]) -> Stream:
+    return Stream(name, ("--workload", workload, "--world-sizes", "2", "--strategy", ",".join(strategies)))
 
+
+# Every strategy at 2 ranks on gpt-tiny in fp32, and the plain loop: the ci matrix's cells. Two streams of about
+# the same length (measured one at a time: the three ZeRO stages 16-17 s a launch, the pipeline 12 s, the rest
+# 2-14 s), launched side by side.
+DEEPSPEED_BUT_AUTOTP = ("zero1", "zero2", "zero3", "pipeline")
+GPT_TINY = (_fp32("gpt-tiny", "gpt-tiny", tuple(s for s in STRATEGIES if s not in DEEPSPEED_BUT_AUTOTP)),
+            _fp32("gpt-tiny-deepspeed", "gpt-tiny", DEEPSPEED_BUT_AUTOTP))
+# ResNet-20's smoke cells (the plain loop, DDP), and its other strategies.
+RESNET_SMOKE = _fp32("resnet20-cifar-smoke", "resnet20-cifar", ("plain", "ddp"))
+RESNET = (RESNET_SMOKE, _fp32("resnet20-cifar", "resnet20-cifar",
+                              tuple(s for s in STRATEGIES if s not in ("plain", "ddp"))))
+HYBRID = Stream("hybrid", ("--workload", "gpt-tiny", "--world-sizes", "4", "--warmup-steps", "1",
+                           "--strategy", "plain,fsdp2-tp,autotp,pipeline"))
 
 # Activation checkpointing (harness.strategies.checkpointing) on gpt-tiny in fp32: every strategy at 2 ranks and
 # the plain loop with every block checkpointed, and the plain loop with one block in two.
@@ -53,7 +66,6 @@ CHECKPOINTED = Stream("checkpointed", ("--workload", "gpt-tiny", "--world-sizes"
                                        "--option", "activation_checkpointing=blocks"))
 CHECKPOINTED_EVERY_2 = Stream("checkpointed-every-2", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy",
                                                        "plain", "--option", "activation_checkpointing=every:2"))
-
 
 # tp with sequence or loss parallelism (fp32), or both (bf16), on gpt-tiny at 2 ranks, each judged against the
 # plain loop of its precision's streams.
@@ -64,69 +76,99 @@ BOTH_IN_BF16 = Stream("bf16-sequence-and-loss-parallel", (*TP_AT_2, "--option", 
                                                          "loss_parallel=true", "--precision", "bf16"))
 
 
-@pytest.fixture(scope="session")
-def fp32_rows(fp32_streams):
-    """Every strategy at world size 2 on both tiny workloads in fp32, and the plain loop: real rows,
-    {(workload, strategy): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
-    tests/test_parity_faults.py; the smoke matrix's cells in tests/test_ddp_cpu.py; the model-state census
-    of tests/test_memory.py). DataParallel's rows are skipped on CPU."""
-    return {(row.spec.workload, row.spec.strategy): row for name in ("resnet20-cifar", "gpt-tiny")
-            for row in fp32_streams[name]}
+def _bf16(name: str, strategies: tuple[str, ...]) -> Stream:
+    return Stream(name, ("--workload", "gpt-tiny", "--world-sizes", "2", "--precision", "bf16",
+                         "--strategy", ",".join(strategies)))
+
+
+# Every strategy at 2 ranks on gpt-tiny in bf16, with the plain loop at 1 (World size 1 in bf16, 7 more launches,
+# was dropped to keep the suite's time: a wrapper's arithmetic at 1 rank is what it does at 2, without the
+# reduction); two DeepSpeed strategies in the first stream, two in the second, to even them out.
+BF16_FIRST, BF16_SPLIT = ("plain", "dataparallel", "ddp", "zero2", "zero3"), ("tp", "autotp")
+BF16 = (_bf16("bf16-0", BF16_FIRST),
+        _bf16("bf16-1", tuple(s for s in STRATEGIES if s not in BF16_FIRST + BF16_SPLIT + ("fsdp2-tp",))),
+        _bf16("bf16-2", BF16_SPLIT))
+
+# What each fixture reads, and the order streams launch in: the longest first.
+STREAMS_READ_BY = {"gpt_tiny_fp32": GPT_TINY, "resnet_smoke_fp32": (RESNET_SMOKE,), "resnet_fp32": RESNET,
+                   "hybrid_rows": (HYBRID,), "checkpointed_rows": (GPT_TINY[0], CHECKPOINTED, CHECKPOINTED_EVERY_2),
+                   "bf16_rows": BF16, "split_tp_rows": (GPT_TINY[0], SEQUENCE_PARALLEL, LOSS_PARALLEL, BF16[0],
+                                                         BOTH_IN_BF16)}
+# The fixtures only tests marked `matrix` may read (`make test-matrix`).
+MATRIX_FIXTURES = ("resnet_fp32", "hybrid_rows", "checkpointed_rows", "bf16_rows", "split_tp_rows")
+LONGEST_FIRST = (CHECKPOINTED, GPT_TINY[1], GPT_TINY[0], RESNET[1], HYBRID, *BF16, RESNET_SMOKE, SEQUENCE_PARALLEL,
+                 LOSS_PARALLEL, CHECKPOINTED_EVERY_2, BOTH_IN_BF16)
 
 
 @pytest.fixture(scope="session")
-def bf16_streams(tmp_path_factory):
-    """The bf16 cells of `bf16_rows` and `split_tp_rows`, four streams two at a time."""
-    from harness.strategies import STRATEGIES
+def stream_bank(request, tmp_path_factory):
+    """The shared streams, each launched once, the first time a fixture reads any: with every other stream the
+    session's selected tests read."""
+    wanted = {stream.name for item in request.session.items for fixture, streams in STREAMS_READ_BY.items()
+              if fixture in item.fixturenames for stream in streams}
+    return StreamBank(tmp_path_factory.mktemp("streams"), [s for s in LONGEST_FIRST if s.name in wanted])
 
-    # At 2 ranks, where the strategies communicate, with the plain loop at 1; two DeepSpeed strategies in the first
-    # stream, two in the second, to even them out. (World size 1 in bf16, 7 more launches, was dropped to keep the
-    # suite's time: a wrapper's arithmetic at 1 rank is what it does at 2, without the reduction.)
-    first = ("plain", "dataparallel", "ddp", "zero2", "zero3")
-    split = ("tp", "autotp")
-    second = tuple(name for name in STRATEGIES if name not in first + split + ("fsdp2-tp",))
-    streams = [Stream(f"bf16-{n}", ("--workload", "gpt-tiny", "--world-sizes", "2", "--precision", "bf16",
-                                    "--strategy", ",".join(names)))
-               for n, names in enumerate((first, second, split))]
-    streams.append(BOTH_IN_BF16)
-    return run_streams(tmp_path_factory.mktemp("bf16"), streams)
+
+def _by_strategy(rows) -> dict:
+    return {row.spec.strategy: row for row in rows}
 
 
 @pytest.fixture(scope="session")
-def bf16_rows(bf16_streams):
+def gpt_tiny_fp32(stream_bank):
+    """Every strategy at world size 2 on gpt-tiny in fp32, and the plain loop: real rows, {strategy: RunResult}
+    (tests/test_strategies_cpu.py; the no-fault rows of tests/test_parity_faults.py; the smoke matrix's cells
+    in tests/test_ddp_cpu.py; the model-state census of tests/test_memory.py). DataParallel's row is skipped
+    on CPU."""
+    return _by_strategy(stream_bank.rows(*GPT_TINY))
+
+
+@pytest.fixture(scope="session")
+def resnet_smoke_fp32(stream_bank):
+    """The plain loop and DDP at world size 2 on resnet20-cifar in fp32: {strategy: RunResult}."""
+    return _by_strategy(stream_bank.rows(RESNET_SMOKE))
+
+
+@pytest.fixture(scope="session")
+def resnet_fp32(stream_bank):
+    """Every strategy at world size 2 on resnet20-cifar in fp32, and the plain loop: {strategy: RunResult}; the
+    transformer-only strategies' rows are skipped."""
+    return _by_strategy(stream_bank.rows(*RESNET))
+
+
+@pytest.fixture(scope="session")
+def bf16_rows(stream_bank):
     """Every strategy at world size 2 on gpt-tiny in bf16 (`fsdp2-tp` not: at 2 ranks it is `tp` with FSDP2 over one
     rank, and its 2-D bf16 cells are the hybrid matrix's), and the plain loop: real rows,
     {(strategy, world_size): RunResult} (tests/test_strategies_cpu.py; the no-fault rows of
     tests/test_parity_faults.py; ZeRO-2's reductions in tests/test_comm_zero_cpu.py)."""
-    return {(row.spec.strategy, row.spec.world_size): row for name, stream in bf16_streams.items()
-            if name != BOTH_IN_BF16.name for row in stream}
+    return {(row.spec.strategy, row.spec.world_size): row for row in stream_bank.rows(*BF16)}
 
 
 @pytest.fixture(scope="session")
-def split_tp_rows(fp32_streams, bf16_streams):
+def split_tp_rows(stream_bank):
     """tp at 2 ranks on gpt-tiny with sequence parallelism, with loss parallelism (fp32) and with both (bf16), each
     after the plain loop at its global batch and precision: {stream name: [plain row, tp row]}
     (tests/test_sequence_parallel.py)."""
-    plain = {"fp32": next(r for r in fp32_streams["gpt-tiny"] if r.spec.strategy == "plain"),
-             "bf16": next(r for r in bf16_streams["bf16-0"] if r.spec.strategy == "plain")}
-    return {SEQUENCE_PARALLEL.name: [plain["fp32"], *fp32_streams[SEQUENCE_PARALLEL.name]],
-            LOSS_PARALLEL.name: [plain["fp32"], *fp32_streams[LOSS_PARALLEL.name]],
-            BOTH_IN_BF16.name: [plain["bf16"], *bf16_streams[BOTH_IN_BF16.name]]}
+    plain = {precision: next(r for r in stream_bank.rows(stream) if r.spec.strategy == "plain")
+             for precision, stream in (("fp32", GPT_TINY[0]), ("bf16", BF16[0]))}
+    return {SEQUENCE_PARALLEL.name: [plain["fp32"], *stream_bank.rows(SEQUENCE_PARALLEL)],
+            LOSS_PARALLEL.name: [plain["fp32"], *stream_bank.rows(LOSS_PARALLEL)],
+            BOTH_IN_BF16.name: [plain["bf16"], *stream_bank.rows(BOTH_IN_BF16)]}
 
 
 @pytest.fixture(scope="session")
-def checkpointed_rows(fp32_streams):
+def checkpointed_rows(stream_bank):
     """gpt-tiny in fp32 with activation checkpointing, and the plain loop without it, at the same global batch (16)
     and steps: {(strategy, its `activation_checkpointing`): RunResult} (tests/test_checkpointing.py)."""
-    plain = next(r for r in fp32_streams["gpt-tiny"] if r.spec.strategy == "plain")
-    rows = [plain, *fp32_streams[CHECKPOINTED.name], *fp32_streams[CHECKPOINTED_EVERY_2.name]]
+    plain = next(r for r in stream_bank.rows(GPT_TINY[0]) if r.spec.strategy == "plain")
+    rows = [plain, *stream_bank.rows(CHECKPOINTED, CHECKPOINTED_EVERY_2)]
     return {(row.spec.strategy, row.spec.options_dict.get("activation_checkpointing", "none")): row for row in rows}
 
 
 @pytest.fixture(scope="session")
-def hybrid_rows(fp32_streams):
+def hybrid_rows(stream_bank):
     """The model-parallel layouts that need four ranks on gpt-tiny in fp32, and the plain loop at their global
     batch (32): fsdp2-tp and autotp at dp 2 x tp 2, the pipeline at 2 stages x 2 replicas; one warm-up step (the
     one that counts DTensor's collectives) and three timed, the four steps parity compares. Real rows,
     {strategy: RunResult} (tests/test_hybrid.py, tests/test_pipeline_traffic.py)."""
-    return {row.spec.strategy: row for row in fp32_streams["hybrid"]}
+    return _by_strategy(stream_bank.rows(HYBRID))

@@ -49,6 +49,22 @@ class Stream:
     environment: Mapping[str, str] = field(default_factory=dict)
 
 
+class StreamBank:
+    """Streams launched on demand into one folder, each once: the first demand launches, with what it asks for,
+    every planned stream not yet launched, so that they share the STREAMS lanes."""
+
+    def __init__(self, folder: Path, planned: Sequence[Stream]) -> None:
+        self.folder, self.planned = folder, list(planned)
+        self.launched: dict[str, list[RunResult]] = {}
+
+    def rows(self, *streams: Stream) -> list[RunResult]:
+        """The rows of `streams`, in their order."""
+        if any(stream.name not in self.launched for stream in streams):
+            due = [s for s in [*self.planned, *streams] if s.name not in self.launched]   # planned longest first
+            self.launched.update(run_streams(self.folder, list({s.name: s for s in due}.values())))
+        return [row for stream in streams for row in self.launched[stream.name]]
+
+
 def run_streams(folder: Path, streams: Sequence[Stream]) -> dict[str, list[RunResult]]:
     """{stream name: its rows}, at most STREAMS streams launching at once, longest first as given."""
     with ThreadPoolExecutor(max_workers=STREAMS) as pool:

@@ -16,7 +16,7 @@ from harness.derive.parity import Verdict, judge
 from harness.derive.techniques import recompute_cost, technique_columns
 from harness.report.techniques import technique_lines
 from harness.report.verdicts import COMPARABLE
-from harness.spec import RunSpec, SpecError, Status
+from harness.spec import RunSpec, Status
 from harness.strategies import STRATEGIES, checked
 from harness.strategies.base import unwrapped_parameter_names
 from harness.strategies.checkpointing import checkpoint_interval, checkpointed_blocks, count_checkpointed
@@ -126,6 +126,7 @@ def verdicts(checkpointed_rows):
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 def test_every_strategy_checkpointed_matches_the_plain_loop_without_it(checkpointed_rows, verdicts):
     for key, row in checkpointed_rows.items():
         assert row.status is Status.OK or row.spec.strategy == "dataparallel", (key, row.message)
@@ -140,6 +141,7 @@ def test_every_strategy_checkpointed_matches_the_plain_loop_without_it(checkpoin
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 def test_the_census_finds_the_bytes_worked_out_by_hand(checkpointed_rows):
     saved = {key: row.measurements["saved_activation_bytes_by_rank"] for key, row in checkpointed_rows.items()
              if row.status is Status.OK}
@@ -158,13 +160,14 @@ def test_the_census_finds_the_bytes_worked_out_by_hand(checkpointed_rows):
 
 
 @pytest.mark.launch
-def test_each_rank_saves_what_checkpointing_its_blocks_should_save(checkpointed_rows, fp32_rows):
+@pytest.mark.matrix
+def test_each_rank_saves_what_checkpointing_its_blocks_should_save(checkpointed_rows, gpt_tiny_fp32):
     """Against the same strategy without checkpointing (the session's gpt-tiny rows): a rank saves one block's
     991,232 B (595,968 B at TP 2) for each block it holds and each micro-batch it has in flight at its peak."""
     tp2 = 4 * TP2_BLOCK + HEAD
-    assert fp32_rows["gpt-tiny", "tp"].measurements["saved_activation_bytes_by_rank"] == [tp2, tp2] == [3_303_940] * 2
+    assert gpt_tiny_fp32["tp"].measurements["saved_activation_bytes_by_rank"] == [tp2, tp2] == [3_303_940] * 2
     for strategy in STRATEGIES_AT_2:
-        before = fp32_rows["gpt-tiny", strategy].measurements["saved_activation_bytes_by_rank"]
+        before = gpt_tiny_fp32[strategy].measurements["saved_activation_bytes_by_rank"]
         after = checkpointed_rows[strategy, "blocks"].measurements["saved_activation_bytes_by_rank"]
         if strategy == "pipeline":
             # A stage's blocks from DeepSpeed's partition (layers 1-4 of gpt-tiny are its blocks); under 1F1B stage
@@ -181,6 +184,7 @@ def test_each_rank_saves_what_checkpointing_its_blocks_should_save(checkpointed_
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 def test_a_checkpointed_cell_records_its_recompute_pass_and_one_without_checkpointing_records_none(
         checkpointed_rows):
     for (strategy, setting), row in checkpointed_rows.items():
@@ -221,12 +225,13 @@ def test_the_report_pairs_a_checkpointed_cell_with_the_same_cell_without_it():
 
 
 @pytest.mark.launch
-def test_the_report_opens_on_what_checkpointing_saved_for_each_strategy(checkpointed_rows, fp32_rows):
+@pytest.mark.matrix
+def test_the_report_opens_on_what_checkpointing_saved_for_each_strategy(checkpointed_rows, gpt_tiny_fp32):
     from harness.derive.cells import cell_table
     from harness.report.document import TECHNIQUES_HEADING, _verdict_sections
     from harness.report.verdicts import verdicts
 
-    without = [row for (workload, _), row in fp32_rows.items() if workload == "gpt-tiny" and row.spec.world_size == 2]
+    without = [row for row in gpt_tiny_fp32.values() if row.spec.world_size == 2]
     rows = [row.to_dict() for row in [*checkpointed_rows.values(), *without]]
     heading, lines = _verdict_sections(verdicts(cell_table(rows)))[0]
     assert heading == TECHNIQUES_HEADING

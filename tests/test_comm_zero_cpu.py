@@ -9,7 +9,7 @@ import pytest
 
 from harness.spec import Precision, Status
 
-pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+pytestmark = [pytest.mark.launch, pytest.mark.matrix]   # every test here reads cells launched for real
 
 # gpt-tiny (workloads/gpt.py): vocab 512, 64 tokens, 4 blocks of width 64, head tied to the token embedding.
 V, T, LAYERS, D = 512, 64, 4, 64

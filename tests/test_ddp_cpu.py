@@ -24,9 +24,10 @@ def test_the_smoke_matrix_is_the_plain_loop_and_ddp_at_two_ranks_on_each_tiny_wo
 
 
 @pytest.fixture(scope="module")
-def smoke_rows(fp32_rows):
+def smoke_rows(gpt_tiny_fp32, resnet_smoke_fp32):
     """The rows of the smoke matrix's cells, in its order: each the smoke cell itself, steps aside."""
-    rows = [fp32_rows[spec.workload, spec.strategy] for spec in SMOKE]
+    fp32 = {"gpt-tiny": gpt_tiny_fp32, "resnet20-cifar": resnet_smoke_fp32}
+    rows = [fp32[spec.workload][spec.strategy] for spec in SMOKE]
     for spec, row in zip(SMOKE, rows):
         assert row.spec == spec.replace(warmup_steps=row.spec.warmup_steps, timed_steps=row.spec.timed_steps)
     return rows

@@ -179,6 +179,7 @@ def fp16_rows(fp16_streams):
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", TORCH_SCALED + DEEPSPEED_SCALED)
 def test_every_rank_of_every_strategy_skips_the_planted_overflow_and_no_other_step(fp16_rows, strategy):
     row = fp16_rows[strategy]
@@ -191,6 +192,7 @@ def test_every_rank_of_every_strategy_skips_the_planted_overflow_and_no_other_st
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", TORCH_SCALED)
 def test_torchs_scaler_starts_at_2_to_the_10_and_halves_at_the_overflow_then_parity_matches(fp16_rows, strategy):
     row = fp16_rows[strategy]
@@ -201,6 +203,7 @@ def test_torchs_scaler_starts_at_2_to_the_10_and_halves_at_the_overflow_then_par
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", DEEPSPEED_SCALED)
 def test_zero_under_torch_autocast_fp16_keeps_its_scale_and_reads_gradients_still_scaled(fp16_rows, strategy):
     """The overflow is skipped, but the scale stays at 2^16; the gradients read between reduction and update (and
@@ -214,6 +217,7 @@ def test_zero_under_torch_autocast_fp16_keeps_its_scale_and_reads_gradients_stil
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", SPLIT)
 def test_an_overflow_in_one_ranks_shard_alone_skips_the_step_on_every_rank(fp16_streams, fp16_rows, strategy):
     row = next(row for row in fp16_streams["fp16-shard"] if row.spec.strategy == strategy)
@@ -225,6 +229,7 @@ def test_an_overflow_in_one_ranks_shard_alone_skips_the_step_on_every_rank(fp16_
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 def test_the_pipeline_row_is_skipped_with_its_reason(fp16_rows):
     row = fp16_rows["pipeline"]
     assert row.status is Status.SKIPPED and "the first stage fails" in row.message

@@ -62,6 +62,7 @@ HELD = 4 * BLOCK_SPLIT_AT_TP_2 + ROOT_PARAMETERS                                
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 def test_fsdp2_tp_and_autotp_on_four_ranks_count_their_schedules_by_hand_and_match_the_plain_loop(hybrid_rows):
     from harness.derive.parity import Verdict, judge
 

@@ -148,14 +148,14 @@ FROM_SESSION = ("plain", "ddp", "fsdp2", "zero1", "zero2", "pipeline")
 
 
 @pytest.fixture(scope="module")
-def rows(fp32_rows, tmp_path_factory):
+def rows(gpt_tiny_fp32, tmp_path_factory):
     """{name: row}: the session's fp32 gpt-tiny rows, and ZeRO-3 with ZERO3_OPTIONS at the same batch and steps."""
     out = tmp_path_factory.mktemp("memory") / "rows.jsonl"
-    plain = fp32_rows["gpt-tiny", "plain"].spec
+    plain = gpt_tiny_fp32["plain"].spec
     run_specs([plain.replace(strategy="zero3", world_size=2, options=ZERO3_OPTIONS)],
               RunOptions(results=out, timeout_s=300))
     [zero3] = read_results([out])
-    return {**{name: fp32_rows["gpt-tiny", name] for name in FROM_SESSION}, "zero3": zero3}
+    return {**{name: gpt_tiny_fp32[name] for name in FROM_SESSION}, "zero3": zero3}
 
 
 def _census(rows, name):

@@ -24,7 +24,7 @@ from harness.rank.faults import FAULT_ENV
 from harness.spec import Status
 from launch_streams import Stream, run_streams
 
-pytestmark = pytest.mark.launch   # every test here reads cells launched for real
+pytestmark = [pytest.mark.launch, pytest.mark.matrix]   # every test here reads cells launched for real
 
 STRATEGIES = ("ddp", "horovod", "zero2", "fsdp2")
 GRAD_SCALE, SKIP_MICROBATCH = FAULTS = ("grad-scale:factor=2:rank=1:step=0", "skip-microbatch:rank=1:step=0")
@@ -55,16 +55,16 @@ def faulty_rows(tmp_path_factory):
     return {(*planted[name], row.spec.strategy): row for name, stream in rows.items() for row in stream}
 
 
-def no_fault(fp32_rows, bf16_rows, precision, strategy):
+def no_fault(gpt_tiny_fp32, bf16_rows, precision, strategy):
     if precision == "fp32":
-        return fp32_rows["gpt-tiny", strategy]
+        return gpt_tiny_fp32[strategy]
     return bf16_rows[strategy, 2 if strategy != "plain" else 1]
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_without_a_fault_the_cell_matches(fp32_rows, bf16_rows, precision, strategy):
-    row, reference = (no_fault(fp32_rows, bf16_rows, precision, name) for name in (strategy, "plain"))
+def test_without_a_fault_the_cell_matches(gpt_tiny_fp32, bf16_rows, precision, strategy):
+    row, reference = (no_fault(gpt_tiny_fp32, bf16_rows, precision, name) for name in (strategy, "plain"))
     assert row.status is Status.OK and FAULT_ENV not in row.environment["env"]
     parity = judge([row.to_dict(), reference.to_dict()])[0]
     assert parity.verdict is Verdict.MATCH, parity
@@ -73,9 +73,9 @@ def test_without_a_fault_the_cell_matches(fp32_rows, bf16_rows, precision, strat
 
 @pytest.mark.parametrize("fault, precision, strategy", CELLS)
 def test_a_silently_corrupted_gradient_is_a_mismatch_named_by_the_gradient_norm(
-        faulty_rows, fp32_rows, bf16_rows, fault, precision, strategy):
+        faulty_rows, gpt_tiny_fp32, bf16_rows, fault, precision, strategy):
     row = faulty_rows[fault, precision, strategy]
-    reference = no_fault(fp32_rows, bf16_rows, precision, "plain")
+    reference = no_fault(gpt_tiny_fp32, bf16_rows, precision, "plain")
     assert row.status is Status.OK, row.message
     assert row.environment["env"][FAULT_ENV] == fault and row.spec.precision == precision
     parity = judge([row.to_dict(), reference.to_dict()])[0]

@@ -28,6 +28,7 @@ def test_the_hand_figures_add_up():
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 def test_a_2_stage_pipeline_of_2_replicas_counts_what_its_stages_should_send_and_matches_the_plain_loop(hybrid_rows):
     from harness.derive.parity import Verdict, judge
 

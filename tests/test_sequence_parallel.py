@@ -53,6 +53,7 @@ def by_hand(K, *, sequence_parallel, loss_parallel, bf16):
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 @pytest.mark.parametrize("stream", ["sequence-parallel", "loss-parallel", "bf16-sequence-and-loss-parallel"])
 def test_split_tp_matches_the_plain_loop_and_counts_its_schedule_by_hand(split_tp_rows, stream):
     from harness.derive.parity import Verdict, judge

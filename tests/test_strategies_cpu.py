@@ -8,9 +8,10 @@ docstring). Subtle errors need ResNet-20 as well as gpt-tiny: its BatchNorm ampl
 the initial weights, where gpt-tiny hardly shows one (Horovod's 1e-5 weight decay before the first step,
 tests/test_horovod_wrap.py, moved gpt-tiny's first losses by 2e-6 and ResNet-20's by 3.6e-4).
 
-The cells are launched once per session (tests/conftest.py: `fp32_rows`, `bf16_rows`, which other modules read
-too), each running the four steps compared and one more (two warm-up, three timed): this is about training
-the same way, not about speed, and launches dominate the test's time.
+The cells are launched once per session (tests/conftest.py: `gpt_tiny_fp32`, `resnet_fp32`, `bf16_rows`, which
+other modules read too), each running the four steps compared and one more (two warm-up, three timed): this is
+about training the same way, not about speed, and launches dominate the test's time. ResNet-20's and the bf16
+cells are judged in the matrix tier (`make test-matrix`, which CI runs after `make test`).
 """
 
 import math
@@ -24,7 +25,6 @@ from harness.spec import Status
 pytestmark = pytest.mark.launch   # every test here reads cells launched for real
 
 MULTI_PROCESS = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
-WORKLOADS = ("resnet20-cifar", "gpt-tiny")
 # Strategies that split transformer blocks: gpt-tiny only (a ResNet cell is skipped).
 TRANSFORMER_ONLY = ("tp", "fsdp2-tp", "autotp")
 # Strategies whose step has a point between gradient reduction and update, where the norms are read.
@@ -32,9 +32,9 @@ PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp"
 
 
 @pytest.fixture(scope="module")
-def rows(fp32_rows):
+def rows(gpt_tiny_fp32):
     """{strategy: row} on gpt-tiny, fp32"""
-    return {strategy: row for (workload, strategy), row in fp32_rows.items() if workload == "gpt-tiny"}
+    return gpt_tiny_fp32
 
 
 def verdict(row, reference):
@@ -42,30 +42,35 @@ def verdict(row, reference):
     return judge([row.to_dict(), reference.to_dict()])[0]
 
 
-@pytest.mark.parametrize("workload", WORKLOADS)
-@pytest.mark.parametrize("strategy", MULTI_PROCESS)
-def test_strategy_at_two_ranks_trains_like_the_plain_loop(fp32_rows, strategy, workload):
-    row, reference = fp32_rows[workload, strategy], fp32_rows[workload, "plain"]
+def _trains_like_the_plain_loop(rows, strategy):
+    row, reference = rows[strategy], rows["plain"]
     assert row.status is Status.OK, row.message
     assert row.spec.world_size == 2 and row.spec.global_batch == reference.spec.global_batch
     assert len(row.measurements["loss_per_step"]) >= PARITY_STEPS     # every step parity compares
     assert all(math.isfinite(x) for x in row.measurements["loss_per_step"])
     parity = verdict(row, reference)
-    assert parity.verdict is Verdict.MATCH, (workload, strategy, parity)
+    assert parity.verdict is Verdict.MATCH, (row.spec.workload, strategy, parity)
     compared = set(parity.deviations)
     assert compared == ({Quantity.FIRST_LOSS, Quantity.LATER_LOSSES, *NORMS, *TENSOR_NORMS} if strategy in PROBED
                         else {Quantity.FIRST_LOSS, Quantity.LATER_LOSSES})
     assert row.measurements["precision_recipe"] == "fp32"
 
 
+@pytest.mark.parametrize("strategy", MULTI_PROCESS + TRANSFORMER_ONLY)
+def test_strategy_at_two_ranks_trains_gpt_tiny_like_the_plain_loop(rows, strategy):
+    _trains_like_the_plain_loop(rows, strategy)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("strategy", MULTI_PROCESS)
+def test_strategy_at_two_ranks_trains_resnet20_like_the_plain_loop(resnet_fp32, strategy):
+    _trains_like_the_plain_loop(resnet_fp32, strategy)
+
+
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", TRANSFORMER_ONLY)
-def test_a_transformer_only_strategy_trains_gpt_tiny_like_the_plain_loop_and_skips_resnet(fp32_rows, strategy):
-    row, reference = fp32_rows["gpt-tiny", strategy], fp32_rows["gpt-tiny", "plain"]
-    assert row.status is Status.OK and row.spec.world_size == 2, row.message
-    parity = verdict(row, reference)
-    assert parity.verdict is Verdict.MATCH, parity
-    assert set(parity.deviations) == {Quantity.FIRST_LOSS, Quantity.LATER_LOSSES, *NORMS, *TENSOR_NORMS}
-    skipped = fp32_rows["resnet20-cifar", strategy]
+def test_a_transformer_only_strategy_skips_resnet_with_the_reason(resnet_fp32, strategy):
+    skipped = resnet_fp32[strategy]
     assert skipped.status is Status.SKIPPED and "resnet20-cifar has none" in skipped.message
 
 
@@ -73,6 +78,7 @@ def test_a_transformer_only_strategy_trains_gpt_tiny_like_the_plain_loop_and_ski
 BF16_CELLS = [(s, 2) for s in MULTI_PROCESS + TRANSFORMER_ONLY if s != "fsdp2-tp"]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy, world_size", BF16_CELLS)
 def test_strategy_trains_like_the_plain_loop_in_bf16(bf16_rows, strategy, world_size):
     row, reference = bf16_rows[strategy, world_size], bf16_rows["plain", 1]
@@ -97,6 +103,7 @@ BF16_TOLERANCE_SET = {"ddp": "bf16", "horovod": "bf16", "fsdp2": "bf16", "pipeli
                       "fsdp2-tp": "bf16-comm", "autotp": "bf16-comm"}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy, world_size", BF16_CELLS)
 def test_a_strategy_s_bf16_row_is_held_to_the_tolerances_of_the_dtype_its_library_reduces_in(bf16_rows, strategy,
                                                                                             world_size):

@@ -81,6 +81,7 @@ STRATEGIES = {"tp-fed-apart": FedApart(), "tp-unreduced": Unreduced(), "tp-mispl
 
 
 @pytest.mark.launch
+@pytest.mark.matrix
 def test_each_planted_tensor_parallel_bug_makes_parity_mismatch(tmp_path):
     # The honest tp and fsdp2-tp rows match the plain loop (tests/test_strategies_cpu.py, tests/test_hybrid.py).
     from harness.derive.parity import Verdict, judge
