@@ -111,6 +111,21 @@ def test_a_malformed_silent_fault_is_a_one_line_error_naming_what_is_allowed(tex
     assert len(message.splitlines()) == 1 and text in message and "factor" in message
 
 
+def test_a_silent_fault_from_a_step_on_fires_in_that_step_and_every_later_one_alone():
+    from harness.rank.faults import Fault
+
+    onward = Fault.parse("grad-scale:factor=64:rank=all:step=2+")
+    assert [onward.loss_multipliers(rank=1, step=step, micro_batches=2) for step in range(5)] == [
+        None, None, [64.0, 64.0], [64.0, 64.0], [64.0, 64.0]]
+    assert Fault.parse("grad-scale:factor=64:rank=all:step=2").loss_multipliers(rank=1, step=3, micro_batches=2) \
+        is None
+    for loud in ("kill:rank=1:step=2+", "lr-scale:factor=2:rank=0:step=1+", "slow-step:factor=2:rank=0:step=0+"):
+        with pytest.raises(ValueError, match="step=S\\+ .* silent kinds alone"):
+            Fault.parse(loud)
+    with pytest.raises(ValueError, match="expected KIND"):
+        Fault.parse("grad-scale:factor=2:rank=1:step=+")
+
+
 def test_a_tensor_confined_grad_scale_parses_with_every_rank():
     from harness.rank.faults import ALL_RANKS, Fault
 

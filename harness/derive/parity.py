@@ -366,9 +366,12 @@ def _skipped_steps_verdict(row: Mapping[str, Any], reference: Mapping[str, Any])
         return None
     if applied is not None and not any(applied):
         scales = sorted(set(m.get("loss_scale_per_step") or []))
+        # A scale that a skip never lowered is a scaler that never backs off (DeepSpeed's torch_autocast under
+        # ZeRO, harness.strategies.loss_scaling): a scale too high for the gradients then skips every step.
+        stuck = ", never lowered" if len(scales) == 1 and len(applied) > 1 else ""
         return Parity(Verdict.MISMATCH, note=f"every one of the {len(applied)} optimizer steps was skipped on an "
-                                             f"inf/NaN gradient (loss scale {', '.join(f'{s:g}' for s in scales)}): "
-                                             "the weights never changed")
+                                             f"inf/NaN gradient (loss scale {', '.join(f'{s:g}' for s in scales)}"
+                                             f"{stuck}): the weights never changed")
     by_rank = m.get("optimizer_step_applied_by_rank") or []
     split = [step for step, verdicts in enumerate(zip(*by_rank)) if len(set(verdicts)) > 1]
     if split:

@@ -7,6 +7,7 @@ step got slower, which only a timed comparison (`harness ab`, harness/ab.py) can
     PARBENCH_FAULT=kill:rank=1:step=2 python -m harness run --matrix smoke --strategy ddp
     PARBENCH_FAULT=grad-scale:factor=2:rank=1:step=0 python -m harness run --matrix smoke --strategy ddp
     PARBENCH_FAULT='grad-scale:factor=0.5:tensors=*.c_attn.weight:rank=all:step=0' python -m harness run ...
+    PARBENCH_FAULT='grad-scale:factor=64:rank=all:step=0+' python -m harness run --precision fp16 ...
     PARBENCH_FAULT=extra-all-reduce:rank=all:step=0 python -m harness run --matrix ci --strategy ddp
     PARBENCH_FAULT=slow-step:factor=1.3:rank=all:step=0:strategy=ddp python -m harness run --matrix smoke
 
@@ -35,7 +36,9 @@ a rank that really skipped a micro-batch would leave ZeRO-2's per-micro-batch re
 forever. `grad-scale` with `tensors=PATTERN` (fnmatch over parameter names in the unwrapped model, e.g.
 `*.c_attn.weight`) scales only those parameters' gradients, as a strategy that mishandles some tensors
 would: a hook on each matching parameter multiplies its gradient by F as backward computes it, before any
-strategy accumulates or reduces it, and the losses are left alone.
+strategy accumulates or reduces it, and the losses are left alone. `step=S+` makes a silent kind fire in step S
+and every later one: with `grad-scale` and rank=all, a model whose gradients are F times larger throughout, which is
+what an fp16 loss scale too high for its gradients meets at every step (harness.strategies.loss_scaling).
 
 Three kinds change what a strategy does from the given step on, as a change to its code would:
 - `extra-all-reduce` (`rank=all` only: a collective one rank issues alone never completes): in that step and
@@ -72,8 +75,9 @@ EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "w
 SLOW_STEP = "slow-step"
 KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,)
 FACTOR_KINDS = ("grad-scale", LR_SCALE, SLOW_STEP)
-USAGE = ("KIND:rank=R:step=S (R a rank or all; grad-scale and lr-scale also :factor=F, grad-scale and overflow "
-         "optionally :tensors=PATTERN; slow-step also :factor=F >= 1 and optionally :strategy=NAME)")
+USAGE = ("KIND:rank=R:step=S (R a rank or all; S+ for step S and every later one, silent kinds only; grad-scale and "
+         "lr-scale also :factor=F, grad-scale and overflow optionally :tensors=PATTERN; slow-step also :factor=F >= 1 "
+         "and optionally :strategy=NAME)")
 ALL_RANKS = -1           # rank=all
 EXTRA_ALL_REDUCE_ELEMENTS = 1024       # 4,096 bytes in fp32: one all-reduce's calls and bytes, plainly seen
 WEIGHT_COPY_STATE = "parbench_fault_weight_copy"     # the optimizer-state key the copy is kept under
@@ -88,6 +92,7 @@ class Fault:
                              # rate; slow-step: its step time
     tensors: str = ""        # grad-scale only: a pattern of parameter names whose gradients alone it scales
     strategy: str = ""       # slow-step only: the strategy whose cells it slows ("": every cell)
+    onward: bool = False     # a silent kind only (`step=S+`): in step S and every later one
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
@@ -96,7 +101,9 @@ class Fault:
         kind, *fields = text.split(":")
         try:
             values = dict(field.split("=", 1) for field in fields)
-            rank_text, step = values.pop("rank"), int(values.pop("step"))
+            rank_text, step_text = values.pop("rank"), values.pop("step")
+            onward = step_text.endswith("+")
+            step = int(step_text.removesuffix("+"))
             rank = ALL_RANKS if rank_text == "all" else int(rank_text)
             factor = float(values.pop("factor")) if kind in FACTOR_KINDS else 1.0
             tensors = values.pop("tensors", "") if kind in ("grad-scale", OVERFLOW) else ""
@@ -110,6 +117,9 @@ class Fault:
         if (rank < 0 and rank_text != "all") or step < 0 or not math.isfinite(factor):
             raise ValueError(f"{FAULT_ENV}={text!r}: rank must be >= 0 or all, step >= 0 and factor a finite "
                              "number")
+        if onward and kind not in SILENT_KINDS:
+            raise ValueError(f"{FAULT_ENV}={text!r}: step=S+ (every step from S on) is for the silent kinds alone: "
+                             f"{', '.join(SILENT_KINDS)}")
         if kind == EXTRA_ALL_REDUCE and rank != ALL_RANKS:
             raise ValueError(f"{FAULT_ENV}={text!r}: {EXTRA_ALL_REDUCE} needs rank=all: an all-reduce that one "
                              "rank issues alone never completes")
@@ -122,10 +132,10 @@ class Fault:
                 raise ValueError(f"{FAULT_ENV}={text!r}: no strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
         if kind == OVERFLOW:
             factor = math.inf        # what `scale_tensor_gradients` multiplies the gradients by
-        return cls(kind, rank, step, factor, tensors, strategy)
+        return cls(kind, rank, step, factor, tensors, strategy, onward)
 
     def _fires(self, rank: int, step: int) -> bool:
-        return step == self.step and self.rank in (rank, ALL_RANKS)
+        return (step >= self.step if self.onward else step == self.step) and self.rank in (rank, ALL_RANKS)
 
     def fire(self, rank: int, step: int) -> None:
         """At the start of a step: the loud kinds end, stop or fail the rank here."""
