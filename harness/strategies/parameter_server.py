@@ -31,6 +31,8 @@ from harness.spec import Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch, Option, Strategy, Trainer,
                                      accumulate, make_adamw, optimizer_description, recipe_of, torchrun_context,
                                      Sharding, unwrapped_parameter_names)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
 DEDICATED, COLOCATED = PLACEMENTS = ("dedicated", "colocated")
@@ -197,6 +199,7 @@ class ParameterServer(Strategy):
         "servers": Option(1, "dedicated server ranks, the last of the launch (placement=dedicated)", minimum=1),
         "placement": Option(DEDICATED, "dedicated: servers run no model; colocated: every worker serves a shard",
                             choices=PLACEMENTS),
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def _roles(self, spec: RunSpec) -> Roles:
@@ -282,7 +285,7 @@ class ParameterServer(Strategy):
     def wrap(self, spec, context, workload, layers):
         options = self.resolved(spec)
         roles = Roles.of(context.world_size, options["servers"], options["placement"])
-        model = nn.Sequential(*layers)
+        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options)))
         parameters = [p for p in model.parameters() if p.requires_grad]
         flat = torch.nn.utils.parameters_to_vector(parameters).detach()
         bounds = shard_bounds(flat.numel(), len(roles.servers))
