@@ -158,9 +158,10 @@ class Cells:
         replaces the plan's."""
         if strategy not in self.chosen:
             return
-        if options is None:     # two-way model parallelism where there are two ranks
+        if options is None:     # two-way model parallelism where there are two ranks; a parameter server whose
+            # every rank is a worker (serving a shard too), so that its workers are the world size as everywhere
             options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)},
-                       "autotp": {"tp": min(2, world_size)}}.get(strategy, {})
+                       "autotp": {"tp": min(2, world_size)}, "ps": {"placement": "colocated"}}.get(strategy, {})
         fields = dict(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
                       micro_batch=plan.micro_batch, precision=precision or self.plan.precision,
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,

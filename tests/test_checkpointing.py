@@ -41,7 +41,7 @@ SAVED_BY_CHECKPOINTING_A_BLOCK = BLOCK - CHECKPOINTED_BLOCK                 # 99
 # At TP 2 the split part (q, k, v, the attention output, GeLU in and out: 12 of the 16 values) and the log-sum-exp
 # of half the heads are halved; checkpointed, each rank keeps the block's whole input all the same.
 TP2_BLOCK = 16_384 * 4 * 4 + 16_384 * 12 * 4 // 2 + 16 * 256 + 4 * 2 * 256  # 661,504
-STRATEGIES_AT_2 = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline", "tp", "fsdp2-tp", "autotp")
+STRATEGIES_AT_2 = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline", "tp", "fsdp2-tp", "autotp", "ps")
 
 
 # ---- the option --------------------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ def test_the_census_finds_the_bytes_worked_out_by_hand(checkpointed_rows):
     assert saved["plain", "none"][0] - saved["plain", "every:2"][0] == 2 * SAVED_BY_CHECKPOINTING_A_BLOCK
     # Data parallel ranks each run micro-batches of 4 through the whole model: the plain loop's bytes; tensor
     # parallel ranks keep every checkpointed block's whole input.
-    for strategy in ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp", "autotp"):
+    for strategy in ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp", "autotp", "ps"):
         assert saved[strategy, "blocks"] == [ALL_CHECKPOINTED] * 2, strategy
     assert checkpointed_rows["plain", "blocks"].measurements["activation_checkpointed_blocks"] == 4
     assert checkpointed_rows["plain", "every:2"].measurements["activation_checkpointed_blocks"] == 2
@@ -250,7 +250,8 @@ def test_the_report_opens_on_what_checkpointing_saved_for_each_strategy(checkpoi
     by_cell = {" ".join(re.search(r"\), (.+), activation checkpointing (\S+):", line).groups()): line for line in lines}
     assert sorted(by_cell) == sorted(["plain blocks", "plain every:2", "ddp blocks", "horovod blocks", "zero1 blocks",
                                       "zero2 blocks", "zero3 blocks", "fsdp2 blocks", "pipeline[stages=2] blocks",
-                                      "tp blocks", "fsdp2-tp[tp=2] blocks", "autotp[tp=2] blocks"])
+                                      "tp blocks", "fsdp2-tp[tp=2] blocks", "autotp[tp=2] blocks",
+                                      "ps[placement=colocated] blocks"])
     # 4,884,996 B = 4.66 MiB -> 920,068 B = 0.877 MiB, 81% less; at TP 2 3,303,940 B = 3.15 MiB, 72% less.
     assert "saved for backward 4.66 -> 0.877 MiB per rank (81% less)" in by_cell["ddp blocks"]
     assert "saved for backward 3.15 -> 0.877 MiB per rank (72% less)" in by_cell["tp blocks"]

@@ -136,10 +136,16 @@ def test_ci_runs_the_plain_loop_and_every_other_strategy_at_two_ranks_on_gpt_tin
     pairs = sorted((s.strategy, s.world_size) for s in specs)
     # DataParallel's one process drives one node's devices: none at 2 ranks on a one-device node.
     one_node = ["dataparallel"] if machine.devices_per_node >= 2 else []
-    others = ["autotp", "ddp", "fsdp2", "fsdp2-tp", "horovod", "pipeline", "tp", "zero1", "zero2", "zero3"]
+    others = ["autotp", "ddp", "fsdp2", "fsdp2-tp", "horovod", "pipeline", "ps", "tp", "zero1", "zero2", "zero3"]
     assert pairs == sorted([("plain", 1)] + [(name, 2) for name in one_node + others])
     assert {(s.workload, s.precision.value, s.global_batch, s.micro_batch, s.warmup_steps, s.timed_steps)
             for s in specs} == {("gpt-tiny", "fp32", 16, 4, 2, 3)}
+
+
+def test_parameter_server_cells_in_the_generic_matrices_are_colocated_so_their_workers_are_the_world_size():
+    specs = build_matrix("full", Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=2))
+    assert {(s.world_size, s.options_dict["placement"]) for s in specs if s.strategy == "ps"} == {
+        (1, "colocated"), (2, "colocated"), (4, "colocated"), (8, "colocated"), (16, "colocated")}
 
 
 def test_pipeline_cells_keep_their_stage_rule():

@@ -24,11 +24,11 @@ from harness.spec import Status
 
 pytestmark = pytest.mark.launch   # every test here reads cells launched for real
 
-MULTI_PROCESS = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
+MULTI_PROCESS = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline", "ps")
 # Strategies that split transformer blocks: gpt-tiny only (a ResNet cell is skipped).
 TRANSFORMER_ONLY = ("tp", "fsdp2-tp", "autotp")
 # Strategies whose step has a point between gradient reduction and update, where the norms are read.
-PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp", "autotp")
+PROBED = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp", "autotp", "ps")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_strategy_trains_like_the_plain_loop_in_bf16(bf16_rows, strategy, world_
 # gradients of Linear and Conv weights in bf16 (deepspeed/runtime/torch_autocast.py, 0.19.8).
 # Tensor parallelism reduces no gradient, but sums its row-parallel outputs in bf16 under autocast (under
 # fsdp2-tp too, whose FSDP2 reduces fp32 gradients).
-BF16_TOLERANCE_SET = {"ddp": "bf16", "horovod": "bf16", "fsdp2": "bf16", "pipeline": "bf16",
+BF16_TOLERANCE_SET = {"ddp": "bf16", "horovod": "bf16", "fsdp2": "bf16", "pipeline": "bf16", "ps": "bf16",
                       "zero1": "bf16-comm", "zero2": "bf16-comm", "zero3": "bf16-comm", "tp": "bf16-comm",
                       "fsdp2-tp": "bf16-comm", "autotp": "bf16-comm"}
 
@@ -144,7 +144,7 @@ def test_the_norms_by_tensor_are_named_as_the_plain_loop_names_them_and_add_up_t
 def test_each_strategy_was_started_by_its_own_launcher(rows):
     launchers = {name: " ".join(row.launch_command) for name, row in rows.items() if row.status is Status.OK}
     assert "horovodrun" in launchers["horovod"] and "--gloo" in launchers["horovod"]
-    for name in ("ddp", "fsdp2", "tp", "fsdp2-tp"):
+    for name in ("ddp", "fsdp2", "tp", "fsdp2-tp", "ps"):
         assert "/torchrun " in launchers[name] and "--nproc-per-node=2" in launchers[name]
     for name in ("zero1", "zero2", "zero3", "pipeline", "autotp"):     # DeepSpeed's own, from a hostfile here
         assert "/deepspeed " in launchers[name] and "--no_ssh --node_rank=0" in launchers[name]
