@@ -74,7 +74,8 @@ def test_bad_layouts_are_refused_in_one_line():
 
 # ---- launched: every layout at 2 and 4 workers, in fp32 and bf16, against the plain loop ---------------------------
 
-LAYOUTS = {"dedicated-1": ("3,5", ()), "dedicated-2": ("4,6", ("--option", "servers=2")),
+LAYOUTS = {"dedicated-1": ("3,5", ("--option", "placement=dedicated")),
+           "dedicated-2": ("4,6", ("--option", "placement=dedicated", "--option", "servers=2")),
            "colocated": ("2,4", ("--option", "placement=colocated"))}
 
 
