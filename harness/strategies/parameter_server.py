@@ -143,8 +143,11 @@ class ParameterServerTrainer(Trainer):
             if work is not None:
                 work.wait()
         flat = torch.cat([part for part, _ in parts])
+        # Copied into the parameters' own storage: `vector_to_parameters` would make them views of `flat`, and a
+        # colocated rank's of its own server shard, aliasing the model and the optimizer's tensor.
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(flat, self._parameters())
+            for parameter, piece in zip(self._parameters(), flat.split(self.sizes)):
+                parameter.copy_(piece.view_as(parameter))
 
     def global_losses(self, local_losses: torch.Tensor) -> torch.Tensor:
         """The workers' mean: a dedicated server's losses are zeros and count for nothing."""
