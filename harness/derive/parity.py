@@ -124,6 +124,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from harness.derive.techniques import techniques_on
+from harness.derive.staleness import is_asynchronous, staleness_summary
 
 PARITY_STEPS = 4          # losses compared: the initial one and three updates
 REFERENCE_STRATEGY = "plain"
@@ -135,6 +136,9 @@ class Verdict(enum.StrEnum):
     NO_REFERENCE = "no-reference"     # no ok plain row with the same reference key among the rows given
     REFERENCE = "reference"           # an ok plain row: what the others are held against
     NOT_JUDGED = "not-judged"         # not an ok row, or an ok row without losses
+    # An asynchronous strategy (ps-async): its updates apply one worker's gradient on parameters others moved,
+    # so no step is the plain loop's; its final loss is set beside the plain loop's after the same samples.
+    NOT_COMPARABLE = "not comparable: asynchronous"
 
 
 class Quantity(enum.StrEnum):
@@ -320,6 +324,8 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     if reference is None:
         return Parity(Verdict.NO_REFERENCE, note="no ok plain row with the same workload, batch, precision, "
                                                  "seed, device and steps among the rows read")
+    if is_asynchronous(row["measurements"]):
+        return _asynchronous(row, reference)
     skipped = _skipped_steps_verdict(row, reference)
     if skipped is not None:
         return skipped
@@ -339,6 +345,22 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     return Parity(Verdict.MISMATCH if failed else Verdict.MATCH, failed=failed, deviations=found,
                   tolerances={q: tolerance[q] for q in found}, note="; ".join(n for n in notes if n),
                   tensors=tensors)
+
+
+def _asynchronous(row: Mapping[str, Any], reference: Mapping[str, Any]) -> Parity:
+    """Never `match`: the final loss beside the plain loop's after the same steps (the same samples: every
+    worker runs its share of the global batch each step), and the staleness of the updates applied."""
+    losses, expected = row["measurements"]["loss_per_step"], reference["measurements"]["loss_per_step"]
+    steps = min(len(losses), len(expected))
+    note = (f"final loss {losses[steps - 1]:.4f} against the plain loop's {expected[steps - 1]:.4f} after the same "
+            f"{steps} steps of {row['spec']['global_batch']} samples")
+    staleness = staleness_summary(row["measurements"])
+    if staleness:
+        note += (f"; staleness of the {staleness['updates']} updates applied: median {staleness['median']:g}, max "
+                 f"{staleness['max']}, {staleness['stale_share']:.0%} stale")
+    else:
+        note += "; no staleness recorded"
+    return Parity(Verdict.NOT_COMPARABLE, note=note)
 
 
 def _still_scaled(row: Mapping[str, Any], reference: Mapping[str, Any]) -> str:

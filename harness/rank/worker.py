@@ -168,7 +168,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "parameters_held": trainer.parameters_held(parameters),
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
-                              "offloaded": offloaded,
+                              "offloaded": offloaded, "strategy_figures": trainer.rank_figures(),
                               "host_load": _host_load(context)})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_host_load_figures(by_rank))
@@ -470,9 +470,10 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
                   parameters: int, losses: list[float], by_rank: list[dict[str, Any]]) -> dict[str, Any]:
     times_by_rank = [r["times"] for r in by_rank]
     memory_by_rank = [r["memory"] for r in by_rank]
-    # A synchronous step ends when its slowest rank ends. Medians, throughput and every other figure are
-    # derived from these raw times when rows are read (harness.derive), never stored in their place.
-    step_time = [max(per_rank) for per_rank in zip(*times_by_rank)]
+    # A synchronous step ends when its slowest rank ends (an asynchronous strategy says otherwise). Medians,
+    # throughput and every other figure are derived from these raw times when rows are read (harness.derive),
+    # never stored in their place.
+    step_time = trainer.combined_step_times(times_by_rank)
     stalled = _stalled_steps([r["stalled"] for r in by_rank])
     peak_rss = [m[0] for m in memory_by_rank]
     figures: dict[str, Any] = {
@@ -493,6 +494,8 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "micro_batches_per_step": layout.micro_batches,
         "precision_recipe": trainer.precision_recipe.value,
         "strategy_config": trainer.config,
+        **({"strategy_figures_by_rank": [r["strategy_figures"] for r in by_rank]}
+           if any(r["strategy_figures"] for r in by_rank) else {}),
         "backend": context.backend,
         "shared_device": context.shared_device,
         "device_name": _device_name(context.device),

@@ -27,6 +27,7 @@ from harness.strategies.fsdp2 import FSDP2
 from harness.strategies.fsdp2_tp import FSDP2TensorParallel
 from harness.strategies.horovod import Horovod
 from harness.strategies.parameter_server import ParameterServer
+from harness.strategies.parameter_server_async import AsyncParameterServer
 from harness.strategies.pipeline import Pipeline
 from harness.strategies.plain import Plain
 from harness.strategies.tp import TensorParallel
@@ -47,6 +48,7 @@ STRATEGIES: dict[str, Strategy] = {
     "fsdp2-tp": FSDP2TensorParallel(),
     "autotp": AutoTP(),
     "ps": ParameterServer(),
+    "ps-async": AsyncParameterServer(),
 }
 
 

@@ -265,6 +265,16 @@ class Trainer(abc.ABC):
         torch.distributed.all_gather_object(gathered, value)
         return gathered
 
+    def rank_figures(self) -> dict[str, Any]:
+        """Figures of this rank's own that the strategy records (`strategy_figures_by_rank`): an asynchronous
+        server's staleness of each update it applied. Nothing by default."""
+        return {}
+
+    def combined_step_times(self, times_by_rank: list[list[float]]) -> list[float]:
+        """Each timed step's time for the whole launch, from every rank's: a synchronous step ends when its
+        slowest rank ends."""
+        return [max(per_rank) for per_rank in zip(*times_by_rank)]
+
     def barrier(self) -> None:
         """All ranks meet here; called before each step's clock starts."""
         if self.context.world_size > 1:

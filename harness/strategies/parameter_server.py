@@ -29,7 +29,7 @@ from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors
 from harness.spec import Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch, Option, Strategy, Trainer,
-                                     accumulate, make_adamw, optimizer_description, recipe_of, torchrun_context,
+                                     TrafficBytes, accumulate, make_adamw, optimizer_description, recipe_of, torchrun_context,
                                      Sharding, unwrapped_parameter_names)
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
@@ -198,6 +198,7 @@ class ParameterServer(Strategy):
     launcher = "torchrun"
     description = "synchronous parameter server on torch.distributed send/recv (torchrun)"
     comm_interception = "torch.distributed point to point (isend/irecv)"
+    trainer_class = ParameterServerTrainer      # ps-async's servers apply each gradient as it arrives
     options = {
         "servers": Option(1, "dedicated server ranks, the last of the launch (placement=dedicated)", minimum=1),
         "placement": Option(DEDICATED, "dedicated: servers run no model; colocated: every worker serves a shard",
@@ -210,9 +211,6 @@ class ParameterServer(Strategy):
         return Roles.of(spec.world_size, options["servers"], options["placement"])
 
     def validate(self, spec: RunSpec) -> None:
-        options = self.resolved(spec)
-        if options["placement"] == COLOCATED and "servers" in spec.options_dict:
-            raise SpecError("strategy ps: placement=colocated has every worker serve one shard; leave servers unset")
         if spec.precision is Precision.FP16:
             raise SpecError("strategy ps runs fp32 and bf16; fp16 loss scaling is not built for it")
 
@@ -236,20 +234,42 @@ class ParameterServer(Strategy):
     def start(self, spec):
         return torchrun_context(spec.device)
 
-    def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
-        """The busiest rank's messages per step: a dedicated server's W gradient shards in and W parameter shards
-        out; a colocated rank's W - 1 of each way, for its own shard, and as many for the others' (every shard
-        rounded to the largest)."""
-        roles, workers = self._roles(spec), len(self._roles(spec).workers)
-        elements = sum({id(p): p.numel() for layer in layers for p in layer.parameters() if p.requires_grad}.values())
-        largest = max(stop - start for start, stop in shard_bounds(elements, len(roles.servers))) * 4
-        if roles.workers == roles.servers:
-            calls = 2 * (workers - 1)
+    def check_options(self, given) -> None:
+        """The options' own checks, and a colocated placement given a server count: refused wherever options are
+        read (a cell's spec, or a projection's `ps[placement=colocated,servers=2]`)."""
+        super().check_options(given)
+        if given.get("placement") == COLOCATED and "servers" in given:
+            raise SpecError("strategy ps: placement=colocated has every worker serve one shard; leave servers unset")
+
+    def traffic_bytes(self, spec: RunSpec, model: nn.Module) -> TrafficBytes:
+        """The trainable parameters (a tied weight once) and their fp32 bytes: what the servers hold and every
+        message carries, in any precision (autocast keeps fp32 gradients; fp16 is refused)."""
+        elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return TrafficBytes(parameters=elements, gradients_reduced=4 * elements, parameters_gathered=4 * elements)
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic) -> ExpectedTraffic:
+        """The busiest rank's messages per step among W = `data_parallel` workers, each of the largest shard's
+        fp32 bytes, ceil(elements / S) x 4 (shard_bounds' first shards are the longer): a dedicated server's W
+        gradient shards in and W parameter shards out (S = `servers`); a colocated rank's W - 1 of each way for
+        its own shard and as many for the others' (S = W), 2 (W - 1) sends and as many recvs. Micro-batches do
+        not matter: the gradients are sent once a step."""
+        workers = data_parallel
+        if options["placement"] == COLOCATED:
+            shards, calls = workers, 2 * (workers - 1)
         else:
-            calls = workers
+            shards, calls = options["servers"], workers
+        largest = -(-traffic.parameters // shards) * 4
         return ExpectedTraffic(collectives=tuple(
             ExpectedCollective(collective=kind, size_bytes=largest, calls=calls, ranks=2)
             for kind in (Collective.SEND, Collective.RECV)))
+
+    def point_to_point(self, options) -> tuple[str, int]:
+        """("star", S) for dedicated servers: the W workers all send to and receive from S ranks of their own,
+        whose links carry every message (harness.project.collectives, Algorithm.STAR). ("chain", 0) colocated:
+        every rank sends its peers their shards while it receives its own from them, as a ring's ranks do."""
+        if options["placement"] == COLOCATED:
+            return "chain", 0
+        return "star", int(options["servers"])
 
     def model_state_plan(self, data_parallel, recipe, options) -> ModelStatePlan:
         """The fullest rank's model states. A worker keeps fp32 weights and gradients whole (8 bytes a parameter)
@@ -302,7 +322,7 @@ class ParameterServer(Strategy):
         # A dedicated server runs no model: its copy goes to the meta device, shapes without storage (where
         # `Module.to` makes a tied weight two parameters, hence the names and sizes read above).
         model = model.to(context.device if context.rank in roles.workers else "meta")
-        return ParameterServerTrainer(
+        return self.trainer_class(
             context=context, model=model, workload=workload, spec=spec, roles=roles, bounds=bounds, names=names,
             sizes=sizes, shard=shard,
             optimizer=optimizer, precision_recipe=recipe_of(spec),
