@@ -81,6 +81,7 @@ GPU_PLANS = {
 }
 
 ALL_BUT_PLAIN = tuple(name for name in STRATEGIES if name != "plain")
+ASYNCHRONOUS_PS = "ps-async"
 
 
 def _plans(machine: Machine, select: Selection, plans: dict[DeviceKind, dict[str, BatchPlan]],
@@ -148,9 +149,25 @@ class Cells:
     def sizes_for(self, strategy: str) -> tuple[int, ...]:
         if strategy == "plain":
             return (1,)
+        if strategy == ASYNCHRONOUS_PS:
+            return self.asynchronous_sizes()
         if not spans_nodes(strategy):
             return tuple(size for size in self.sizes if size <= self.machine.devices_per_node)
         return self.sizes
+
+    def asynchronous_sizes(self) -> tuple[int, ...]:
+        """ps-async's launches: each world size of 2 or more as its workers, and its server ranks beside them (so
+        the workers share the global batch as the others' ranks do, and staleness needs two workers), within one
+        node: W + S ranks do not fill whole nodes evenly. On one CPU host the ranks may outnumber its cores, as in
+        every multi-rank check on a small host (the rows say so); elsewhere each rank has a device of its own."""
+        sizes = tuple(size + self.servers_beside(ASYNCHRONOUS_PS) for size in self.sizes if size >= 2)
+        if self.machine.device is DeviceKind.CPU and self.machine.nodes == 1:
+            return sizes
+        return tuple(size for size in sizes if size <= self.machine.devices_per_node)
+
+    def servers_beside(self, strategy: str) -> int:
+        """The ranks of a launch that are not its workers: ps-async's servers (the user's --option servers)."""
+        return int(self.select.options_for(ASYNCHRONOUS_PS).get("servers", 1)) if strategy == ASYNCHRONOUS_PS else 0
 
     def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int,
             options: dict[str, object] | None = None, precision: Precision | None = None) -> None:
@@ -182,8 +199,9 @@ class Cells:
         and the plain reference at each of those batches."""
         for strategy in self.chosen:
             for world_size in self.sizes_for(strategy):
-                self.add(workload, plan, strategy, world_size, plan.global_batch(world_size))
-                self.add(workload, plan, "plain", 1, plan.global_batch(world_size))
+                workers = world_size - self.servers_beside(strategy)
+                self.add(workload, plan, strategy, world_size, plan.global_batch(workers))
+                self.add(workload, plan, "plain", 1, plan.global_batch(workers))
 
     @property
     def specs(self) -> list[RunSpec]:
@@ -225,14 +243,17 @@ def full(machine: Machine, select: Selection) -> list[RunSpec]:
 
 
 DATA_PARALLEL = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3")
+# The parameter servers beside them: the baseline all-reduce replaced (Sergeev and Del Balso 2018).
+SCALING_STRATEGIES = (*DATA_PARALLEL, "ps", ASYNCHRONOUS_PS)
 
 
 def scaling(machine: Machine, select: Selection) -> list[RunSpec]:
-    """Strong and weak scaling of the data-parallel strategies over world sizes 1, 2, 4, ... up to the
+    """Strong and weak scaling of the data-parallel strategies and the parameter servers (ps with a shard on every
+    rank, ps-async with a server beside its workers) over world sizes 1, 2, 4, ... up to the
     devices x nodes: strong keeps the global batch of the largest size, weak keeps the per-device batch;
     the plain loop at each global batch is the reference (harness.derive.scaling)."""
     sizes = _powers_of_two_up_to(machine.devices)
-    cells = Cells(machine, select, Plan(DATA_PARALLEL, sizes, repeats=3, precision=_precision(machine)))
+    cells = Cells(machine, select, Plan(SCALING_STRATEGIES, sizes, repeats=3, precision=_precision(machine)))
     for workload, plan in _plans(machine, select, PLANS).items():
         cells.strong(workload, plan)
         if "global_batch" not in dict(select.overrides):    # a global batch the user fixed has no weak series
@@ -273,6 +294,11 @@ CI_PLANS = {kind: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warm
             for kind in DeviceKind}
 
 
+# Every strategy whose figures do not depend on the machine: ps-async's losses depend on the order its workers'
+# gradients arrive in.
+EXACT_STRATEGIES = tuple(name for name in ALL_BUT_PLAIN if name != ASYNCHRONOUS_PS)
+
+
 def ci(machine: Machine, select: Selection) -> list[RunSpec]:
     """The exact gate's cells: the plain loop, and every other strategy at two ranks, on gpt-tiny in fp32.
     Five steps each; CI holds their counted collectives, model-state census, parameters, parity verdict and
@@ -280,7 +306,7 @@ def ci(machine: Machine, select: Selection) -> list[RunSpec]:
     ranks even where there is one device, as in smoke."""
     if select.workloads is None:
         select = dataclasses.replace(select, workloads=("gpt-tiny",))
-    cells = Cells(machine, select, Plan(ALL_BUT_PLAIN, (2,), repeats=1, precision=Precision.FP32))
+    cells = Cells(machine, select, Plan(EXACT_STRATEGIES, (2,), repeats=1, precision=Precision.FP32))
     for workload, plan in _plans(machine, select, CI_PLANS, "exact-gate plan").items():
         cells.strong(workload, plan)
     return cells.specs
@@ -382,6 +408,36 @@ def memory_techniques(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# The parameter server against all-reduce: short runs, as the hybrids', on the smallest transformer of the machine.
+PARAMETER_SERVER_PLANS = {
+    DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=5)},
+    DeviceKind.CUDA: {"gpt2-small": BatchPlan(micro_batch=8, per_device_batch=16, warmup_steps=5, timed_steps=20)},
+}
+# Each layout by its options, and the server ranks it launches beside its workers.
+PARAMETER_SERVER_LAYOUTS = (("ps", {"placement": "colocated"}, 0), ("ps", {"placement": "dedicated", "servers": 1}, 1),
+                            ("ps", {"placement": "dedicated", "servers": 2}, 2), ("ps-async", {"servers": 1}, 1))
+
+
+def parameter_server(machine: Machine, select: Selection) -> list[RunSpec]:
+    """The parameter server beside DDP and Horovod at 2 and 4 workers (--world-sizes) on one global batch: ps with a shard on every
+    worker, and with 1 and 2 dedicated server ranks beside the workers; ps-async with one server. The launch holds
+    the workers and the servers (5 ranks for 4 workers and one server); on GPUs only layouts whose ranks each have a
+    GPU of one node. fp32 on CPU, bf16 on GPUs, each against the plain loop at that batch."""
+    cells = Cells(machine, select, Plan(("ddp", "horovod", "ps", ASYNCHRONOUS_PS), (2, 4), repeats=1,
+                                        precision=_precision(machine)))
+    workers = cells.sizes           # --world-sizes chooses the workers here
+    for workload, plan in _plans(machine, select, PARAMETER_SERVER_PLANS, "parameter-server plan").items():
+        global_batch = plan.global_batch(max(workers))
+        cells.add(workload, plan, "plain", 1, global_batch)
+        one_host = machine.device is DeviceKind.CPU and machine.nodes == 1
+        layouts = (("ddp", {}, 0), ("horovod", {}, 0), *PARAMETER_SERVER_LAYOUTS)
+        for strategy, options, servers in layouts:
+            for count in workers:
+                if one_host or count + servers <= machine.devices_per_node:
+                    cells.add(workload, plan, strategy, count + servers, global_batch, options=dict(options))
+    return cells.specs
+
+
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
@@ -390,6 +446,7 @@ MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "ci": ci,
     "hybrid": hybrid,
     "memory-techniques": memory_techniques,
+    "parameter-server": parameter_server,
 }
 
 

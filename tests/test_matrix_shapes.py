@@ -22,6 +22,7 @@ PER_DEVICE = {"gpt-tiny": 8, "resnet20-cifar": 8, "resnet50": 256, "gpt2-small":
 MEMORY_PER_DEVICE = {"gpt-tiny": 4, "gpt2-small": 1, "gpt2-medium": 1, "gpt2-large": 1, "gpt2-xl": 1}
 ONE_NODE_ONLY = {"dataparallel"}    # one process driving one node's GPUs
 DATA_PARALLEL = {"ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3"}
+PARAMETER_SERVERS = {"ps", "ps-async"}
 
 
 def shape_id(machine: Machine) -> str:
@@ -60,6 +61,12 @@ def test_every_matrix_builds_valid_cells_that_fit_the_machine(matrix, machine):
         if matrix == "hybrid":
             # World sizes 2 and 4 on any CPU (model parallelism is checked, not sped up); 2 on one GPU.
             limit = max(limit, 4 if machine.device is DeviceKind.CPU else 2)
+        if matrix == "parameter-server" and machine.device is DeviceKind.CPU and machine.nodes == 1:
+            # 2 and 4 workers on any CPU host, as the hybrids' ranks.
+            limit = max(limit, 4)
+        if machine.device is DeviceKind.CPU and machine.nodes == 1 and spec.strategy in PARAMETER_SERVERS:
+            # The workers and their dedicated servers (at most 2) on one host, cores shared where fewer.
+            limit += 2
         assert spec.world_size <= limit, spec.label
     assert len({spec.cell_id for spec in specs}) == len(specs)
 
@@ -79,9 +86,13 @@ def test_scaling_reaches_the_largest_power_of_two_of_devices_x_nodes(machine):
     expected = doubling(machine.devices_per_node * machine.nodes)
     for workload in {spec.workload for spec in specs}:
         sizes = sizes_by_strategy(specs, workload)
-        assert set(sizes) == DATA_PARALLEL | {"plain"}
-        for strategy in DATA_PARALLEL:
+        assert set(sizes) - {"ps-async"} == DATA_PARALLEL | {"plain", "ps"}
+        for strategy in (*DATA_PARALLEL, "ps"):
             assert sizes[strategy] == expected, (workload, strategy)
+        # ps-async: 2 workers or more and one server beside them, within a node (or oversubscribing one CPU host).
+        one_host = machine.device is DeviceKind.CPU and machine.nodes == 1
+        assert sizes.get("ps-async", []) == [n + 1 for n in expected
+                                             if n >= 2 and (one_host or n + 1 <= machine.devices_per_node)]
 
 
 @pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
@@ -91,7 +102,7 @@ def test_scaling_holds_one_strong_global_batch_and_the_per_device_batch_for_weak
     for workload in {spec.workload for spec in specs}:
         per_device = PER_DEVICE[workload]
         strong = per_device * largest
-        for strategy in DATA_PARALLEL:
+        for strategy in (*DATA_PARALLEL, "ps"):
             cells = {(s.world_size, s.global_batch) for s in specs if s.workload == workload and s.strategy == strategy}
             # strong: every size at the largest size's global batch; weak: the per-device batch at every size
             assert cells == {(size, strong) for size in doubling(largest)} | {(size, per_device * size)
@@ -113,6 +124,10 @@ def test_full_runs_every_strategy_up_to_the_machine_on_one_global_batch_per_work
                 assert found == [1]
             elif strategy in ONE_NODE_ONLY:
                 assert found == doubling(machine.devices_per_node)
+            elif strategy == "ps-async":
+                one_host = machine.device is DeviceKind.CPU and machine.nodes == 1
+                assert found == [n + 1 for n in doubling(devices)
+                                 if n >= 2 and (one_host or n + 1 <= machine.devices_per_node)]
             else:
                 assert found == doubling(devices), strategy
 
