@@ -41,6 +41,7 @@ from harness.derive.parity import judge
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
+from harness.derive.server_link import server_link_columns
 from harness.derive.techniques import technique_columns
 from harness.derive.throughput import Basis, launch_throughput, throughput_basis
 
@@ -67,6 +68,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record["activation_bytes_predicted"] = predicted_activation_bytes(s, m)
     record.update(technique_columns(m))
     record.update(_communication(m))
+    record.update(server_link_columns(m))
     record.update(_exposed(m, int(s["world_size"])))
     record.update(_mfu(row, record))
     record.update(row_host_load(row))
@@ -150,11 +152,13 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "recompute_cost", "recompute_cost_low", "recompute_cost_high", "host_bytes_per_step",
                   "optimizer_steps_skipped",
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
-                  "exposed_comm_share", "framework_overhead_share", "mfu")
+                  "exposed_comm_share", "framework_overhead_share", "mfu", "worker_link_bytes_per_step",
+                  "busiest_link_bytes_per_step", "busiest_over_worker", "staleness_median", "staleness_max")
 FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
-                 "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source")
+                 "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source", "workers", "servers",
+                 "busiest_link")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
-PARITY_ORDER = ("mismatch", "not-judged", "no-reference", "match", "reference")
+PARITY_ORDER = ("mismatch", "not comparable: asynchronous", "not-judged", "no-reference", "match", "reference")
 
 
 def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame:
