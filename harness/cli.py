@@ -61,6 +61,20 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _strategies(text: str) -> tuple[str, ...]:
+    """Comma-separated strategies, each NAME or NAME[KEY=VALUE,...] (`harness project --strategies`): a comma
+    inside brackets separates options, not strategies (harness.project.run.parse_strategy reads each)."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return tuple(part.strip() for part in (*parts, current) if part.strip())
+
+
 def _int_csv(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in _csv(text))
@@ -263,8 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device")
     project.add_argument("--grad-bytes", type=float, help="with --params: bytes per gradient element "
                          "as reduced (and per parameter as gathered; default 4)")
-    project.add_argument("--strategies", type=_csv, help="strategies to project: with --params, the described "
-                         "model under each (default: every data-parallel one); with ROWS, only their cells (default: all)")
+    project.add_argument("--strategies", type=_strategies, help="strategies to project, each NAME or "
+                         "NAME[KEY=VALUE,...] with options of its own (e.g. ddp,ps,ps[servers=8]): with --params, the "
+                         "described model under each (default: every data-parallel one); with ROWS, only their cells "
+                         "(with those options; default: all)")
     project.add_argument("--batch-per-device", type=int, help="with --params: samples per device per step "
                          "(default 1)")
     project.add_argument("--global-batch", type=int, help="with --params: strong scaling's global batch (default: "

@@ -48,6 +48,12 @@ THAKUR_2005 = "Thakur, Rabenseifner and Gropp 2005, IJHPCA 19(1)"
 NCCL_TUNING = ("NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel: steps nsteps/nInterSteps at "
                "01afd20a77b5804e0ecf1042509dd9d20ebf9e93, tree ratio .5 and log2i(nNodes) at "
                "b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2")
+# A parameter server: workers push gradients to server nodes and pull the parameters back (Li et al. 2014); the
+# Horovod paper (sec. 2, "Going distributed", Fig. 3) names its cost: one server is likely a networking or
+# computational bottleneck, and several make the traffic all-to-all, which may saturate the interconnect.
+PARAMETER_SERVER = ("Li et al. 2014, \"Scaling Distributed Machine Learning with the Parameter Server\", OSDI; "
+                    "Sergeev and Del Balso 2018, \"Horovod: fast and easy distributed deep learning in TensorFlow\", "
+                    "arXiv:1802.05799, sec. 2")
 
 
 class Algorithm(enum.StrEnum):
@@ -58,6 +64,7 @@ class Algorithm(enum.StrEnum):
                                             # doubling, all-reduce both (Rabenseifner): power-of-two ranks
     CHAIN = "chain"                 # broadcast, reduce: a pipelined chain (NCCL's "ring" for these)
     PAIRWISE = "pairwise"           # all-to-all: p - 1 rounds of pairwise exchange
+    STAR = "star"                   # send, recv: a dedicated parameter server's link, every message on it in turn
 
 
 DEFAULT_ALGORITHMS: dict[str, Algorithm] = {
@@ -195,6 +202,12 @@ ONE_LINK_FORMS: dict[tuple[str, Algorithm], Form] = {
     # One message between two ranks (Hockney's alpha + n beta); the receiving side's time is the send's.
     (Collective.SEND, Algorithm.CHAIN): Form(lambda p: p - 1, BUSBW_FACTORS[Collective.SEND], "Hockney 1994"),
     (Collective.RECV, Algorithm.CHAIN): Form(lambda p: 0, lambda p: 0.0, "the peer's send carries it"),
+    # A dedicated parameter server's link: every message it sends or receives is one more alpha + n beta on it, in
+    # turn. Its recv is priced too: a server receives every gradient shard, steps its optimizer and only then sends,
+    # so the two directions of its full-duplex link do not overlap and no send carries a recv. Never a library's
+    # choice (LIBRARY_ALGORITHMS): the strategy's layout decides it (Strategy.point_to_point).
+    (Collective.SEND, Algorithm.STAR): Form(lambda p: 1, lambda p: 1.0, PARAMETER_SERVER),
+    (Collective.RECV, Algorithm.STAR): Form(lambda p: 1, lambda p: 1.0, PARAMETER_SERVER),
 }
 
 
@@ -331,6 +344,12 @@ def _pairwise_all_to_all(n: float, layout: NodeLayout, cluster: Cluster) -> floa
     return inside + across
 
 
+def _server_link_message(n: float, layout: NodeLayout, cluster: Cluster) -> float:
+    # One message on a parameter server's link: the servers sit on hosts of their own, so every message crosses
+    # nodes, alpha_e + n / B_e (ServerLinks gives the cluster as the busier of a phase's links sees one message).
+    return cluster.inter_node.latency_s + n * cluster.inter_node.seconds_per_byte
+
+
 TWO_LEVEL: dict[tuple[str, Algorithm], Callable[[float, NodeLayout, Cluster], float]] = {
     (Collective.ALL_REDUCE, Algorithm.RING): _ring_all_reduce,
     (Collective.ALL_REDUCE, Algorithm.TREE): _tree_all_reduce,
@@ -345,6 +364,8 @@ TWO_LEVEL: dict[tuple[str, Algorithm], Callable[[float, NodeLayout, Cluster], fl
     (Collective.ALL_TO_ALL, Algorithm.PAIRWISE): _pairwise_all_to_all,
     (Collective.SEND, Algorithm.CHAIN): _chain,       # 2 ranks: one hop, inside a node or across
     (Collective.RECV, Algorithm.CHAIN): lambda n, layout, cluster: 0.0,
+    (Collective.SEND, Algorithm.STAR): _server_link_message,
+    (Collective.RECV, Algorithm.STAR): _server_link_message,
 }
 
 
@@ -405,6 +426,9 @@ class ClusterModel:
         if unknown:
             raise SpecError(f"collective {unknown[0]!r} is not modelled; modelled: {', '.join(DEFAULT_ALGORITHMS)}")
         forced = {c: resolve_algorithm(c, a, TWO_LEVEL) for c, a in self.algorithms.items()}
+        if Algorithm.STAR in forced.values():
+            raise SpecError("algorithm 'star' is a dedicated parameter server's layout (ps placement=dedicated), "
+                            "not one to force; allowed for send and recv: chain")
         object.__setattr__(self, "algorithms", forced)
         object.__setattr__(self, "library", parse_library(str(self.library)))
 
@@ -428,3 +452,60 @@ class ClusterModel:
         self.cluster.layout(ranks)
         for algorithm in self.algorithms.values():
             check_applies(algorithm, ranks)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLinks:
+    """A dedicated parameter server's sends and recvs on a described cluster (Algorithm.STAR; Li et al. 2014, the
+    Horovod paper sec. 2). Its S servers sit on S hosts of their own, one server a host with that node's whole link
+    to the others (alpha_e, B_e); its W workers, the projection's N, fill nodes of g = min(W, gpus_per_node).
+    A step has two phases that do not overlap (a server receives every gradient shard, steps its optimizer, then
+    sends the parameters back); in each, a server's link carries its W messages of n = P / S bytes and a worker
+    node's link its g workers' g S messages (g P). The busier link sets the pace and every message pays its
+    start-up:
+
+        phase = W alpha_e + max(W n, g S n) / B_e,   one message = alpha_e + n / B_e x max(W, g S) / W
+
+    The busiest rank's schedule holds a server's W sends and W recvs of n a step, each priced as one message."""
+
+    cluster: Cluster
+    workers: int
+    servers: int
+
+    def __post_init__(self) -> None:
+        for name, count in (("workers", self.workers), ("servers", self.servers)):
+            if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+                raise SpecError(f"a parameter server's {name} must be a whole number >= 1, got {count!r}")
+
+    @property
+    def workers_per_node(self) -> int:
+        return min(self.workers, self.cluster.gpus_per_node)
+
+    def phase_bytes(self, size_bytes: float) -> tuple[float, float]:
+        """(a server's link, a worker node's link): the bytes each carries in one phase of messages of `size_bytes`,
+        W n and g S n."""
+        return self.workers * size_bytes, self.workers_per_node * self.servers * size_bytes
+
+    def bottleneck(self, size_bytes: float) -> str:
+        """Which link sets a phase's pace: "server" (W n >= g S n, ties to the server) or "worker node"."""
+        server, worker_node = self.phase_bytes(size_bytes)
+        return "server" if server >= worker_node else "worker node"
+
+    def seen_by_one_message(self) -> Cluster:
+        """The cluster as one message sees it: every message crosses nodes (one rank a node), on a link of B_e x W /
+        max(W, g S), the bottleneck's bytes of a phase shared out over the server's W messages."""
+        share = max(self.workers, self.workers_per_node * self.servers) / self.workers
+        cluster = self.cluster
+        return Cluster(name=f"{cluster.name}, a parameter server's link", gpus_per_node=1,
+                       intra_node=cluster.intra_node,
+                       inter_node=Link(latency_s=cluster.inter_node.latency_s,
+                                       bandwidth_bytes_per_s=cluster.inter_node.bandwidth_bytes_per_s / share))
+
+    def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
+        """One message of `size_bytes` (a send or a recv between a worker and a server: 2 ranks)."""
+        if collective not in POINT_TO_POINT:
+            raise SpecError(f"a parameter server's links carry send and recv only, got {collective!r}")
+        return collective_time(collective, size_bytes, 2, self.seen_by_one_message(), Algorithm.STAR)
+
+    def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
+        return Algorithm.STAR.value

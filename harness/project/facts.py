@@ -104,6 +104,13 @@ class RegistryFacts:
         return float(chosen.wire_calls(collective=collective, counted_calls=counted_calls,
                                        bytes_per_step=bytes_per_step, backward_s=backward_s, options=resolved))
 
+    def point_to_point(self, strategy: str, options: Mapping[str, Any]) -> tuple[str, int]:
+        """How the strategy's sends and receives load the network, and over how many hubs (`Strategy.point_to_point`):
+        ("chain", 0), a pipeline's hops; ("star", S), a dedicated parameter server's S servers."""
+        chosen, resolved = self._strategy(strategy, options)
+        pattern, hubs = chosen.point_to_point(resolved)
+        return str(pattern), int(hubs)
+
     def model_state_plan(self, strategy: str, options: Mapping[str, Any], data_parallel: int,
                          recipe: str) -> ModelStatePlan:
         """The strategy's bytes per parameter and sharding among `data_parallel` ranks under `recipe`."""

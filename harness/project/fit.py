@@ -247,6 +247,23 @@ class Calibration:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerLinkCalibration:
+    """A dedicated parameter server's sends and recvs on a calibrated one-level link (Algorithm.STAR): every
+    message, a recv as much as a send, priced as the calibration prices one send (the send's fit, else a 2-rank
+    broadcast): a server receives in one phase and sends in a later one, so no send carries a recv."""
+
+    calibration: Calibration
+
+    def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
+        if collective not in ("send", "recv"):
+            raise SpecError(f"a parameter server's links carry send and recv only, got {collective!r}")
+        return self.calibration.collective_seconds("send", size_bytes, 2)
+
+    def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
+        return Algorithm.STAR.value
+
+
+@dataclass(frozen=True, slots=True)
 class NodesCalibration:
     """Two calibrations and the ranks each node holds: `within_node` (ranks on one host: `harness comm` there)
     and `across_nodes` (one rank per node: `harness comm` across them). A group whose members all lie on one

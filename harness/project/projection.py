@@ -34,7 +34,9 @@ The model, end to end (docs/projection.md says where each part comes from and wh
   time among the algorithms of the cluster's library (NCCL: ring or tree for an all-reduce) unless one is
   forced, named per collective in the table and the rows; or a Calibration fitted to `harness comm` rows
   (harness.project.fit), which then is the target: a one-level network like the host it was measured on,
-  each collective by the algorithm it was fitted with.
+  each collective by the algorithm it was fitted with. A dedicated parameter server's sends and recvs (its
+  strategy's `point_to_point`: a star) are priced on its servers' links, where N counts its workers and its
+  servers sit beside them (harness.project.collectives.ServerLinks, `server_links`).
 - **overlap**: f = beyond_m / comm_m, the measured step beyond compute over the priced communication, with
   beyond_m the measured step beyond compute at >= 2 ranks (the step beyond the strategy's own world-size-1
   step where there is one, harness.derive.beyond_ws1) and comm_m the same schedule priced on the measuring
@@ -81,11 +83,12 @@ from harness.derive.exposed import exposed_communication, slowest_rank_per_step,
 from harness.derive.hosts import row_host_load
 from harness.derive.identity import conditions_id, distinguishing_suffixes, row_conditions
 from harness.derive.memory import ModelStatePlan, plan_bytes
+from harness.derive.staleness import is_asynchronous
 from harness.derive.rows import is_ok, measurements, options_text, shared_device, spec
 from harness.project.cluster import Cluster, Link
-from harness.project.collectives import (DEFAULT_ALGORITHMS, LIBRARY_ALGORITHMS, POINT_TO_POINT, ClusterModel,
-                                         CommModel, Library)
-from harness.project.fit import Calibration, NodesCalibration
+from harness.project.collectives import (DEFAULT_ALGORITHMS, LIBRARY_ALGORITHMS, POINT_TO_POINT, Algorithm,
+                                         ClusterModel, CommModel, Library, ServerLinks)
+from harness.project.fit import Calibration, NodesCalibration, ServerLinkCalibration
 from harness.record import PROJECTION_KIND
 from harness.spec import SpecError
 
@@ -107,7 +110,9 @@ class Scaling(enum.StrEnum):
 
 
 class StrategyFacts(Protocol):
-    """A strategy's own facts at any world size (harness.project.facts.RegistryFacts reads the registry)."""
+    """A strategy's own facts at any world size (harness.project.facts.RegistryFacts reads the registry). One more
+    is asked for where present, `point_to_point(strategy, options) -> (pattern, hubs)` (`point_to_point_of`: a
+    dedicated parameter server's star); without it every send is a chain's hop."""
 
     def expected_per_step(self, strategy: str, options: Mapping[str, Any], data_parallel: int, micro_batches: int,
                           parameters: int, gradient_bytes: int, gathered_bytes: int,
@@ -140,8 +145,14 @@ class Scheduled:
     origin: str = "counted"     # "counted" in the rows, or "expected" (the strategy's, not counted)
     label: str = ""             # the group's name where the strategy names its groups ("tp", "dp")
     stride: int = 1             # ranks between its members (ExpectedCollective.stride): > 1 spreads it over nodes
+    # A send or recv of a star (a dedicated parameter server's, Algorithm.STAR): the servers its N workers send to
+    # and receive from, ranks beyond the N; 0 for a chain's hop.
+    servers: int = 0
 
     def ranks(self, world_size: int) -> int:
+        """Ranks it runs among: a send or recv is between two, whatever group it was counted in."""
+        if self.collective in POINT_TO_POINT:
+            return 2
         return world_size if self.group is None else self.group
 
 
@@ -227,9 +238,13 @@ def priced_on(model: CommModel, item: Scheduled, world_size: int) -> CommModel:
     (Cluster.seen_by_interleaved_groups: fewer of its ranks per node, the node's NICs shared with the groups
     beside it). A pipeline's send to the next stage, `stride` ranks on, crosses a node boundary somewhere once
     the ranks fill more than a node, and the step waits for the slowest boundary: there the min(stride, g)
-    ranks of a node send across at once, each with that share of its NICs. A calibration is one level, the
-    same for every group; two (NodesCalibration: the emulated cluster's loopback and link) price a group on
-    the one its members' placement uses."""
+    ranks of a node send across at once, each with that share of its NICs; a send among the data-parallel group
+    (a colocated parameter server's, to peers all over it) has every rank of a node sending across at once. A
+    star's sends and recvs (a dedicated parameter server's) are priced on its servers' links (`server_links`).
+    A calibration is one level, the same for every group; two (NodesCalibration: the emulated cluster's loopback
+    and link) price a group on the one its members' placement uses."""
+    if item.collective in POINT_TO_POINT and item.servers:
+        return server_links(model, world_size, item.servers)
     if isinstance(model, NodesCalibration):
         return model.for_group(item.collective, item.ranks(world_size), item.stride, world_size)
     if not isinstance(model, ClusterModel):
@@ -238,7 +253,7 @@ def priced_on(model: CommModel, item: Scheduled, world_size: int) -> CommModel:
     if item.collective in POINT_TO_POINT:
         if world_size <= cluster.gpus_per_node:
             return model
-        sharing = min(item.stride, cluster.gpus_per_node)
+        sharing = min(_ranks_apart(item, world_size), cluster.gpus_per_node)
         crossing = Cluster(name=f"{cluster.name}, a stage boundary across nodes", gpus_per_node=1,
                            intra_node=cluster.intra_node,
                            inter_node=Link(latency_s=cluster.inter_node.latency_s,
@@ -247,6 +262,82 @@ def priced_on(model: CommModel, item: Scheduled, world_size: int) -> CommModel:
     if item.stride <= 1:
         return model
     return ClusterModel(cluster.seen_by_interleaved_groups(item.stride), dict(model.algorithms), model.library)
+
+
+def _ranks_apart(item: Scheduled, world_size: int) -> int:
+    """Ranks between a send's two ends: its named group's stride (a pipeline's), or, among the data-parallel
+    group, anywhere in the world (a colocated parameter server sends to every peer)."""
+    return world_size if item.group is None else item.stride
+
+
+def server_links(model: CommModel, workers: int, servers: int) -> CommModel:
+    """The model that prices a star's messages, `workers` ranks sending to and receiving from `servers` of their
+    own: on a described cluster the busier of the servers' and the workers' node links (ServerLinks); on a
+    calibration each message as a send (ServerLinkCalibration), on the emulated cluster's across its nodes once
+    the launch's workers and servers fill more than one."""
+    if isinstance(model, ClusterModel):
+        return ServerLinks(model.cluster, workers, servers)
+    if isinstance(model, NodesCalibration):
+        model = model.for_group("send", 2, 1, workers + servers)
+    if isinstance(model, Calibration):
+        return ServerLinkCalibration(model)
+    return model
+
+
+def point_to_point_of(facts: StrategyFacts, strategy: str, options: Mapping[str, Any]) -> tuple[str, int]:
+    """The strategy's point-to-point pattern and its hubs (RegistryFacts.point_to_point); ("chain", 0) where the
+    facts do not say (a test's own StrategyFacts)."""
+    ask = getattr(facts, "point_to_point", None)
+    return tuple(ask(strategy, options)) if ask is not None else ("chain", 0)
+
+
+def star_servers(facts: StrategyFacts, strategy: str, options: Mapping[str, Any]) -> int:
+    """The dedicated servers of a strategy whose sends and recvs form a star (a parameter server's): ranks beyond
+    its data-parallel ones, which run no model; 0 for any other."""
+    pattern, hubs = point_to_point_of(facts, strategy, options)
+    return int(hubs) if pattern == Algorithm.STAR.value else 0
+
+
+def with_servers(schedule: Iterable[Scheduled], servers: int) -> tuple[Scheduled, ...]:
+    """`schedule` with its data-parallel sends and recvs marked as a star's of `servers` (unchanged where 0)."""
+    if not servers:
+        return tuple(schedule)
+    return tuple(replace(item, servers=servers) if item.collective in POINT_TO_POINT and item.group is None else item
+                 for item in schedule)
+
+
+def star_notes(schedule: Sequence[Scheduled], world_size: int, model: CommModel) -> tuple[str, ...]:
+    """Where a star's servers sit and, on a described cluster, which link sets a phase's pace at `world_size`
+    workers (ServerLinks): none for a schedule without one."""
+    sends = [item for item in schedule if item.collective == "send" and item.servers]
+    if not sends:
+        return ()
+    servers, message = sends[0].servers, sends[0].size_bytes
+    if not isinstance(model, ClusterModel):
+        return (f"N counts the W workers; the S = {_servers_beside(servers, 'rank')} beside them, each of their "
+                "messages, a recv as a send, priced as one send on the calibrated link",)
+    links = ServerLinks(model.cluster, world_size, servers)
+    server, worker_node = links.phase_bytes(message)
+    server_text = f"W P / S = {world_size} x {message:.4g} B = {server:.4g} B"
+    worker_text = f"g P = {links.workers_per_node} x {servers * message:.4g} B = {worker_node:.4g} B"
+    if server == worker_node:
+        where = f"the server's and the workers' node links alike ({server_text}; {worker_text} a phase)"
+    elif links.bottleneck(message) == "server":
+        where = f"the server's link ({server_text} a phase; a worker node's link carries {worker_text})"
+    else:
+        where = f"the workers' node link ({worker_text} a phase; a server's link carries {server_text})"
+    return (f"N counts the W workers (GPUs); the S = {_servers_beside(servers, 'host')}, one server a host with its "
+            "node's whole inter-node link", f"N = {world_size}: bottleneck {where}")
+
+
+def _servers_text(servers: int) -> str:
+    return f"{servers} dedicated server" + ("s" if servers > 1 else "")
+
+
+def _servers_beside(servers: int, place: str) -> str:
+    """E.g. "8 dedicated servers are 8 more hosts", or "1 dedicated server is 1 more rank"."""
+    plural = "s" if servers > 1 else ""
+    return f"{_servers_text(servers)} {'are' if plural else 'is'} {servers} more {place}{plural}"
 
 
 def comm_seconds(schedule: Iterable[Scheduled], world_size: int, model: CommModel,
@@ -457,6 +548,8 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
                       f"{micro_batches} micro-batches",)
     else:
         (schedule, notes), data_parallel, parameters = schedule_at(basis, n, micro_batches, facts), n, basis.parameters
+        schedule = with_servers(schedule, star_servers(facts, basis.strategy, basis.options))
+        notes += star_notes(schedule, n, model)
     notes += above_one_note(basis.exposed_fraction)
     comm = comm_seconds(schedule, n, model)
     exposed = exposed_seconds(comm, compute, basis.exposed_fraction)
@@ -546,7 +639,8 @@ def busiest_counts(m: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 def counted_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
     """Collectives per step of the busiest rank, per type and group size (calls shared out by bytes where a
     type ran in groups of several sizes). Rows without group sizes (schema 1) ran every collective among
-    the data-parallel group."""
+    the data-parallel group, and so do a data-parallel strategy's sends and recvs, whatever group they were
+    counted in (a dedicated parameter server's, in the launch's world of workers and servers)."""
     data_parallel = int(m.get("data_parallel") or 1)
     schedule = []
     for collective, figures in sorted(busiest_counts(m).items()):
@@ -555,8 +649,9 @@ def counted_schedule(m: Mapping[str, Any]) -> tuple[Scheduled, ...]:
         groups = figures.get("bytes_by_group_size") or {str(data_parallel): figures["bytes"]}
         for group, size in sorted(groups.items(), key=lambda kv: int(kv[0])):
             calls = figures["calls"] * size / figures["bytes"]
+            among_replicas = int(group) == data_parallel or collective in POINT_TO_POINT
             schedule.append(Scheduled(collective=collective, size_bytes=size / calls, calls=calls,
-                                      group=None if int(group) == data_parallel else int(group)))
+                                      group=None if among_replicas else int(group)))
     return tuple(schedule)
 
 
@@ -640,6 +735,10 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
         if key[1] == "plain":       # the reference: one device, nothing to project (it gives compute above)
             continue
         label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "") + tags[key]
+        if is_asynchronous(measurements(members[0])):
+            skipped.append(f"{label}: asynchronous updates (its workers wait on no one): the projection models "
+                           "synchronous steps")
+            continue
         candidates = members
         if compute_factor is None:
             # Ranks that outnumbered their host's cores measured the cores' sharing: their step beyond
@@ -661,14 +760,21 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
             at_batch = [r for r in chosen if int(spec(r)["global_batch"]) == batch]
             named = label + (f" at global batch {batch}" if len(batches) > 1 else "")
             try:
-                one_device, whose = one_device_step(members, batch / top), "the strategy's"
+                per_device = batch / _model_ranks(at_batch[0], facts)
+                one_device, whose = one_device_step(members, per_device), "the strategy's"
                 if one_device is None and not any(compute_only_seconds(measurements(r)) for r in at_batch):
-                    one_device, whose = one_device_step(plains.get(key[:1] + key[3:], []), batch / top), "the plain loop's"
+                    one_device, whose = one_device_step(plains.get(key[:1] + key[3:], []), per_device), "the plain loop's"
                 bases.append(replace(_basis(at_batch, facts, measuring_host, one_device, compute_factor, whose),
                                      conditions=tags[key]))
             except SpecError as error:
                 skipped.append(f"{named}: {error}")
     return bases, skipped
+
+
+def _model_ranks(row: Mapping[str, Any], facts: StrategyFacts) -> int:
+    """The ranks of a launch that run the model: all of them, less a star's dedicated servers, which run none."""
+    s = spec(row)
+    return int(s["world_size"]) - star_servers(facts, s["strategy"], dict(s.get("options") or {}))
 
 
 def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibration | None,
@@ -678,9 +784,13 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
     s, m = spec(first), measurements(first)
     if s["strategy"] == "plain":
         raise SpecError("runs on one device: nothing to project")
-    world_size = int(s["world_size"])
+    launched = int(s["world_size"])
+    options = dict(s.get("options") or {})
+    servers = star_servers(facts, s["strategy"], options)
+    # The projection's N: the ranks that run the model (a dedicated parameter server's workers, its servers beside).
+    world_size = launched - servers
     per_device = s["global_batch"] / world_size
-    factor = compute_factor(first, world_size) if compute_factor else 1.0
+    factor = compute_factor(first, launched) if compute_factor else 1.0
     if one_device is not None:
         # The strategy's own step on one device, in proportion to the samples: it holds the strategy's
         # work on the rank (ZeRO-3's and FSDP2's parameter bookkeeping, DeepSpeed's flattening), which the
@@ -705,18 +815,22 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
     data_parallel = int(m.get("data_parallel") or world_size)
     grouped = is_grouped(m)
     if data_parallel != world_size and not grouped:
-        raise SpecError(f"{data_parallel} data-parallel replicas over {world_size} ranks: only data parallelism and "
-                        "strategies whose traffic names its groups (tp, fsdp2-tp, pipeline) are projected")
+        raise SpecError(f"{data_parallel} data-parallel replicas over {world_size} ranks: only data parallelism, a "
+                        "parameter server's workers and strategies whose traffic names its groups (tp, fsdp2-tp, "
+                        "pipeline) are projected")
     parameters = int(max(m.get("parameters_held_by_rank") or [m.get("parameters") or 0]))
     if parameters < 1:
         raise SpecError("the row records no parameter count")
     micro_batches = int(m.get("micro_batches_per_step") or 1)
-    options = dict(s.get("options") or {})
     if grouped:
         schedule, notes = labelled_schedule(m), counted_against_expected(m)
     else:
         schedule, notes = on_the_wire(counted_schedule(m), facts, s["strategy"], options,
                                       backward_s=BACKWARD_SHARE * compute * factor / micro_batches)
+        schedule = with_servers(schedule, servers)
+    if servers:
+        notes += (f"measured at {launched} ranks: {world_size} workers and {_servers_text(servers)}; world sizes "
+                  "here count the workers",)
     gradient_bytes, gathered_bytes = _traffic_bytes(m, parameters)
     if world_size < 2 or not exposed:
         fraction, source = 1.0, NO_OVERLAP + (f" (measured at world size {world_size})" if world_size < 2 else "")

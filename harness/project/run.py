@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from harness.derive.identity import describe_differences, network_of, network_tag
 from harness.project.cluster import load_cluster
@@ -84,6 +85,42 @@ def check_one_network(rows: Sequence[Mapping], comm_records: Sequence[Mapping]) 
                         .replace(" there", " in --comm") + "): calibrate the rows' own network")
 
 
+# A strategy as --strategies names it: `name`, or `name[key=value,...]` (as the table labels a basis).
+STRATEGY_FORM = re.compile(r"([\w-]+)(?:\[(.*)\])?")
+
+
+def parse_strategy(text: str) -> tuple[str, dict[str, Any]]:
+    """`name` or `name[key=value,...]` (e.g. `ps[servers=8]`) -> (name, options), each value read as `--option`
+    reads one. Whether the strategy takes those options is the registry's to say when it is first asked (a
+    one-line SpecError naming the option and what is allowed)."""
+    match = STRATEGY_FORM.fullmatch(text.strip())
+    if match is None:
+        raise SpecError(f"--strategies {text!r}: expected NAME or NAME[KEY=VALUE,...], e.g. ps[servers=8]")
+    name, inside = match.groups()
+    options = {}
+    for pair in inside.split(",") if inside is not None else ():
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--strategies {text!r}: options are KEY=VALUE separated by commas, e.g. ps[servers=8]")
+        options[key.strip()] = _option_value(raw.strip())
+    return name, options
+
+
+def _option_value(raw: str) -> Any:
+    """A strategy option's value from its text: true/false, none/null, a whole number, a number, else the word."""
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                  scalings: Sequence[Scaling] = (Scaling.WEAK, Scaling.STRONG), measuring_host: Calibration | None = None,
                  facts: StrategyFacts = REGISTRY_FACTS, strategies: Sequence[str] | None = None
@@ -106,26 +143,38 @@ def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequenc
 
 
 def rows_of_strategies(rows: Sequence[Mapping], strategies: Sequence[str]) -> list[Mapping]:
-    """The rows of `strategies`; a strategy no row ran is a one-line error naming the ones the rows hold."""
+    """The rows of `strategies` (`name`, or `name[key=value,...]`: its rows with those options); one no row ran is a
+    one-line error naming the ones the rows hold."""
     held = sorted({str(spec(row).get("strategy")) for row in rows})
-    missing = [name for name in strategies if name not in held]
+    wanted = {text: parse_strategy(text) for text in strategies}
+    kept = {text: [row for row in rows if _runs(row, *chosen)] for text, chosen in wanted.items()}
+    missing = [text for text, found in kept.items() if not found]
     if not strategies or missing:
         raise SpecError(f"--strategies {','.join(missing or strategies) or '(none)'}: no row of it to project; "
                         f"the rows hold: {', '.join(held) or 'none'}")
-    return [row for row in rows if spec(row).get("strategy") in strategies]
+    chosen = {id(row) for found in kept.values() for row in found}
+    return [row for row in rows if id(row) in chosen]
+
+
+def _runs(row: Mapping, strategy: str, options: Mapping[str, Any]) -> bool:
+    """Whether `row` ran `strategy` with (at least) `options`."""
+    s = spec(row)
+    given = s.get("options") or {}
+    return s.get("strategy") == strategy and all(given.get(key) == value for key, value in options.items())
 
 
 def project_description(strategies: Sequence[str], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                         scalings: Sequence[Scaling] = (Scaling.WEAK, Scaling.STRONG),
                         facts: StrategyFacts = REGISTRY_FACTS, **description) -> tuple[list[Projected], list[str]]:
-    """Each strategy of a model described by `description` (harness.project.projection.description_basis)."""
+    """Each strategy of a model described by `description` (harness.project.projection.description_basis): `name`,
+    or `name[key=value,...]` with options of its own (`parse_strategy`), e.g. ps[servers=8]."""
     check_world_sizes(world_sizes, model)
     if not strategies:
         raise SpecError("no strategies to project")
     points: list[Projected] = []
     skipped: list[str] = []
-    for strategy in strategies:
-        basis = description_basis(strategy=strategy, **description)
+    for name, options in [parse_strategy(text) for text in strategies]:
+        basis = description_basis(strategy=name, options=options, **description)
         found, left_out = project(basis, world_sizes, model, facts, scalings)
         points += found
         skipped += left_out

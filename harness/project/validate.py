@@ -74,7 +74,7 @@ from harness.project.facts import REGISTRY_FACTS
 from harness.project.collectives import CommModel
 from harness.project.fit import Calibration, NodesCalibration, fit_calibration
 from harness.project.projection import (Scaling, StrategyFacts, bases_from_rows, compute_only_seconds, project,
-                                        unstalled_median_step_s)
+                                        star_servers, unstalled_median_step_s)
 from harness.record import COMMBENCH_KIND
 from harness.spec import SpecError
 
@@ -342,18 +342,21 @@ def _check(setting: str, launches: Sequence[Mapping[str, Any]], source_setting: 
     if skipped:
         raise SpecError(skipped[0])
     n = int(spec(row)["world_size"])
+    # The projection's N: the ranks that run the model (a dedicated parameter server's workers; its servers
+    # share the machine's cores all the same).
+    workers = n - star_servers(facts, basis.strategy, basis.options)
     scaling = Scaling.STRONG if spec(row)["global_batch"] == basis.global_batch else Scaling.WEAK
-    if scaling is Scaling.WEAK and spec(row)["global_batch"] / n != basis.per_device_batch:
+    if scaling is Scaling.WEAK and spec(row)["global_batch"] / workers != basis.per_device_batch:
         raise SpecError(f"global batch {spec(row)['global_batch']} is neither world size {basis.world_size}'s "
-                        f"({basis.global_batch}) nor {n} x its per-device batch")
+                        f"({basis.global_batch}) nor {workers} x its per-device batch")
     # project() scales compute_s by the per-device share at N; the shared cores stretch it at N.
     at_n = replace(basis, compute_s=basis.compute_s * shared_cores_factor(row, n))
-    [point], _ = project(at_n, [n], target, facts, [scaling])
+    [point], _ = project(at_n, [workers], target, facts, [scaling])
     computes = [c for c in (compute_only_seconds(measurements(r)) for r in launches) if c is not None]
     # The world-size-1 launches the basis took its compute from (one batch: harness.derive.beyond_ws1).
     held_against, _ = one_rank_launches(ones, basis.per_device_batch)
     one_device = [c for c in (compute_only_seconds(measurements(r)) for r in held_against) if c is not None]
-    rule_compute = (float(np.median(one_device)) * (spec(row)["global_batch"] / n)
+    rule_compute = (float(np.median(one_device)) * (spec(row)["global_batch"] / workers)
                     / spec(held_against[0])["global_batch"] * shared_cores_factor(row, n)) if one_device else None
     return Checked(setting=setting, strategy=spec(row)["strategy"], label=basis.label, world_size=n,
                    source_world_size=int(basis.world_size), scaling=scaling, measured_s=measured,

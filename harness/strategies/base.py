@@ -409,6 +409,14 @@ class Strategy(abc.ABC):
         """The collectives a step of `micro_batches` micro-batches among `data_parallel` replicas issues."""
         return ExpectedTraffic(not_modelled_because=f"strategy {self.name} does not model its traffic")
 
+    def point_to_point(self, options: Mapping[str, OptionValue]) -> tuple[str, int]:
+        """How the step's sends and receives load the network, for the projection's pricing
+        (harness.project.collectives), and over how many hubs: ("chain", 0) by default, each send one hop to a peer
+        that receives it while it sends on (a pipeline's stages), so a recv costs nothing of its own; ("star", S)
+        where every data-parallel rank sends to and receives from each of S ranks of their own (a dedicated
+        parameter server), whose links carry every message in turn."""
+        return "chain", 0
+
     def wire_calls(self, *, collective: str, counted_calls: float, bytes_per_step: float, backward_s: float,
                    options: Mapping[str, OptionValue]) -> float:
         """How many collectives the `counted_calls` submitted per step (of `collective`, `bytes_per_step` in
