@@ -129,6 +129,17 @@ class Plan:
     precision: Precision
 
 
+def holds_evenly(machine: Machine, ranks: int) -> bool:
+    """Whether some count of the machine's nodes holds `ranks` evenly, each node at most its devices (a launch
+    spreads its ranks evenly over whole nodes): W workers and S servers beside them often do not. One CPU host holds
+    any count, its ranks sharing its cores where they outnumber them, as in every multi-rank check on a small host
+    (the rows say so)."""
+    if machine.device is DeviceKind.CPU and machine.nodes == 1:
+        return True
+    return any(ranks % nodes == 0 and ranks // nodes <= machine.devices_per_node
+               for nodes in range(1, machine.nodes + 1))
+
+
 class Cells:
     """Builds a matrix's specs from its plan and the user's selection, each cell once."""
 
@@ -157,13 +168,10 @@ class Cells:
 
     def asynchronous_sizes(self) -> tuple[int, ...]:
         """ps-async's launches: each world size of 2 or more as its workers, and its server ranks beside them (so
-        the workers share the global batch as the others' ranks do, and staleness needs two workers), within one
-        node: W + S ranks do not fill whole nodes evenly. On one CPU host the ranks may outnumber its cores, as in
-        every multi-rank check on a small host (the rows say so); elsewhere each rank has a device of its own."""
+        the workers share the global batch as the others' ranks do, and staleness needs two workers), where some
+        count of the machine's nodes holds them evenly (`holds_evenly`)."""
         sizes = tuple(size + self.servers_beside(ASYNCHRONOUS_PS) for size in self.sizes if size >= 2)
-        if self.machine.device is DeviceKind.CPU and self.machine.nodes == 1:
-            return sizes
-        return tuple(size for size in sizes if size <= self.machine.devices_per_node)
+        return tuple(size for size in sizes if holds_evenly(self.machine, size))
 
     def servers_beside(self, strategy: str) -> int:
         """The ranks of a launch that are not its workers: ps-async's servers (the user's --option servers)."""
@@ -421,19 +429,18 @@ PARAMETER_SERVER_LAYOUTS = (("ps", {"placement": "colocated"}, 0), ("ps", {"plac
 def parameter_server(machine: Machine, select: Selection) -> list[RunSpec]:
     """The parameter server beside DDP and Horovod at 2 and 4 workers (--world-sizes) on one global batch: ps with a shard on every
     worker, and with 1 and 2 dedicated server ranks beside the workers; ps-async with one server. The launch holds
-    the workers and the servers (5 ranks for 4 workers and one server); on GPUs only layouts whose ranks each have a
-    GPU of one node. fp32 on CPU, bf16 on GPUs, each against the plain loop at that batch."""
+    the workers and the servers (5 ranks for 4 workers and one server), where the machine's nodes hold them evenly
+    (`holds_evenly`): on an emulated cluster of 6 nodes, a rank on each node. fp32 on CPU, bf16 on GPUs, each against the plain loop at that batch."""
     cells = Cells(machine, select, Plan(("ddp", "horovod", "ps", ASYNCHRONOUS_PS), (2, 4), repeats=1,
                                         precision=_precision(machine)))
     workers = cells.sizes           # --world-sizes chooses the workers here
     for workload, plan in _plans(machine, select, PARAMETER_SERVER_PLANS, "parameter-server plan").items():
         global_batch = plan.global_batch(max(workers))
         cells.add(workload, plan, "plain", 1, global_batch)
-        one_host = machine.device is DeviceKind.CPU and machine.nodes == 1
         layouts = (("ddp", {}, 0), ("horovod", {}, 0), *PARAMETER_SERVER_LAYOUTS)
         for strategy, options, servers in layouts:
             for count in workers:
-                if one_host or count + servers <= machine.devices_per_node:
+                if holds_evenly(machine, count + servers):
                     cells.add(workload, plan, strategy, count + servers, global_batch, options=dict(options))
     return cells.specs
 

@@ -47,22 +47,26 @@ def _fp32(name: str, workload: str, strategies: tuple[str, ...]) -> Stream:
     return Stream(name, ("--workload", workload, "--world-sizes", "2", "--strategy", ",".join(strategies)))
 
 
+# The strategies the shared streams run: all but ps-async, whose losses are never the plain loop's and whose own
+# launches are in tests/test_parameter_server_async.py.
+SHARED = tuple(s for s in STRATEGIES if s != "ps-async")
+
 # Every strategy at 2 ranks on gpt-tiny in fp32, and the plain loop: the ci matrix's cells. Two streams of about
 # the same length (measured one at a time: the three ZeRO stages 16-17 s a launch, the pipeline 12 s, the rest
 # 2-14 s), launched side by side.
 DEEPSPEED_BUT_AUTOTP = ("zero1", "zero2", "zero3", "pipeline")
-GPT_TINY = (_fp32("gpt-tiny", "gpt-tiny", tuple(s for s in STRATEGIES if s not in DEEPSPEED_BUT_AUTOTP)),
+GPT_TINY = (_fp32("gpt-tiny", "gpt-tiny", tuple(s for s in SHARED if s not in DEEPSPEED_BUT_AUTOTP)),
             _fp32("gpt-tiny-deepspeed", "gpt-tiny", DEEPSPEED_BUT_AUTOTP))
 # ResNet-20's smoke cells (the plain loop, DDP), and its other strategies.
 RESNET_SMOKE = _fp32("resnet20-cifar-smoke", "resnet20-cifar", ("plain", "ddp"))
 RESNET = (RESNET_SMOKE, _fp32("resnet20-cifar", "resnet20-cifar",
-                              tuple(s for s in STRATEGIES if s not in ("plain", "ddp"))))
+                              tuple(s for s in SHARED if s not in ("plain", "ddp"))))
 HYBRID = Stream("hybrid", ("--workload", "gpt-tiny", "--world-sizes", "4", "--warmup-steps", "1",
                            "--strategy", "plain,fsdp2-tp,autotp,pipeline"))
 
 # Activation checkpointing (harness.strategies.checkpointing) on gpt-tiny in fp32: every strategy at 2 ranks and
 # the plain loop with every block checkpointed, and the plain loop with one block in two.
-CHECKPOINTED = Stream("checkpointed", ("--workload", "gpt-tiny", "--world-sizes", "2",
+CHECKPOINTED = Stream("checkpointed", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy", ",".join(SHARED),
                                        "--option", "activation_checkpointing=blocks"))
 CHECKPOINTED_EVERY_2 = Stream("checkpointed-every-2", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy",
                                                        "plain", "--option", "activation_checkpointing=every:2"))
@@ -86,7 +90,7 @@ def _bf16(name: str, strategies: tuple[str, ...]) -> Stream:
 # reduction); two DeepSpeed strategies in the first stream, two in the second, to even them out.
 BF16_FIRST, BF16_SPLIT = ("plain", "dataparallel", "ddp", "zero2", "zero3"), ("tp", "autotp")
 BF16 = (_bf16("bf16-0", BF16_FIRST),
-        _bf16("bf16-1", tuple(s for s in STRATEGIES if s not in BF16_FIRST + BF16_SPLIT + ("fsdp2-tp",))),
+        _bf16("bf16-1", tuple(s for s in SHARED if s not in BF16_FIRST + BF16_SPLIT + ("fsdp2-tp",))),
         _bf16("bf16-2", BF16_SPLIT))
 
 # What each fixture reads, and the order streams launch in: the longest first.
