@@ -26,6 +26,12 @@ def _each_way(counted: Mapping[str, Mapping[str, float]]) -> float:
     return max(float((counted.get(kind) or {}).get("bytes", 0.0)) for kind in ("send", "recv"))
 
 
+def dedicated_servers(m: Mapping[str, Any]) -> int:
+    """The ranks of a parameter server's launch that serve and run no model (0 for any other strategy's row)."""
+    config = m.get("strategy_config") or {}
+    return len(set(config.get("servers_ranks") or ()) - set(config.get("workers") or ()))
+
+
 def server_link_columns(m: Mapping[str, Any]) -> dict[str, Any]:
     """{workers, servers, worker_link_bytes_per_step, busiest_link, busiest_link_bytes_per_step,
     busiest_over_worker} for a parameter server's row, and its staleness (median, max) where it recorded any;

@@ -69,7 +69,9 @@ import numpy as np
 
 from harness.derive.beyond_ws1 import one_rank_launches
 from harness.derive.identity import conditions_id, distinguishing_suffixes, network_of, network_tag, row_conditions
-from harness.derive.rows import is_ok, measurements, spec
+from harness.derive.rows import is_ok, measurements, options_text, spec
+from harness.derive.server_link import dedicated_servers
+from harness.derive.staleness import is_asynchronous
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.collectives import CommModel
 from harness.project.fit import Calibration, NodesCalibration, fit_calibration
@@ -107,13 +109,16 @@ def _rate(setting: str) -> float:
 
 
 def shared_cores_factor(row: Mapping[str, Any], world_size: int) -> float:
-    """max(1, N x threads per rank / the machine's cores) for an emulated row; 1 for a real one."""
+    """max(1, N x threads per rank / the machine's cores) for an emulated row, N the ranks that compute: a
+    dedicated parameter server's ranks wait on their links and are left out (their AdamW over P / S is a
+    small part of a step: 1-2 ms of gpt-tiny's 50-100 here); 1 for a real row."""
     network = (row.get("environment") or {}).get("emulated_network") or {}
     cores = network.get("shared_machine_cores")
     if not cores:
         return 1.0
     threads = int(spec(row).get("threads_per_rank") or measurements(row).get("threads_per_rank") or 1)
-    return max(1.0, world_size * threads / cores)
+    computing = world_size - dedicated_servers(measurements(row))
+    return max(1.0, computing * threads / cores)
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,15 @@ class Checked:
     measured_compute_s: float | None = None   # the held-out cell's own compute-only pass (median of launches)
     rule_compute_s: float | None = None       # the world-size-1 cell's compute-only pass carried to N by the
                                               # model's compute rule (per-device share x shared cores)
+    options: str = ""                 # the cell's options (`ps` dedicated or colocated are two layouts)
+    workers: int = 0                  # the ranks that run the model (a dedicated parameter server's workers);
+                                      # 0: every one of `world_size`
+
+    @property
+    def ranks_working(self) -> int:
+        """The ranks the model runs on: the world size but for a dedicated parameter server's servers; cells are
+        compared (ranked, tabled) at the same number of them."""
+        return self.workers or self.world_size
 
     @property
     def error(self) -> float:
@@ -245,6 +259,10 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
         if world_size < 2:
             continue
         what = f"{setting}: {key[1]} at world size {world_size}"
+        if is_asynchronous(measurements(launches[0])):
+            left_out.append(f"{what}: asynchronous updates, measured and not predicted (the projection models "
+                            "synchronous steps)")
+            continue
         if design is Design.LARGER and world_size <= max_source_world_size:
             continue
         calibration = calibrations.get(setting)
@@ -359,6 +377,7 @@ def _check(setting: str, launches: Sequence[Mapping[str, Any]], source_setting: 
     rule_compute = (float(np.median(one_device)) * (spec(row)["global_batch"] / workers)
                     / spec(held_against[0])["global_batch"] * shared_cores_factor(row, n)) if one_device else None
     return Checked(setting=setting, strategy=spec(row)["strategy"], label=basis.label, world_size=n,
+                   options=options_text(row), workers=workers,
                    source_world_size=int(basis.world_size), scaling=scaling, measured_s=measured,
                    predicted_s=point.step_s, compute_s=point.compute_s, exposed_s=point.exposed_s,
                    exposed_fraction=basis.exposed_fraction, launches=len(launches), source_setting=source_setting,
@@ -374,7 +393,7 @@ def _taus(checked: Sequence[Checked], predicted: Callable[[Checked], float | Non
     groups: dict[tuple[str, int], list[Checked]] = {}
     for cell in checked:
         if predicted(cell) is not None:
-            groups.setdefault((_pair(cell), cell.world_size), []).append(cell)
+            groups.setdefault((_pair(cell), cell.ranks_working), []).append(cell)
     taus = {}
     for key, cells in groups.items():
         if len(cells) >= 2:
@@ -419,12 +438,13 @@ def format_validation(result: Validation) -> str:
     lines = [f"parbench: projection validation ({result.design.value}): each multi-rank cell predicted without it, "
              "from its setting's comm rows and its strategy's world-size-1 step and source cell (`from`); "
              "baseline: the source cell's measured step copied", header, "-" * len(header)]
+    names = cell_names(result.cells)
     for c in result.cells:
         baseline = f"{c.baseline_error:+.1%}" if c.baseline_error is not None else "-"
         r_c = (c.rule_compute_s / c.measured_compute_s - 1) if c.measured_compute_s and c.rule_compute_s else None
         measured_compute = f"{c.compute_s / (1 + r_c) * 1e3:.1f}" if r_c is not None else "-"
         measured_exposed = f"{(c.measured_s - c.compute_s / (1 + r_c)) * 1e3:.1f}" if r_c is not None else "-"
-        lines.append(f"{c.setting:<14} {c.strategy:<9} {c.world_size:>2} {c.source:<22} {c.scaling.value:<7} "
+        lines.append(f"{c.setting:<14} {names[id(c)]:<9} {c.world_size:>2} {c.source:<22} {c.scaling.value:<7} "
                      f"{c.launches:>8} {c.measured_s * 1e3:>11.1f} {c.predicted_s * 1e3:>12.1f} {c.error:>+7.1%} "
                      f"{baseline:>8}   {c.compute_s * 1e3:>10.1f} {measured_compute:>10} {c.exposed_s * 1e3:>10.1f} "
                      f"{measured_exposed:>10} {c.exposed_fraction:>5.2f}")
@@ -441,11 +461,21 @@ def format_validation(result: Validation) -> str:
     baseline_taus = result.baseline_taus or {}
     for (pair, n), tau in sorted(result.taus.items(), key=lambda kv: (_pair_order(kv[0][0]), kv[0][1])):
         copied = baseline_taus.get((pair, n))
-        lines.append(f"ranking at {pair}, world size {n}: Kendall tau {tau:+.2f} (bar {TAU_BAR})"
+        lines.append(f"ranking at {pair}, {n} ranks running the model: Kendall tau {tau:+.2f} (bar {TAU_BAR})"
                      + (f"; baseline {copied:+.2f}" if copied is not None else ""))
     lines.append(f"verdict: {'within' if result.passes else 'outside'} the bars")
     lines += [f"left out: {note}" for note in result.left_out]
     return "\n".join(lines)
+
+
+def cell_names(cells: Sequence[Checked]) -> dict[int, str]:
+    """{id(cell): its column's name}: the strategy, with its options where cells of that strategy ran with several
+    (ps colocated and with dedicated servers are different layouts, never one column)."""
+    layouts: dict[str, set[str]] = {}
+    for c in cells:
+        layouts.setdefault(c.strategy, set()).add(c.options)
+    return {id(c): f"{c.strategy}[{c.options}]" if len(layouts[c.strategy]) > 1 and c.options else c.strategy
+            for c in cells}
 
 
 def markdown_table(*results: Validation) -> str:
@@ -453,17 +483,20 @@ def markdown_table(*results: Validation) -> str:
     each held-out world size, the median and p90 |error| and the ranking's tau, the model's and beside them
     the baseline's (the source cell's step copied). Lines of the larger design say which world sizes were
     predicted from which. The tables README.md and docs/clusters.md show, kept true by tests."""
-    strategies = list(dict.fromkeys(c.strategy for result in results for c in result.cells))
-    sizes = sorted({c.world_size for result in results for c in result.cells})
+    every = [c for result in results for c in result.cells]
+    names = cell_names(every)
+    strategies = list(dict.fromkeys(names[id(c)] for c in every))
+    sizes = sorted({c.ranks_working for c in every})
     per_size = " / ".join(str(n) for n in sizes)
-    lines = [f"| link | {' | '.join(strategies)} | median | p90 | tau ({per_size} ranks) "
+    counted = "ranks" if all(c.ranks_working == c.world_size for c in every) else "workers"
+    lines = [f"| link | {' | '.join(strategies)} | median | p90 | tau ({per_size} {counted}) "
              f"| baseline median | baseline p90 | baseline tau |",
              "|" + " --- |" * (len(strategies) + 7)]
     for result in results:
         baseline_taus = result.baseline_taus or {}
         for pair in sorted({_pair(c) for c in result.cells}, key=_pair_order):
             cells = [c for c in result.cells if _pair(c) == pair]
-            errors = {(c.strategy, c.world_size): c.error for c in cells}
+            errors = {(names[id(c)], c.ranks_working): c.error for c in cells}
             shown = [" / ".join(f"{errors[s, n]:+.0%}" if (s, n) in errors else "-" for n in sizes)
                      for s in strategies]
             magnitudes = [abs(c.error) for c in cells]
