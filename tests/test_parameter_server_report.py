@@ -50,13 +50,26 @@ def test_the_report_sets_a_parameter_server_beside_all_reduce_at_its_workers_and
     server = dict(workers=4, servers=1, busiest_link="server", busiest_link_bytes_per_step=4 * P,
                   busiest_over_worker=4.0)
     cells = pd.DataFrame([_cell("ddp", 4, 500.0, nnodes=4), _cell("ddp", 5, 400.0, nnodes=5),
-                          _cell("ps", 5, 250.0, nnodes=5, options="servers=1", **server)])
+                          _cell("ps", 5, 40.0, nnodes=5, options="servers=1", link_rate_bits_per_s=100e6, **server)])
     [line] = parameter_server_lines(cells)
     # Beside DDP at 4 ranks (its 4 workers), not at 5 (its world size); 4 P = 3,790,848 B = 3.62 MiB.
     assert line.startswith("gpt-tiny, 4 workers (cpu, fp32, global batch 32): samples/s ddp 500, "
-                           "ps[servers=1] (5 ranks) 250.")
-    assert "ps[servers=1] (5 ranks): the bottleneck is the server's link, 3.62 MiB each way a step, 4x a worker's." in line
-    # On one host the same link is a loopback, and said to be.
+                           "ps[servers=1] (5 ranks) 40.")
+    # At 100 Mbit/s the server's link takes 2 directions x 3,790,848 B x 8 / 1e8 = 606.5 ms of the 32 / 40 = 800 ms
+    # step: more than half, the bottleneck.
+    assert ("ps[servers=1] (5 ranks): the bottleneck is the server's link, 3.62 MiB each way a step, 4x a worker's: "
+            "607 ms of its 800 ms step at 100 Mbit/s.") in line
+    # At 1000 Mbit/s the same bytes take 60.65 ms of the 800: under half, named but not the bottleneck.
+    faster = cells.assign(link_rate_bits_per_s=[None, None, 1e9])
+    assert "its busiest link is the server's, 3.62 MiB each way a step, 4x a worker's: 60.7 ms of its 800 ms step " \
+           "at 1000 Mbit/s, under half of it." in parameter_server_lines(faster)[0]
+    # ps-async answers one worker while it receives another's: one direction, 303.3 ms of 800, under half.
+    asynchronous = cells.assign(strategy=["ddp", "ddp", "ps-async"])
+    assert "303 ms of its 800 ms step at 100 Mbit/s, under half of it." in parameter_server_lines(asynchronous)[0]
+    # Across real hosts, with no rate recorded, the share is not judged; on one host the link is a loopback.
+    unrecorded = cells.assign(link_rate_bits_per_s=[None, None, None])
+    assert "(the link's rate is not recorded: whether it set the step's pace is not judged)" in \
+        parameter_server_lines(unrecorded)[0]
     local = pd.DataFrame([_cell("ddp", 4, 500.0), _cell("ps", 5, 250.0, options="servers=1", **server)])
     assert "its busiest link is the server's, 3.62 MiB each way a step, 4x a worker's (one host" in \
         parameter_server_lines(local)[0]

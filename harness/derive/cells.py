@@ -34,7 +34,7 @@ from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_columns
 from harness.derive.hosts import cell_host_load, row_host_load
 from harness.derive.identity import (cell_identity, conditions_id, distinguishing_suffixes, emulation_text,
-                                     row_conditions)
+                                     network_of, row_conditions)
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
 from harness.derive.parity import judge
@@ -69,6 +69,8 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(technique_columns(m))
     record.update(_communication(m))
     record.update(server_link_columns(m))
+    network = network_of(row) or {}
+    record["link_rate_bits_per_s"] = network.get("link_rate_bits_per_s")     # an emulated network's, else None
     record.update(_exposed(m, int(s["world_size"])))
     record.update(_mfu(row, record))
     record.update(row_host_load(row))
@@ -156,7 +158,7 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "busiest_link_bytes_per_step", "busiest_over_worker", "staleness_median", "staleness_max")
 FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
                  "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source", "workers", "servers",
-                 "busiest_link")
+                 "busiest_link", "link_rate_bits_per_s")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
 PARITY_ORDER = ("mismatch", "not comparable: asynchronous", "not-judged", "no-reference", "match", "reference")
 

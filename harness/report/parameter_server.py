@@ -20,6 +20,9 @@ PARAMETER_SERVERS = ("ps", "ps-async")
 ALL_REDUCE = ("ddp", "horovod")
 SAME_WORK = ["device", "workload", "precision", "global_batch", "conditions_id"]
 MIB = float(1 << 20)
+# The server's link is named the step's bottleneck where its bytes at the link's rate take at least this share of
+# the step (the rest being compute and the workers' own messages).
+BOTTLENECK_SHARE = 0.5
 
 
 def parameter_server_lines(cells: pd.DataFrame) -> list[str]:
@@ -50,16 +53,32 @@ def _line(workers: int, first: Mapping[str, Any], cells: list[Mapping[str, Any]]
     for r in ranked:
         if r.get("busiest_link") == SERVER_LINK and _present(r.get("busiest_over_worker")) \
                 and float(r["busiest_over_worker"]) > 1:
-            carried = (f"{float(r['busiest_link_bytes_per_step']) / MIB:.3g} MiB each way a step, "
-                       f"{float(r['busiest_over_worker']):.3g}x a worker's")
-            # Over a network the server's link is what the step waits on; on one host it is a loopback.
-            line += (f" {_name(r)}: the bottleneck is the server's link, {carried}." if _spans_nodes(r) else
-                     f" {_name(r)}: its busiest link is the server's, {carried} (one host: a loopback, not a "
-                     "network's bottleneck).")
+            line += f" {_name(r)}: {_server_link(r)}"
         if _present(r.get("staleness_max")):
             line += (f" {_name(r)}: updates applied as they arrive, staleness median {float(r['staleness_median']):g}, "
                      f"max {int(r['staleness_max'])} (not comparable with the synchronous cells' losses).")
     return line
+
+
+def _server_link(r: Mapping[str, Any]) -> str:
+    """The server's link, and whether it set the step's pace: its time at the link's recorded rate, both
+    directions in turn for a synchronous server (it sends only once every gradient is in), one for ps-async's (it
+    answers one worker while it receives another's), at least BOTTLENECK_SHARE of the step."""
+    each_way = float(r["busiest_link_bytes_per_step"])
+    carried = f"{each_way / MIB:.3g} MiB each way a step, {float(r['busiest_over_worker']):.3g}x a worker's"
+    if not _spans_nodes(r):
+        return f"its busiest link is the server's, {carried} (one host: a loopback, not a network's bottleneck)."
+    rate = r.get("link_rate_bits_per_s")
+    if not _present(rate) or not rate:
+        return (f"its busiest link is the server's, {carried} (the link's rate is not recorded: whether it set the "
+                "step's pace is not judged).")
+    directions = 1 if r["strategy"] == "ps-async" else 2
+    link_s = directions * each_way * 8 / float(rate)
+    step_s = float(r["global_batch"]) / float(r["samples_per_s"])
+    timing = f"{link_s * 1e3:.3g} ms of its {step_s * 1e3:.3g} ms step at {float(rate) / 1e6:g} Mbit/s"
+    if link_s >= BOTTLENECK_SHARE * step_s:
+        return f"the bottleneck is the server's link, {carried}: {timing}."
+    return f"its busiest link is the server's, {carried}: {timing}, under half of it."
 
 
 def _name(record: Mapping[str, Any]) -> str:
