@@ -132,7 +132,9 @@ def test_the_full_matrix_plans_the_doc_workload_and_its_plain_cell_trains(small_
     specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=2),
                          Selection(workloads=("small-cnn",), overrides=(("warmup_steps", 2), ("timed_steps", 2))))
     # The doc's plan: per-device batch 8 at the largest world size, 2, so a global batch of 16 everywhere.
-    assert {spec.global_batch for spec in specs} == {16} and {spec.world_size for spec in specs} == {1, 2}
+    # (ps-async's launch holds a server beside its 2 workers: 3 ranks.)
+    assert {spec.global_batch for spec in specs} == {16}
+    assert {spec.world_size for spec in specs if spec.strategy != "ps-async"} == {1, 2}
     assert {"plain", "ddp", "zero3", "fsdp2", "pipeline"} <= {spec.strategy for spec in specs}
 
     plain = next(spec for spec in specs if spec.strategy == "plain")
