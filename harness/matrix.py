@@ -160,22 +160,25 @@ class Cells:
     def sizes_for(self, strategy: str) -> tuple[int, ...]:
         if strategy == "plain":
             return (1,)
-        if strategy == ASYNCHRONOUS_PS:
-            return self.asynchronous_sizes()
+        if self.servers_beside(strategy):
+            return self.sizes_with_servers(strategy)
         if not spans_nodes(strategy):
             return tuple(size for size in self.sizes if size <= self.machine.devices_per_node)
         return self.sizes
 
-    def asynchronous_sizes(self) -> tuple[int, ...]:
+    def sizes_with_servers(self, strategy: str) -> tuple[int, ...]:
         """ps-async's launches: each world size of 2 or more as its workers, and its server ranks beside them (so
         the workers share the global batch as the others' ranks do, and staleness needs two workers), where some
         count of the machine's nodes holds them evenly (`holds_evenly`)."""
-        sizes = tuple(size + self.servers_beside(ASYNCHRONOUS_PS) for size in self.sizes if size >= 2)
+        sizes = tuple(size + self.servers_beside(strategy) for size in self.sizes if size >= 2)
         return tuple(size for size in sizes if holds_evenly(self.machine, size))
 
     def servers_beside(self, strategy: str) -> int:
-        """The ranks of a launch that are not its workers: ps-async's servers (the user's --option servers)."""
-        return int(self.select.options_for(ASYNCHRONOUS_PS).get("servers", 1)) if strategy == ASYNCHRONOUS_PS else 0
+        """The ranks of a generic matrix's launch that are not its workers: the servers of a strategy that always
+        launches them beside its workers (ps-async; the user's --option servers), else 0."""
+        if not getattr(get_strategy(strategy), "servers_beside_workers", False):
+            return 0
+        return int(self.select.options_for(strategy).get("servers", 1))
 
     def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int,
             options: dict[str, object] | None = None, precision: Precision | None = None) -> None:

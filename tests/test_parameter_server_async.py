@@ -126,7 +126,7 @@ STRATEGIES = {"ps-async-waits": Planted()}
 def test_a_slowed_worker_leaves_stale_updates_and_a_server_planted_to_wait_for_all_leaves_none(tmp_path):
     (tmp_path / "planted.py").write_text(PLANTED_SYNCHRONOUS)
     out = tmp_path / "rows.jsonl"
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "--workload", "gpt-tiny", "--world-sizes", "3",
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--workload", "gpt-tiny", "--world-sizes", "2",
                            "--strategy", "plain,ps-async,ps-async-waits", "--global-batch", "16",
                            "--warmup-steps", "1", "--timed-steps", "4", "--device", "cpu", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT,

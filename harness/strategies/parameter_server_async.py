@@ -119,6 +119,9 @@ class AsyncParameterServer(ParameterServer):
         **{name: option for name, option in ParameterServer.options.items() if name not in ("servers", "placement")},
     }
     trainer_class = AsyncParameterServerTrainer
+    # Its servers are always ranks of their own: the generic matrices launch them beside the workers
+    # (harness.matrix.Cells.servers_beside), so that its workers are the world size the others run.
+    servers_beside_workers = True
 
     def resolve_options(self, given):
         """Its servers are always dedicated: an asynchronous colocated server would serve while it computes."""
