@@ -81,6 +81,14 @@ def test_the_step_time_is_the_one_at_which_the_workers_together_deliver_a_global
     assert trainer.combined_step_times([[1.0, 2.0], [3.0, 2.0], [9.0, 9.0]]) == pytest.approx([1.5, 2.0])
 
 
+def test_on_gpus_it_is_skipped_with_the_reason_nccl_has_no_receive_from_any_source():
+    spec = RunSpec(workload="gpt-tiny", strategy="ps-async", world_size=3, global_batch=16, micro_batch=4,
+                   device="cuda")
+    assert "NCCL does not" in PS_ASYNC.skip_reason(spec)
+    assert PS_ASYNC.skip_reason(RunSpec(workload="gpt-tiny", strategy="ps-async", world_size=3, global_batch=16,
+                                        micro_batch=4)) is None
+
+
 def test_its_servers_are_dedicated_and_it_needs_a_worker():
     with pytest.raises(SpecError, match="no option 'placement'"):
         checked(RunSpec(workload="gpt-tiny", strategy="ps-async", world_size=3, global_batch=16, micro_batch=4,
@@ -139,8 +147,10 @@ def test_a_slowed_worker_leaves_stale_updates_and_a_server_planted_to_wait_for_a
     honest = staleness_summary(by_strategy["ps-async"]["measurements"])
     planted = staleness_summary(by_strategy["ps-async-waits"]["measurements"])
     # 2 workers x 5 steps: 10 gradients, each applied on arrival; the planted server folds each round's 2 into
-    # one update, every gradient computed on the parameters of the last.
-    assert honest["updates"] == 10 and honest["max"] > 0
+    # one update, every gradient computed on the parameters of the last. Worker 1 takes 3 times as long a step, so
+    # worker 0 pushes about 3 times between two of its pulls: some update is 2 or more behind. (Workers in
+    # lock-step, as a server answering them in a fixed order would keep them, leave every update at most 1 behind.)
+    assert honest["updates"] == 10 and honest["max"] >= 2
     assert planted == {"updates": 10, "median": 0, "max": 0, "stale_share": 0.0}
     verdicts = {row["spec"]["strategy"]: parity.verdict for row, parity in zip(rows, judge(rows))}
     assert verdicts == {"plain": Verdict.REFERENCE, "ps-async": Verdict.NOT_COMPARABLE,

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from harness.spec import RunSpec
+from harness.spec import DeviceKind, RunSpec
 from harness.strategies.base import MicroBatch, Option, accumulate
 from harness.strategies.parameter_server import (DEDICATED, GRADIENT_TAG, PARAMETER_TAG, ParameterServer,
                                                  ParameterServerTrainer)
@@ -106,7 +106,10 @@ class AsyncParameterServerTrainer(ParameterServerTrainer):
     def combined_step_times(self, times_by_rank: list[list[float]]) -> list[float]:
         """Step k's time as all workers together deliver it: they each run their share of the global batch at
         their own pace, so together they deliver a global batch in 1 / mean_w(1 / t_w,k), the harmonic mean of
-        their k-th steps (the servers' steps are not the workers': they serve whoever arrives)."""
+        their k-th steps (the servers' steps are not the workers': they serve whoever arrives). This is the
+        workers' rates added up, what an asynchronous job whose workers never wait runs at; a run of a fixed
+        number of steps a worker ends with its slowest worker, whose wall clock is slower where the workers'
+        speeds differ (one worker slowed x3 of 2: a global batch every 1.5 t here, every 3 t by that clock)."""
         workers = [times_by_rank[rank] for rank in self.roles.workers]
         return [len(steps) / sum(1.0 / t for t in steps) for steps in zip(*workers)]
 
@@ -126,6 +129,13 @@ class AsyncParameterServer(ParameterServer):
     def resolve_options(self, given):
         """Its servers are always dedicated: an asynchronous colocated server would serve while it computes."""
         return {**super().resolve_options(given), "placement": DEDICATED}
+
+    def layout_refusal(self, spec: RunSpec) -> str | None:
+        if spec.device is DeviceKind.CUDA:
+            # NCCL, torchrun's backend where every rank has a GPU, has no receive from any source.
+            return ("ps-async's servers receive from whichever worker is first (torch.distributed.recv with no "
+                    "source), which gloo and MPI offer and NCCL does not: not run on GPUs")
+        return super().layout_refusal(spec)
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return ("a dedicated server steps the optimizer and a worker runs forward and backward: no one rank's work "
