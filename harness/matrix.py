@@ -424,9 +424,9 @@ PARAMETER_SERVER_PLANS = {
     DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=5)},
     DeviceKind.CUDA: {"gpt2-small": BatchPlan(micro_batch=8, per_device_batch=16, warmup_steps=5, timed_steps=20)},
 }
-# Each layout by its options, and the server ranks it launches beside its workers.
-PARAMETER_SERVER_LAYOUTS = (("ps", {"placement": "colocated"}, 0), ("ps", {"placement": "dedicated", "servers": 1}, 1),
-                            ("ps", {"placement": "dedicated", "servers": 2}, 2), ("ps-async", {"servers": 1}, 1))
+# Each layout by its options; a dedicated layout launches its servers beside its workers.
+PARAMETER_SERVER_LAYOUTS = (("ps", {"placement": "colocated"}), ("ps", {"placement": "dedicated", "servers": 1}),
+                            ("ps", {"placement": "dedicated", "servers": 2}), ("ps-async", {"servers": 1}))
 
 
 def parameter_server(machine: Machine, select: Selection) -> list[RunSpec]:
@@ -440,8 +440,13 @@ def parameter_server(machine: Machine, select: Selection) -> list[RunSpec]:
     for workload, plan in _plans(machine, select, PARAMETER_SERVER_PLANS, "parameter-server plan").items():
         global_batch = plan.global_batch(max(workers))
         cells.add(workload, plan, "plain", 1, global_batch)
-        layouts = (("ddp", {}, 0), ("horovod", {}, 0), *PARAMETER_SERVER_LAYOUTS)
-        for strategy, options, servers in layouts:
+        for strategy, options in (("ddp", {}), ("horovod", {}), *PARAMETER_SERVER_LAYOUTS):
+            # The user's --option servers=K names the dedicated servers: the colocated layout has none to take.
+            given = {**options, **cells.select.options_for(strategy)}
+            if given.get("placement") == "colocated" and "servers" in given:
+                continue
+            servers = 0 if strategy in ("ddp", "horovod") or given.get("placement") == "colocated" \
+                else int(given.get("servers", 1))
             for count in workers:
                 if holds_evenly(machine, count + servers):
                     cells.add(workload, plan, strategy, count + servers, global_batch, options=dict(options))

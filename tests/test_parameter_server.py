@@ -65,6 +65,9 @@ def test_a_colocated_rank_moves_the_bytes_of_a_ring_all_reduce_point_to_point():
 
 def test_bad_layouts_are_refused_in_one_line():
     assert "needs a world size above it" in PS.skip_reason(spec(1))
+    # 2 servers and 1 worker: the worker would send 2 messages a step where a server receives 1.
+    assert "needs at least as many workers; this cell has 1" in PS.skip_reason(spec(3, servers=2))
+    assert PS.skip_reason(spec(4, servers=2)) is None
     with pytest.raises(SpecError, match="leave servers unset"):
         checked(spec(2, placement="colocated", servers=2))
     with pytest.raises(SpecError, match="fp16"):
@@ -122,3 +125,26 @@ def test_every_layout_matches_the_plain_loop_and_counts_the_messages_worked_out_
         worker = {"send": (s, P), "recv": (s, P)}               # P in all, in S shards
         server = {"send": (w, w * P // s), "recv": (w, w * P // s)}
         assert by_rank == [worker] * w + [server] * s, (layout, world_size)
+
+
+def test_the_parameter_server_matrix_gives_the_users_server_count_to_its_dedicated_layouts():
+    from harness.matrix import Machine, Selection, build_matrix
+    from harness.spec import DeviceKind
+
+    def layouts(options=()):
+        specs = build_matrix("parameter-server", Machine(device=DeviceKind.CPU, devices_per_node=2),
+                             Selection(options=options))
+        return sorted((s.strategy, tuple(sorted(s.options_dict.items())), s.world_size) for s in specs
+                      if s.strategy.startswith("ps"))
+
+    # As planned: colocated at 2 and 4 workers; 1 and 2 dedicated servers, and ps-async's one, beside them.
+    assert layouts() == [("ps", (("placement", "colocated"),), 2), ("ps", (("placement", "colocated"),), 4),
+                         ("ps", (("placement", "dedicated"), ("servers", 1)), 3),
+                         ("ps", (("placement", "dedicated"), ("servers", 1)), 5),
+                         ("ps", (("placement", "dedicated"), ("servers", 2)), 4),
+                         ("ps", (("placement", "dedicated"), ("servers", 2)), 6),
+                         ("ps-async", (("servers", 1),), 3), ("ps-async", (("servers", 1),), 5)]
+    # --option servers=3: 3 servers beside 2 and 4 workers, for ps and ps-async; no colocated layout takes it.
+    assert layouts((("servers", 3),)) == [("ps", (("placement", "dedicated"), ("servers", 3)), 5),
+                                          ("ps", (("placement", "dedicated"), ("servers", 3)), 7),
+                                          ("ps-async", (("servers", 3),), 5), ("ps-async", (("servers", 3),), 7)]

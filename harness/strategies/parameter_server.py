@@ -219,6 +219,11 @@ class ParameterServer(Strategy):
         if options["placement"] == DEDICATED and spec.world_size <= options["servers"]:
             return (f"ps with {options['servers']} dedicated server(s) needs a world size above it, for at least "
                     f"one worker; this cell has {spec.world_size}")
+        if options["placement"] == DEDICATED and options["servers"] > spec.world_size - options["servers"]:
+            # A worker then sends more messages a step (S) than a server receives (W): the busiest rank is a worker,
+            # which neither the expected traffic nor the projection's server link describes.
+            return (f"ps with {options['servers']} dedicated servers needs at least as many workers; this cell has "
+                    f"{spec.world_size - options['servers']}")
         return None
 
     def layout(self, spec: RunSpec) -> Layout:
