@@ -64,7 +64,8 @@ def test_the_report_sets_a_parameter_server_beside_all_reduce_at_its_workers_and
     assert "its busiest link is the server's, 3.62 MiB each way a step, 4x a worker's: 60.7 ms of its 800 ms step " \
            "at 1000 Mbit/s, under half of it." in parameter_server_lines(faster)[0]
     # ps-async answers one worker while it receives another's: one direction, 303.3 ms of 800, under half.
-    asynchronous = cells.assign(strategy=["ddp", "ddp", "ps-async"])
+    asynchronous = cells.assign(strategy=["ddp", "ddp", "ps-async"], staleness_median=[None, None, 3.0],
+                                staleness_max=[None, None, 4.0])
     assert "303 ms of its 800 ms step at 100 Mbit/s, under half of it." in parameter_server_lines(asynchronous)[0]
     # Across real hosts, with no rate recorded, the share is not judged; on one host the link is a loopback.
     unrecorded = cells.assign(link_rate_bits_per_s=[None, None, None])

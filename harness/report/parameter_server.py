@@ -16,7 +16,6 @@ import pandas as pd
 
 from harness.derive.server_link import SERVER_LINK
 
-PARAMETER_SERVERS = ("ps", "ps-async")
 ALL_REDUCE = ("ddp", "horovod")
 SAME_WORK = ["device", "workload", "precision", "global_batch", "conditions_id"]
 MIB = float(1 << 20)
@@ -27,13 +26,15 @@ BOTTLENECK_SHARE = 0.5
 
 def parameter_server_lines(cells: pd.DataFrame) -> list[str]:
     """One line per number of workers that has a parameter server's cell; [] where none has."""
-    if cells.empty or not cells["strategy"].isin(PARAMETER_SERVERS).any():
+    if cells.empty or "workers" not in cells or not cells["workers"].map(_present).any():
         return []
     ok = cells[(cells["status"] == "ok") & cells["samples_per_s"].notna()]
     lines = []
     for _, group in ok.groupby(SAME_WORK, sort=False, dropna=False):
         records = group.to_dict("records")
-        servers = [r for r in records if r["strategy"] in PARAMETER_SERVERS]
+        # A parameter server's row is one with a server's roles (harness.derive.server_link): ps, ps-async or a
+        # strategy built on them.
+        servers = [r for r in records if _present(r.get("workers"))]
         for workers in sorted({int(r["workers"]) for r in servers if _present(r.get("workers"))}):
             beside = [r for r in records if r["strategy"] in ALL_REDUCE and int(r["world_size"]) == workers]
             lines.append(_line(workers, group.iloc[0].to_dict(), beside
@@ -72,7 +73,7 @@ def _server_link(r: Mapping[str, Any]) -> str:
     if not _present(rate) or not rate:
         return (f"its busiest link is the server's, {carried} (the link's rate is not recorded: whether it set the "
                 "step's pace is not judged).")
-    directions = 1 if r["strategy"] == "ps-async" else 2
+    directions = 1 if _present(r.get("staleness_max")) else 2      # an asynchronous server records staleness
     link_s = directions * each_way * 8 / float(rate)
     step_s = float(r["global_batch"]) / float(r["samples_per_s"])
     timing = f"{link_s * 1e3:.3g} ms of its {step_s * 1e3:.3g} ms step at {float(rate) / 1e6:g} Mbit/s"
