@@ -453,6 +453,41 @@ def parameter_server(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# Short runs: K = 2 is a warm-up step (the probe of step K stays out of the timed ones) and a kill at step 4 leaves two
+# steps recomputed; the resumed launch times the same steps as the uninterrupted one.
+FAULT_TOLERANCE_PLANS = {
+    DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=3, timed_steps=3)},
+    DeviceKind.CUDA: {"gpt2-small": BatchPlan(micro_batch=8, per_device_batch=16, warmup_steps=3, timed_steps=10)},
+}
+SAVED_AT, KILLED_AT = 2, 4
+
+
+def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Checkpoint, resume and restart, for every strategy that checkpoints (its library's own save: DCP, DeepSpeed's,
+    Horovod's rank 0, torch.save): each saves at step 2 and resumes from it in new processes, held against its
+    uninterrupted run; the DCP strategies also resume at 4 ranks from a save at 2 and at 2 from 4; DDP and FSDP2 lose
+    a rank at step 4 and torchrun restarts them from the save, while ZeRO-1 and Horovod lose one under launchers that
+    restart nothing and are recorded failed, naming the kill. One global batch (fp32 on CPU, bf16 on GPUs)."""
+    checkpointing = tuple(name for name, strategy in STRATEGIES.items() if strategy.checkpoint_method)
+    cells = Cells(machine, select, Plan(tuple(s for s in checkpointing if s != "plain"), (2,), repeats=1,
+                                        precision=_precision(machine)))
+    resharded = [(to, saved) for to, saved in ((4, 2), (2, 4)) if holds_evenly(machine, to) and holds_evenly(machine, saved)]
+    for workload, plan in _plans(machine, select, FAULT_TOLERANCE_PLANS, "fault-tolerance plan").items():
+        global_batch = plan.global_batch(4)
+        at = f"at:{SAVED_AT}"
+        for strategy in cells.chosen:
+            for world_size in cells.sizes_for(strategy):
+                options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)}}
+                cells.add(workload, plan, strategy, world_size, global_batch,
+                          options={**options.get(strategy, {}), "checkpoint": at})
+        for strategy in (s for s in checkpointing if STRATEGIES[s].checkpoint_method == "dcp" and "tp" not in s):
+            for to, saved in resharded:
+                cells.add(workload, plan, strategy, to, global_batch, options={"checkpoint": f"{at}:from={saved}"})
+        for strategy in ("ddp", "fsdp2", "zero1", "horovod"):
+            cells.add(workload, plan, strategy, 2, global_batch, options={"checkpoint": f"{at}:kill={KILLED_AT}"})
+    return cells.specs
+
+
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
@@ -462,6 +497,7 @@ MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "hybrid": hybrid,
     "memory-techniques": memory_techniques,
     "parameter-server": parameter_server,
+    "fault-tolerance": fault_tolerance,
 }
 
 

@@ -26,6 +26,7 @@ from harness.launch.processes import run_processes, shown_command
 from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE
 from harness.spec import RunResult, RunSpec, Status
 from harness.strategies import get_strategy
+from harness.strategies.state_checkpoint import plan_of
 
 __all__ = ["CELL_TOKEN_ENV", "LOG_FILE", "SPEC_FILE", "cells_dir", "launch_dir", "run_cell"]
 
@@ -59,6 +60,20 @@ def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, en
     if reason:
         return RunResult(status=Status.SKIPPED, message=reason, **common)
 
+    plan = plan_of(spec) if get_strategy(spec.strategy).checkpoint_method else None
+    if plan is not None:
+        from harness.launch.checkpointed import run_checkpointed    # the cells of several launches
+
+        return run_checkpointed(spec, plan, cell_dir=cell_dir, common=common,
+                                launch=lambda s, d, c, env: launch_once(s, cell_dir=d, common=c, timeout_s=timeout_s,
+                                                                        placement=placement, extra=env))
+    return launch_once(spec, cell_dir=cell_dir, common=common, timeout_s=timeout_s, placement=placement)
+
+
+def launch_once(spec: RunSpec, *, cell_dir: Path, common: dict[str, Any], timeout_s: float, placement: Placement,
+                extra: Mapping[str, str] | None = None) -> RunResult:
+    """One launch of `spec` from `cell_dir`, with `extra` added to its processes' environment; its row."""
+    common = {**common, "spec": spec}
     cell_dir.mkdir(parents=True, exist_ok=True)
     (cell_dir / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=1))
     launcher = launcher_of(spec)
@@ -67,7 +82,7 @@ def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, en
         port = placement.rendezvous_port(spec) if launcher.uses_port else ""
     except LaunchError as error:
         return RunResult(status=Status.FAILED, message=str(error), **common)
-    extra_env = launch_environment(spec, token)
+    extra_env = {**launch_environment(spec, token), **(extra or {})}
     plan = plan_launch(spec, placement, cell_dir=cell_dir, port=port, environment=extra_env, timeout_s=timeout_s)
     for path, text in plan.files:
         path.write_text(text)

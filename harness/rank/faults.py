@@ -50,6 +50,14 @@ Three kinds change what a strategy does from the given step on, as a change to i
   keeping a stray master copy would; the model-state census counts it under `optimizer`;
 - `lr-scale` (with `factor=F`): before that step the rank multiplies its torch optimizer's learning rate by F,
   for that step and every later one.
+Two kinds are bugs of a checkpoint cell (harness.strategies.state_checkpoint), which its resume check must catch
+(`rank=all:step=0`, the only values they take):
+- `checkpoint-without-optimizer`: the save and the load leave the optimizer's state out (DeepSpeed's load skips its
+  optimizer partitions), so the resumed run starts AdamW's moments and step count again;
+- `resume-data-from-start`: a resumed launch reads the data of step 0, 1, ... again from its first step.
+A loud kind fires in the first attempt of a group alone: an attempt its launcher restarted (torchrun's
+TORCHELASTIC_RESTART_COUNT > 0) resumes past it, as a job does once the failed host is replaced.
+
 The optimizer is the torch AdamW every strategy steps (`Trainer.torch_optimizer`). Rows record PARBENCH_*
 variables with the rest of the environment, so a row from a run with a fault says so.
 """
@@ -73,7 +81,9 @@ OVERFLOW = "overflow"
 SILENT_KINDS = ("grad-scale", "skip-microbatch", OVERFLOW)
 EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "weight-copy", "lr-scale")
 SLOW_STEP = "slow-step"
-KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,)
+CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START = CHECKPOINT_KINDS = ("checkpoint-without-optimizer",
+                                                                          "resume-data-from-start")
+KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,) + CHECKPOINT_KINDS
 FACTOR_KINDS = ("grad-scale", LR_SCALE, SLOW_STEP)
 USAGE = ("KIND:rank=R:step=S (R a rank or all; S+ for step S and every later one, silent kinds only; grad-scale and "
          "lr-scale also :factor=F, grad-scale and overflow optionally :tensors=PATTERN; slow-step also :factor=F >= 1 "
@@ -120,6 +130,9 @@ class Fault:
         if onward and kind not in SILENT_KINDS:
             raise ValueError(f"{FAULT_ENV}={text!r}: step=S+ (every step from S on) is for the silent kinds alone: "
                              f"{', '.join(SILENT_KINDS)}")
+        if kind in CHECKPOINT_KINDS and (rank != ALL_RANKS or step != 0):
+            raise ValueError(f"{FAULT_ENV}={text!r}: {kind} takes rank=all:step=0 alone: it changes every rank's "
+                             "save, load or resumed data")
         if kind == EXTRA_ALL_REDUCE and rank != ALL_RANKS:
             raise ValueError(f"{FAULT_ENV}={text!r}: {EXTRA_ALL_REDUCE} needs rank=all: an all-reduce that one "
                              "rank issues alone never completes")
@@ -149,6 +162,10 @@ class Fault:
         if self.kind == "oom":
             raise torch.OutOfMemoryError(f"injected by {FAULT_ENV}")
         raise RuntimeError(f"crash injected by {FAULT_ENV}")
+
+    def kills(self, rank: int, step: int) -> bool:
+        """Does this fault kill this rank at the start of this step?"""
+        return self.kind == "kill" and self._fires(rank, step)
 
     def slows(self, rank: int, step: int, strategy: str) -> bool:
         """Does this rank sleep at the end of this step's train step (slow-step: every step from `step` on)?"""

@@ -28,7 +28,8 @@ import torch
 
 from harness.rank.comm_counter import CollectiveCounter
 from harness.rank.compute_only import CompletedPass, compute_only_pass
-from harness.rank.faults import Fault, fault_from_environment
+from harness.rank.checkpointed_run import CheckpointedRun, restart_count
+from harness.rank.faults import CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START, Fault, fault_from_environment
 from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
                                   reset_peak_memory)
 from harness.rank.recompute_pass import recompute_pass
@@ -59,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(THREADS_ENV):
         torch.set_num_threads(int(os.environ[THREADS_ENV]))
     rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", 0)))
+    if restart_count() > 0:
+        # The report this rank wrote in the attempt its launcher restarted (a peer it lost) is kept, by another name:
+        # this attempt's outcome is the launch's.
+        report = args.out / ERROR_FILE.format(rank=rank)
+        if report.exists():
+            report.replace(report.with_name(f"attempt{restart_count() - 1}-{report.name}"))
     try:
         counter = CollectiveCounter()
         strategy.instrument(counter)      # before start: DeepSpeed keeps the torch functions it finds
@@ -98,28 +105,53 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     largest_module = largest_module_own_parameters(torch.nn.Sequential(*layers))
     expected_traffic = strategy.expected_traffic(spec, layers)   # before wrapping converts or shards them
     reduce_dtypes = strategy.gradient_reduce_dtypes(spec, torch.nn.Sequential(*layers))   # parity's tolerances
+    # Before wrapping, which may shard the weights in place (ZeRO-3 leaves empty placeholders).
+    facts_for_checkpoint = {"holds": list(strategy.checkpoint_holds(strategy.resolved(spec))),
+                            "model_tensors": len(torch.nn.Sequential(*layers).state_dict()),
+                            "tied_parameters": sum(_tied_weight(layers, tie).numel() for tie in workload.ties())}
     trainer = strategy.wrap(spec, context, workload, layers)
     _phase(context.rank, "model wrapped")
+    fault = fault_from_environment()
+    # A checkpoint cell's launch (harness.rank.checkpointed_run): it may start from a save, save at step K, stop there.
+    run = CheckpointedRun.from_environment(strategy.checkpoint_method,
+                                           omit_optimizer=bool(fault and fault.kind == CHECKPOINT_WITHOUT_OPTIMIZER))
+    if run:
+        run.facts = facts_for_checkpoint
+    first_step = run.start(trainer) if run else 0
+    if run and run.loads:
+        _phase(context.rank, f"resumed at step {first_step} from {run.directory}")
 
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
     outcomes: list[tuple[bool, float] | None] = []       # fp16: each step's (applied, loss scale)
-    fault = fault_from_environment()
     model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
     peak_rss_since = PeakRssSince.PROCESS_START
     norms = FirstStepNorms(spec, trainer)
+    # A checkpoint cell reads the same norms in step K, the first its resumed launch runs (harness.derive.resume).
+    probe = FirstStepNorms(spec, trainer, step=run.at) if run else None
     # Saved-for-backward bytes in the last warm-up step, beside the functional collectives' sampling.
     census = SavedActivationCensus(torch.nn.Sequential(*layers))
     census_step = spec.warmup_steps - 1
     offloaded = None            # bytes activation offload copied to the host in that step
     disarm = lambda: None       # noqa: E731
-    for step in range(spec.warmup_steps + spec.timed_steps):
-        if fault:
+    # A loud fault fires in a group's first attempt alone: the attempt its launcher restarted resumes past it.
+    armed = restart_count() == 0
+    for step in range(first_step, spec.warmup_steps + spec.timed_steps):
+        if run and run.saves_before(step):
+            run.save(trainer, losses, norms.figures())
+            if run.stops_after(step):
+                return _stopped(trainer, run, losses)
+        if fault and armed:
+            if run and fault.kills(context.rank, step):
+                run.mark_kill(context.rank, step)
             fault.fire(context.rank, step)
+        if fault:
             trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
             disarm = fault.scale_tensor_gradients(context.rank, step, torch.nn.Sequential(*layers))
             fault.before_step(context.rank, step, trainer.torch_optimizer)
-        micro_batches = [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index),
+        # The planted `resume-data-from-start` bug: a resumed launch reads the data from the start again.
+        data_step = step - first_step if fault and fault.kind == RESUME_DATA_FROM_START else step
+        micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
                                         context.device)
                          for index in range(layout.micro_batches)]
         trainer.barrier()
@@ -138,7 +170,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             started = time.perf_counter()
             trainer.step_outcome = None
             packed_before = packed_bytes()
-            ready = _together(norms.gradients_ready(step), model_states.gradients_ready(step, micro_batches))
+            ready = _together(norms.gradients_ready(step), model_states.gradients_ready(step, micro_batches),
+                              probe.gradients_ready(step) if probe else None)
             losses.append(trainer.train_step(micro_batches, ready))
             if fault and fault.slows(context.rank, step, spec.strategy):
                 _sleep_planted_slowdown(fault, context.device, started)
@@ -150,6 +183,10 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
         if fault:
             fault.after_step(context.rank, step, trainer.torch_optimizer)
         norms.after_step(step)
+        if probe:
+            probe.after_step(step)
+        if run:
+            run.after_step(step, context.device)
         model_states.after_step(step, micro_batches)
 
     trainer.loss_multipliers = None        # a fault in the last step must not reach the passes below
@@ -161,6 +198,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     recompute = _recompute_times(spec, strategy, context, workload, trainer)
     profiled = _profile(spec, strategy, context, workload, trainer)
     global_losses = trainer.global_losses(torch.stack(losses).float()).tolist()
+    if run:
+        global_losses = run.restored_losses() + global_losses
     by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
                               "stalled": timer.stalled, "host_lost": timer.host_lost_seconds,
                               "host": socket.gethostname(), "node": _node_rank(), "comm": counter.per_step(),
@@ -169,18 +208,41 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
                               "offloaded": offloaded, "strategy_figures": trainer.rank_figures(),
-                              "host_load": _host_load(context)})
+                              "host_load": _host_load(context),
+                              "checkpoint": run.rank_figures() if run else None})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(_host_load_figures(by_rank))
     measurements.update(_loss_scaling_figures(spec, by_rank))
     measurements.update(_activation_figures(spec, strategy, layers, by_rank))
     measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
+    if run:
+        measurements.update(run.restored_norms())
+        measurements["checkpoint"] = run.measurements([r["checkpoint"] for r in by_rank])
+        measurements["checkpoint_probe"] = {"step": run.at, **probe.figures()}
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))
     measurements.update(profiled)
     measurements.update(_model_state_facts(spec, strategy, layout, context, trainer, parameters, largest_module,
                                            by_rank))
     trainer.close()
     return measurements
+
+
+def _tied_weight(layers: list[torch.nn.Module], tie) -> torch.Tensor:
+    """The weight a tie shares (`Tie.weight_attr` of its owner layer, e.g. wte.weight)."""
+    owner = layers[tie.owner]
+    for name in tie.weight_attr.split("."):
+        owner = getattr(owner, name)
+    return owner
+
+
+def _stopped(trainer: Trainer, run: CheckpointedRun, losses: list[torch.Tensor]) -> dict[str, Any]:
+    """What a launch that only saves (`stop`, at another world size than its cell's) reports: its save and the
+    losses before it."""
+    by_rank = trainer.gather(run.rank_figures())
+    figures = {"loss_per_step": trainer.global_losses(torch.stack(losses).float()).tolist(),
+               "checkpoint": run.measurements(by_rank), "stopped_at_step": run.at}
+    trainer.close()
+    return figures
 
 
 def _sleep_planted_slowdown(fault: Fault, device: torch.device, started: float) -> None:
@@ -200,8 +262,9 @@ class FirstStepNorms:
 
     PROBED_STEP = 0
 
-    def __init__(self, spec: RunSpec, trainer: Trainer) -> None:
+    def __init__(self, spec: RunSpec, trainer: Trainer, step: int = PROBED_STEP) -> None:
         self.trainer = trainer
+        self.step = step
         self.unavailable_because = trainer.norms_unavailable_because if not trainer.reaches_gradients_ready else ""
         if spec.warmup_steps == 0 and not self.unavailable_because:
             self.unavailable_because = ("no warm-up step: the probe's reads and collectives would land in a "
@@ -212,7 +275,7 @@ class FirstStepNorms:
 
     def gradients_ready(self, step: int) -> GradientsReady | None:
         """What the step's `train_step` is given: the probe in the probed step, else nothing."""
-        return self._read_gradients if step == self.PROBED_STEP and not self.unavailable_because else None
+        return self._read_gradients if step == self.step and not self.unavailable_because else None
 
     def _read_gradients(self) -> None:
         try:
@@ -234,7 +297,7 @@ class FirstStepNorms:
         self.before = [part.detach().to("cpu", copy=True) for part in parts]
 
     def after_step(self, step: int) -> None:
-        if step != self.PROBED_STEP or self.unavailable_because:
+        if step != self.step or self.unavailable_because:
             return
         if self.trainer.gradient_norm_after_step:
             self.readings["gradient_norm_first_step"] = self.trainer.gradient_norm()

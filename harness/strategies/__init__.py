@@ -31,7 +31,9 @@ from harness.strategies.parameter_server_async import AsyncParameterServer
 from harness.strategies.pipeline import Pipeline
 from harness.strategies.plain import Plain
 from harness.strategies.tp import TensorParallel
+from harness.strategies.state_checkpoint import OPTION_NAME as CHECKPOINT_OPTION, check_plan, plan_of, saving_spec
 from harness.strategies.zero import ZeRO
+from harness.rank.checkpoint import METHODS
 from workloads import get_workload
 
 STRATEGIES: dict[str, Strategy] = {
@@ -101,6 +103,11 @@ def checked(spec: RunSpec) -> RunSpec:
     strategy = get_strategy(spec.strategy)
     strategy.check_options(spec.options_dict)
     strategy.validate(spec)
+    plan = plan_of(spec) if CHECKPOINT_OPTION in strategy.options else None
+    if plan is not None:
+        check_plan(spec, plan, reshards=METHODS[strategy.checkpoint_method].reshards, method=strategy.checkpoint_method)
+        if plan.from_world_size is not None:
+            checked(saving_spec(spec, plan))      # the launch that saves must be a valid cell of its own
     layout = strategy.layout(spec)
     denominator = layout.data_parallel * spec.micro_batch
     if spec.global_batch % denominator:

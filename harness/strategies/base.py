@@ -297,6 +297,10 @@ class Strategy(abc.ABC):
     requires: ClassVar[tuple[str, ...]] = ()       # importable modules the strategy needs
     options: ClassVar[Mapping[str, Option]] = {}
     comm_interception: ClassVar[str] = "torch.distributed collectives"   # what the counter sees
+    # The library call that saves and loads its training state (harness.rank.checkpoint.METHODS: dcp, deepspeed,
+    # horovod rank 0, torch.save), with the `checkpoint` option (harness.strategies.state_checkpoint) in its
+    # options; "" where it has none.
+    checkpoint_method: ClassVar[str] = ""
 
     # ---- before launch -------------------------------------------------------------------------
 
@@ -325,6 +329,11 @@ class Strategy(abc.ABC):
         weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
         return zero_plan(0, data_parallel, weights, gradients, optimizer,
                          basis=f"{recipe.value}: torch AdamW over the model's own parameters, whole on every rank")
+
+    def checkpoint_holds(self, options: Mapping[str, OptionValue]) -> tuple[str, ...]:
+        """The model-state components (harness.derive.memory.COMPONENTS) its checkpoint writes: weights and optimizer
+        state, never gradients, which the next step makes again."""
+        return ("weights", "optimizer")
 
     def deepspeed_estimate_bytes(self, parameters: int, largest_module_parameters: int, gpus_per_node: int,
                                  nodes: int, options: Mapping[str, OptionValue]) -> float | None:

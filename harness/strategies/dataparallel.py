@@ -16,6 +16,7 @@ from torch import nn
 from harness.spec import DeviceKind, RunSpec, SpecError
 from harness.strategies.base import ExpectedTraffic, RankContext, Strategy, place_rank
 from harness.strategies.plain import plain_trainer
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 
@@ -23,9 +24,11 @@ from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NA
 class DataParallel(Strategy):
     name = "dataparallel"
     launcher = "python"
+    checkpoint_method = "torch.save"
     description = "torch.nn.DataParallel over the visible GPUs (one process)"
     comm_interception = "none: DataParallel copies through torch.cuda.comm, which is not intercepted"
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "one process drives every GPU; its scatter/gather is not separable from its compute"

@@ -27,6 +27,7 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroB
                                      replicated_gradients, replicated_parameters, torchrun_context,
                                      unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
@@ -70,6 +71,7 @@ class DDPTrainer(Trainer):
 class DDP(Strategy):
     name = "ddp"
     launcher = "torchrun"
+    checkpoint_method = "dcp"
     description = "torch DistributedDataParallel (torchrun)"
     comm_interception = "torch.distributed, through DDP's allreduce_hook (one call per bucket)"
     options = {
@@ -78,7 +80,7 @@ class DDP(Strategy):
         "static_graph": Option(None, "declare the graph static; default: when a step has one micro-batch",
                                choices=(None, True, False)),
         "broadcast_buffers": Option(True, "broadcast BatchNorm buffers from rank 0 before each forward"),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def start(self, spec):

@@ -31,6 +31,7 @@ from harness.strategies.base import (ADAMW_STATE_BYTES, AUTOCAST_DTYPES, Compute
                                      TrafficBytes, Trainer, accumulate, apply_update, is_block, make_adamw,
                                      optimizer_description, recipe_of, torchrun_context, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
@@ -85,6 +86,7 @@ class FSDP2Trainer(Trainer):
 class FSDP2(Strategy):
     name = "fsdp2"
     launcher = "torchrun"
+    checkpoint_method = "dcp"
     description = "PyTorch FSDP2 fully_shard per block, then the root (torchrun)"
     options = {
         "reshard_after_forward": Option(True, "free gathered block parameters after forward (ZeRO-3 "
@@ -93,7 +95,7 @@ class FSDP2(Strategy):
                                  "step on the host (GPU only)", choices=("none", "cpu")),
         "mixed_precision": Option("autocast", "bf16/fp16 recipe: torch.autocast over fp32 shards, or FSDP2's "
                                   "MixedPrecisionPolicy (16-bit params, fp32 reduce)", choices=("autocast", "policy")),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def start(self, spec):

@@ -37,6 +37,7 @@ from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
                                                 split_parameter_count)
 from harness.strategies.tp import TensorParallel
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import get_workload
@@ -69,7 +70,8 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
 
     name = "fsdp2-tp"
     description = "2-D: DTensor tensor parallelism inside, FSDP2 across, on a (dp, tp) mesh (torchrun)"
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
                "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
                                "FSDP2", minimum=1),
                # As `fsdp2` passes it, to every unit the root included: the two strategies shard alike.

@@ -34,6 +34,7 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroB
                                      Trainer, accumulate, apply_update, make_adamw, optimizer_description, place_rank,
                                      recipe_of, replicated_gradients, replicated_parameters, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
@@ -103,6 +104,7 @@ class HorovodTrainer(Trainer):
 class Horovod(Strategy):
     name = "horovod"
     launcher = "horovodrun"
+    checkpoint_method = "horovod rank 0"
     description = "Horovod DistributedOptimizer all-reduce (horovodrun)"
     comm_interception = "Horovod's all-reduce entry points (and torch.distributed, unused by Horovod)"
     requires = ("horovod.torch",)
@@ -110,7 +112,7 @@ class Horovod(Strategy):
         "fusion_threshold_mb": Option(128, "tensor fusion buffer in MiB (horovodrun --fusion-threshold-mb)",
                                       minimum=0),
         "cycle_time_ms": Option(1.0, "background cycle time in ms (horovodrun --cycle-time-ms)", minimum=0),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):

@@ -25,6 +25,7 @@ from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (BLOCK_CLASS_NAMES, ExpectedCollective, ExpectedTraffic, MicroBatch, Option,
                                      PrecisionRecipe, Strategy, Trainer, half_dtype_names, make_adamw,
                                      optimizer_description)
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
@@ -109,6 +110,7 @@ class PipelineTrainer(Trainer):
 class Pipeline(Strategy):
     name = "pipeline"
     launcher = "deepspeed"
+    checkpoint_method = "deepspeed"
     description = "DeepSpeed pipeline parallelism, 1F1B schedule (DeepSpeed's launcher)"
     comm_interception = "torch.distributed collectives and point-to-point sends (DeepSpeed's p2p)"
     requires = ("deepspeed",)
@@ -117,7 +119,7 @@ class Pipeline(Strategy):
         "partition_method": Option("parameters", "how layers are balanced over stages",
                                    choices=("parameters", "uniform")),
         "precision_recipe": PRECISION_OPTION,
-        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
     def skip_reason(self, spec: RunSpec) -> str | None:

@@ -17,6 +17,7 @@ from harness.strategies.base import (ExpectedTraffic, MicroBatch, RankContext, S
                                      apply_update, make_adamw, optimizer_description, place_rank, recipe_of,
                                      replicated_gradients, replicated_parameters, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
@@ -71,9 +72,11 @@ def plain_trainer(spec: RunSpec, context: RankContext, workload: Workload, model
 class Plain(Strategy):
     name = "plain"
     launcher = "python"
+    checkpoint_method = "torch.save"
     description = "single device, no wrapper: the reference loop"
     comm_interception = "none: one process, no communication"
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "the plain loop has no communication to expose"

@@ -38,6 +38,7 @@ from harness.strategies.tensor_parallel import (SlicedParameters, activation_all
                                                 parallelize_blocks, partial_gradient_sizes, reduce_partial_gradients,
                                                 sequence_parallel_collectives, split_parameter_count,
                                                 vocabulary_parallel_collectives)
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Family, get_workload
@@ -73,10 +74,12 @@ class TPTrainer(SlicedParameters, PlainTrainer):
 class TensorParallel(Strategy):
     name = "tp"
     launcher = "torchrun"
+    checkpoint_method = "dcp"
     description = "DTensor tensor parallelism, Megatron's layout of each block (torchrun)"
     comm_interception = ("torch.distributed collectives, and DTensor's functional collectives in the last "
                          "warm-up step (a dispatch mode)")
-    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
                "sequence_parallel": Option(False, "split the residual stream along the sequence between the "
                                                   "linear layers (Korthikanti et al. 2022): reduce-scatters and "
                                                   "all-gathers in place of the all-reduces"),

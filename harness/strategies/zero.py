@@ -57,6 +57,7 @@ from harness.strategies.base import (AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedC
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
                                                  start_deepspeed, throughput_timer_state)
 from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
+from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME, saved_on_host
 from workloads import Workload
@@ -177,6 +178,7 @@ def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
 
 class ZeRO(Strategy):
     launcher = "deepspeed"
+    checkpoint_method = "deepspeed"
     requires = ("deepspeed",)
 
     def __init__(self, stage: int) -> None:
@@ -194,7 +196,8 @@ class ZeRO(Strategy):
             # torch's non-reentrant checkpoint: DeepSpeed's own non_reentrant_checkpoint crashes under ZeRO-3
             # (deepspeedai/DeepSpeed#4595), and its `activation_checkpointing` config section is read only by
             # deepspeed.checkpointing.configure, never by the engine.
-            OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+            OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
+            ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
         }
         if stage < 3:
             options["allgather_bucket_size"] = Option(500_000_000, "elements all-gathered at a time", minimum=1)
@@ -270,6 +273,12 @@ class ZeRO(Strategy):
         return ComputeOnlyPlan(kind=kind, sharding=Sharding.FLAT if self.stage < 3 else Sharding.PER_PARAMETER,
                                weights_dtype=AUTOCAST_DTYPES[spec.precision] if half_weights else torch.float32,
                                autocast=spec.precision.is_mixed and not half_weights)
+
+    def checkpoint_holds(self, options):
+        # ZeRO-3's module holds empty placeholders of its partitioned parameters when saved; its fp32 partitions in the
+        # optimizer's state are the weights (deepspeed/runtime/engine.py, `_save_zero_checkpoint`; zero_to_fp32.py
+        # rebuilds the model from them alone).
+        return ("optimizer",) if self.stage == 3 else ("weights", "optimizer")
 
     def model_state_plan(self, data_parallel, recipe, options) -> ModelStatePlan:
         """The ZeRO paper's partitioning for this stage (sec. 5.1). In every recipe DeepSpeed's ZeRO

@@ -60,6 +60,9 @@ class Launcher(abc.ABC):
     # What the launcher writes to its log when one of its ranks died of SIGKILL (its own exit status then
     # says only that it failed).
     sigkill_marks: ClassVar[tuple[str, ...]] = ()
+    # True: it starts a failed group of ranks again by itself (torchrun --max-restarts), which a `checkpoint` cell's
+    # kill (harness.strategies.state_checkpoint) asks of it.
+    restarts: ClassVar[bool] = False
 
     @abc.abstractmethod
     def argv(self, nodes: Nodes, node: Node) -> list[str]:
