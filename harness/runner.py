@@ -226,6 +226,21 @@ def _share(value: Any) -> str:
     return f"{value:.0%}" if value is not None and value == value else "-"
 
 
+def _checkpoint_text(cell: dict) -> str:
+    """A checkpoint cell's resume verdict and its save (harness.derive.resume), last on its line."""
+    verdict = cell.get("resume")
+    if not isinstance(verdict, str):
+        return ""
+    failed = f" ({cell['resume_failed']})" if cell.get("resume_failed") else ""
+    recovered = (f", recovered in {cell['recovery_s']:.1f} s, {int(cell['steps_recomputed'])} steps recomputed"
+                 if _present(cell.get("recovery_s")) else "")
+    return f"  resume {verdict}{failed}, save {cell['checkpoint_save_s']:.2f} s{recovered}"
+
+
+def _present(value: Any) -> bool:
+    return value is not None and value == value
+
+
 def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str:
     """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
     same figures `harness report` shows). Throughput is the median across ok launches on the table's
@@ -261,6 +276,7 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
         samples = cell["samples_per_s"]
         # Last on the line, like the interval: a mark that the step times measured cores taking turns.
         shared = f"  {cell['host_load']}" if _oversubscribed(cell.get("host_oversubscribed")) else ""
+        shared += _checkpoint_text(cell)
         lines.append(f"{label:<{width}} {status:<7} {cell['step_time_on_basis_s'] * 1e3:>8.1f} {samples:>10.1f} "
                      f"{stalled_text:>8} {exposed_text:>8} {overhead_text:>8} {first:>8.4f}->{last:<8.4f} "
                      f"{cell['parity']:>12}  "

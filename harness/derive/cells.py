@@ -41,6 +41,7 @@ from harness.derive.parity import judge
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
+from harness.derive.resume import checkpoint_columns
 from harness.derive.server_link import server_link_columns
 from harness.derive.techniques import technique_columns
 from harness.derive.throughput import Basis, launch_throughput, throughput_basis
@@ -69,6 +70,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(technique_columns(m))
     record.update(_communication(m))
     record.update(server_link_columns(m))
+    record.update(checkpoint_columns(row))
     network = network_of(row) or {}
     record["link_rate_bits_per_s"] = network.get("link_rate_bits_per_s")     # an emulated network's, else None
     record.update(_exposed(m, int(s["world_size"])))
@@ -155,10 +157,14 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "optimizer_steps_skipped",
                   "comm_wire_bytes_per_step", "comm_expected_wire_bytes_per_step",
                   "exposed_comm_share", "framework_overhead_share", "mfu", "worker_link_bytes_per_step",
-                  "busiest_link_bytes_per_step", "busiest_over_worker", "staleness_median", "staleness_max")
+                  "busiest_link_bytes_per_step", "busiest_over_worker", "staleness_median", "staleness_max",
+                  "checkpoint_save_s", "checkpoint_load_s", "checkpoint_save_GBps", "checkpoint_bytes",
+                  "checkpoint_bytes_expected", "recovery_s", "steps_recomputed", "restarts",
+                  "checkpoint_async_blocked_s", "checkpoint_async_write_s")
 FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
                  "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source", "workers", "servers",
-                 "busiest_link", "link_rate_bits_per_s")
+                 "busiest_link", "link_rate_bits_per_s", "checkpoint_method", "checkpoint_files", "resume",
+                 "resume_failed", "checkpoint_size_holds")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
 PARITY_ORDER = ("mismatch", "not comparable: asynchronous", "not-judged", "no-reference", "match", "reference")
 

@@ -7,7 +7,9 @@ and each tensor's) are held against the uninterrupted launch's, with parity's qu
 gives step K another update; one that forgets the data position another gradient and loss.
 
 Cost. A save blocks the job until its slowest rank returns: save_s = max over ranks of the blocking save time, and
-GB/s = checkpoint bytes (all files, every rank's) / save_s / 1e9; load_s likewise. Recovery after a kill: from the
+GB/s = checkpoint bytes (all files, every rank's) / save_s / 1e9; load_s likewise. DCP's async_save (in the
+uninterrupted launch) gives the time it blocked the loop (staging the state) and the time until its files were written,
+each the slowest rank's. Recovery after a kill: from the
 killed rank's last clock to the first step after the restart completing on every rank.
 
 Size. A checkpoint holds weights and optimizer state once over the job, however the strategy spreads them (its
@@ -126,6 +128,9 @@ def checkpoint_columns(row: Mapping[str, Any]) -> dict[str, Any]:
     save_s = max(save) if save else None
     size = checkpoint_size_check(m)
     check = resume_check(row)
+    # DCP's async_save ran in the uninterrupted launch, beside its loop: what it blocked, and how long it wrote.
+    saved_async = ((m.get("resume_reference") or {}).get("checkpoint") or {}) if "async_blocked_s_by_rank" not in record \
+        else record
     return {"checkpoint_method": record.get("method"), "checkpoint_bytes": written,
             "checkpoint_files": sum(record.get("files_by_rank") or [0]),
             "checkpoint_save_s": save_s, "checkpoint_load_s": max(load) if load else None,
@@ -134,4 +139,12 @@ def checkpoint_columns(row: Mapping[str, Any]) -> dict[str, Any]:
             "checkpoint_size_holds": size["holds"] if size else None,
             "resume": check["verdict"], "resume_failed": ", ".join(check["failed"]),
             "recovery_s": record.get("recovery_s"), "steps_recomputed": record.get("steps_recomputed"),
-            "restarts": record.get("restarts")}
+            "restarts": record.get("restarts"),
+            "checkpoint_async_blocked_s": _slowest(saved_async.get("async_blocked_s_by_rank")),
+            "checkpoint_async_write_s": _slowest(saved_async.get("async_write_s_by_rank"))}
+
+
+def _slowest(values: list[float | None] | None) -> float | None:
+    """A synchronous job waits for its slowest rank."""
+    present = [v for v in values or [] if v is not None]
+    return max(present) if present else None

@@ -43,6 +43,11 @@ class CheckpointMethod(abc.ABC):
     def save(self, trainer: Trainer, directory: Path, *, optimizer: bool = True) -> None:
         """Write this rank's part of the state (every rank calls it)."""
 
+    def async_save(self, trainer: Trainer, directory: Path) -> Any:
+        """Start a save the training loop does not wait for and return what finishes it (`.result()`), or None where
+        the library has none."""
+        return None
+
     @abc.abstractmethod
     def load(self, trainer: Trainer, directory: Path, *, optimizer: bool = True) -> None:
         """Read this rank's part of the state back into `trainer` (every rank calls it)."""
@@ -62,6 +67,14 @@ class DistributedCheckpoint(CheckpointMethod):
         import torch.distributed.checkpoint as dcp
 
         dcp.save(_dcp_state(trainer, optimizer), checkpoint_id=str(directory))
+
+    def async_save(self, trainer, directory):
+        import torch.distributed.checkpoint as dcp
+
+        # A process group of its own: the save's collectives run in DCP's thread while the training loop issues its
+        # own on the default group (torch's async checkpointing recipe).
+        group = torch.distributed.new_group(backend="gloo")
+        return dcp.async_save(_dcp_state(trainer, True), checkpoint_id=str(directory), process_group=group)
 
     def load(self, trainer, directory, *, optimizer=True):
         import torch.distributed.checkpoint as dcp

@@ -4,7 +4,8 @@ stop there, or start from a save, as harness.launch.checkpointed tells it in PAR
     PARBENCH_CHECKPOINT_RUN='{"role": "resume", "at": 2, "directory": "CELL/checkpoint"}'
 
 roles:
-- `uninterrupted`: trains every step, saving at K (before step K runs, after K updates);
+- `uninterrupted`: trains every step, saving at K (before step K runs, after K updates), and where the library saves
+  asynchronously (DCP's `async_save`) saving again that way while the loop goes on;
 - `stop`: trains K steps, saves, and ends (the save a launch at another world size resumes from);
 - `resume`: loads the save and trains steps K.. ;
 - `restart`: as `uninterrupted`, and an attempt its launcher restarted (TORCHELASTIC_RESTART_COUNT > 0) loads the
@@ -32,7 +33,7 @@ from harness.strategies.base import Trainer
 RUN_ENV = "PARBENCH_CHECKPOINT_RUN"
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 UNINTERRUPTED, STOP, RESUME, RESTART = ROLES = ("uninterrupted", "stop", "resume", "restart")
-STATE_FOLDER, PROGRESS_FILE, KILLED_FILE = "state", "progress.json", "killed.json"
+STATE_FOLDER, ASYNC_FOLDER, PROGRESS_FILE, KILLED_FILE = "state", "async", "progress.json", "killed.json"
 
 
 def restart_count() -> int:
@@ -56,6 +57,7 @@ class CheckpointedRun:
     # What the checkpoint's expected size is derived from (harness.derive.resume): the components it holds, the
     # model's tensors and its tied parameters; set by the worker.
     facts: dict[str, Any] = field(default_factory=dict)
+    _async: tuple[Any, float, dict[str, float]] | None = None    # an asynchronous save still being written
 
     @classmethod
     def from_environment(cls, method_name: str, omit_optimizer: bool) -> "CheckpointedRun | None":
@@ -109,6 +111,21 @@ class CheckpointedRun:
                         **files_by_rank(method, state, saved_by_rank)}
             _write_json(self.directory / PROGRESS_FILE, progress)
         trainer.barrier()
+        if self.role == UNINTERRUPTED:
+            self._start_async_save(method, trainer)
+
+    def _start_async_save(self, method, trainer: Trainer) -> None:
+        """Where the library saves asynchronously (DCP's `async_save`), a second save of the same state that the
+        loop goes on beside: the time it blocked the loop, and the time until its files were written."""
+        trainer.barrier()
+        started = time.perf_counter()
+        pending = method.async_save(trainer, self.directory / ASYNC_FOLDER)
+        if pending is None:
+            return
+        self.figures["async_blocked_s"] = time.perf_counter() - started
+        finished: dict[str, float] = {}
+        pending.add_done_callback(lambda _: finished.setdefault("at", time.perf_counter()))
+        self._async = (pending, started, finished)
 
     def stops_after(self, step: int) -> bool:
         return self.role == STOP and step == self.at
@@ -125,6 +142,12 @@ class CheckpointedRun:
             self.recovered_at = time.time()
 
     def rank_figures(self) -> dict[str, Any]:
+        """This rank's figures, once a save still being written has finished (after the timed steps)."""
+        if self._async is not None:
+            pending, started, finished = self._async
+            pending.result()
+            self.figures["async_write_s"] = finished.get("at", time.perf_counter()) - started
+            self._async = None
         return {**self.figures, "recovered_at": self.recovered_at}
 
     def measurements(self, by_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,6 +157,9 @@ class CheckpointedRun:
                                   "saved_at_world_size": progress.get("world_size"),
                                   **{key: progress.get(key) for key in ("save_s_by_rank", "bytes_by_rank",
                                                                         "files_by_rank")}}
+        if by_rank and by_rank[0].get("async_blocked_s") is not None:
+            record["async_blocked_s_by_rank"] = [figures.get("async_blocked_s") for figures in by_rank]
+            record["async_write_s_by_rank"] = [figures.get("async_write_s") for figures in by_rank]
         if self.loads:
             record["load_s_by_rank"] = [figures.get("load_s") for figures in by_rank]
             record["resumed_from_step"] = self.first_step

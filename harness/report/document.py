@@ -57,6 +57,7 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
 
 TECHNIQUES_HEADING = "Memory saved, step time paid"
 PARAMETER_SERVER_HEADING = "Parameter server against all-reduce"
+CHECKPOINT_HEADING = "Checkpoint and resume"
 
 
 def _verdict_sections(found: Verdicts) -> list[tuple[str, list[str]]]:
@@ -64,6 +65,7 @@ def _verdict_sections(found: Verdicts) -> list[tuple[str, list[str]]]:
     with one, the parameter servers beside all-reduce where they ran, each group of comparable cells, then parity, then the cells that did not run."""
     techniques = [(TECHNIQUES_HEADING, found.techniques)] if found.techniques else []
     techniques += [(PARAMETER_SERVER_HEADING, found.parameter_server)] if found.parameter_server else []
+    techniques += [(CHECKPOINT_HEADING, found.checkpoint)] if found.checkpoint else []
     return (techniques + [(group.heading, group.lines) for group in found.groups]
             + [("Loss parity", found.parity), ("Failed or skipped cells", found.not_run)])
 

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from harness.derive.exposed import BOUND_PREFIX
+from harness.report.checkpoint import checkpoint_lines
 from harness.report.parameter_server import parameter_server_lines
 from harness.report.techniques import technique_lines
 from harness.spec import DeviceKind
@@ -96,6 +97,8 @@ class Verdicts:
     # the parameter servers beside DDP and Horovod at each number of workers (harness.report.parameter_server);
     # empty where no parameter server's cell ran
     parameter_server: list[str] = field(default_factory=list)
+    # each checkpoint cell's save, load, size and resume verdict (harness.report.checkpoint); empty where none ran
+    checkpoint: list[str] = field(default_factory=list)
 
 
 def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdicts:
@@ -107,7 +110,8 @@ def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdi
         cells = cells.assign(conditions_id="")
     groups = [_group(key, group) for key, group in cells.groupby(COMPARABLE, sort=False, dropna=False)]
     return Verdicts(groups=groups, parity=_parity(cells), not_run=_not_run(cells, launches),
-                    techniques=technique_lines(cells, COMPARABLE), parameter_server=parameter_server_lines(cells))
+                    techniques=technique_lines(cells, COMPARABLE), parameter_server=parameter_server_lines(cells),
+                    checkpoint=checkpoint_lines(cells))
 
 
 def cell_name(line: Mapping[str, Any]) -> str:

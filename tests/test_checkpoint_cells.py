@@ -1,0 +1,88 @@
+"""Checkpoint cells on real launches (the fault-tolerance matrix, gpt-tiny, fp32, 2-core CPU): every strategy that
+checkpoints resumes from its library's save in new processes and reproduces its uninterrupted steps; DCP reshards
+2 -> 4 and 4 -> 2; a rank killed under torchrun --max-restarts 1 recovers from the save, and under launchers that
+restart nothing the cell fails naming the kill; the planted checkpoint bugs make the resume check fail."""
+
+import pytest
+
+from harness.derive.resume import checkpoint_size_check, resume_check
+from harness.matrix import Machine, Selection, build_matrix
+from harness.runner import RunOptions, run_specs
+from harness.spec import DeviceKind, Status
+from harness.strategies import STRATEGIES
+from tests.test_faults import leftover_ranks
+
+pytestmark = [pytest.mark.launch, pytest.mark.matrix]
+MACHINE = Machine(device=DeviceKind.CPU, devices_per_node=2)
+CHECKPOINTING = [name for name, strategy in STRATEGIES.items() if strategy.checkpoint_method and name != "dataparallel"]
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    """{(strategy, world size, checkpoint option): the row} of one run of the fault-tolerance matrix."""
+    out = tmp_path_factory.mktemp("fault-tolerance") / "rows.jsonl"
+    results = run_specs(build_matrix("fault-tolerance", MACHINE, Selection()), RunOptions(results=out, timeout_s=300))
+    assert not leftover_ranks()
+    return {(r.spec.strategy, r.spec.world_size, dict(r.spec.options)["checkpoint"]): r.to_dict() for r in results}
+
+
+@pytest.mark.parametrize("strategy", CHECKPOINTING)
+def test_each_strategy_resumes_from_its_own_save_as_if_never_stopped(rows, strategy):
+    row = rows[(strategy, 1 if strategy == "plain" else 2, "at:2")]
+    assert row["status"] == "ok", row["message"]
+    check = resume_check(row)
+    assert check["verdict"] == "match", check
+    m = row["measurements"]
+    # Steps 0 and 1 come from the save's record; steps 2.. were trained by the resumed launch.
+    assert m["loss_per_step"][:2] == m["resume_reference"]["loss_per_step"][:2]
+    assert m["checkpoint"]["resumed_from_step"] == 2 and len(m["loss_per_step"]) == 6
+    assert m["checkpoint"]["method"] == STRATEGIES[strategy].checkpoint_method
+    size = checkpoint_size_check(m)
+    assert size is not None and size["holds"], size
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("world_size, saved_at", [(4, 2), (2, 4)])
+def test_dcp_resumes_at_another_world_size(rows, strategy, world_size, saved_at):
+    row = rows[(strategy, world_size, f"at:2:from={saved_at}")]
+    assert row["status"] == "ok", row["message"]
+    assert row["measurements"]["checkpoint"]["saved_at_world_size"] == saved_at
+    assert len(row["measurements"]["checkpoint"]["bytes_by_rank"]) == saved_at
+    assert resume_check(row)["verdict"] == "match", resume_check(row)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_rank_killed_under_torchrun_is_restarted_from_the_save(rows, strategy):
+    row = rows[(strategy, 2, "at:2:kill=4")]
+    assert row["status"] == "ok", row["message"]
+    record = row["measurements"]["checkpoint"]
+    assert record["restarts"] == 1 and record["killed_rank"] == 1 and record["killed_at_step"] == 4
+    assert record["steps_recomputed"] == 2                  # steps 2 and 3 ran before the kill and again after it
+    assert record["recovery_s"] > 0
+    assert resume_check(row)["verdict"] == "match"
+
+
+@pytest.mark.parametrize("strategy, launcher", [("zero1", "deepspeed"), ("horovod", "horovodrun")])
+def test_a_rank_killed_under_a_launcher_without_restart_fails_naming_the_kill(rows, strategy, launcher):
+    row = rows[(strategy, 2, "at:2:kill=4")]
+    assert row["status"] == "failed"
+    assert "rank 1 was killed (SIGKILL, planted) at step 4" in row["message"]
+    assert f"restarts nothing ({launcher} has no restart" in row["message"]
+
+
+@pytest.mark.parametrize("strategy, bug", [("ddp", "checkpoint-without-optimizer"),
+                                           ("zero1", "checkpoint-without-optimizer"),
+                                           ("horovod", "checkpoint-without-optimizer"),
+                                           ("plain", "checkpoint-without-optimizer"),
+                                           ("ddp", "resume-data-from-start"),
+                                           ("zero3", "resume-data-from-start")])
+def test_a_planted_checkpoint_bug_fails_the_resume_check(strategy, bug, tmp_path, monkeypatch):
+    monkeypatch.setenv("PARBENCH_FAULT", f"{bug}:rank=all:step=0")
+    specs = [s for s in build_matrix("fault-tolerance", MACHINE, Selection(strategies=(strategy,)))
+             if dict(s.options)["checkpoint"] == "at:2"]
+    [result] = run_specs(specs, RunOptions(results=tmp_path / "rows.jsonl", timeout_s=300))
+    assert result.status is Status.OK, result.message
+    check = resume_check(result.to_dict())
+    assert check["verdict"] == "mismatch", check
+    expected = "update_norm_first_step" if bug == "checkpoint-without-optimizer" else "loss_first_step"
+    assert expected in check["failed"], check

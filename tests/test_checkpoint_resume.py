@@ -1,0 +1,184 @@
+"""The `checkpoint` option's rules, the resume check and the checkpoint's expected size, on rows written out by hand.
+
+The expected sizes are worked out here from gpt-tiny's counts (236,928 parameters, 53 state-dict tensors, a 32,768-
+element tied embedding) and the bytes per parameter each library keeps, never by calling the code under test.
+"""
+
+import copy
+
+import pytest
+
+from harness.derive.resume import checkpoint_size_check, expected_checkpoint_bytes, resume_check
+from harness.launch.launcher.base import Nodes
+from harness.launch.launcher.torchrun import Torchrun
+from harness.launch.launcher.base import Node
+from harness.rank.checkpoint import DistributedCheckpoint, files_by_rank
+from harness.rank.faults import Fault
+from harness.spec import RunSpec, SpecError
+from harness.strategies import checked, resolved_options
+
+P = 236_928          # gpt-tiny's parameters
+TIED = 32_768        # its token embedding, also the output head's weight
+
+
+def spec(strategy="ddp", option="at:2", **fields):
+    values = dict(workload="gpt-tiny", strategy=strategy, world_size=2, global_batch=16, micro_batch=4,
+                  warmup_steps=3, timed_steps=3, options={"checkpoint": option})
+    values.update(fields)
+    return RunSpec(**values)
+
+
+@pytest.mark.parametrize("option, fields, words", [
+    ("at:3", {}, "1 <= K < warmup_steps = 3"),
+    ("at:0", {}, "1 <= K < warmup_steps = 3"),
+    ("every:2", {}, "not one of: none, at:K"),
+    ("at:2:kill=2", {}, "2 < S < 6"),
+    ("at:2:kill=6", {}, "2 < S < 6"),
+    ("at:2:from=2", {}, "another world size"),
+    ("at:2", {"precision": "fp16"}, "fp16 cells are not checkpointed"),
+])
+def test_a_checkpoint_cell_that_cannot_run_is_refused_in_one_line(option, fields, words):
+    with pytest.raises(SpecError) as refused:
+        checked(spec(option=option, **fields))
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_resharded_resume_is_refused_where_the_library_loads_only_at_its_own_world_size():
+    with pytest.raises(SpecError, match="zero1 saves with deepspeed.*resharded resume is DCP's"):
+        checked(spec("zero1", option="at:2:from=4", global_batch=32))
+    checked(spec("ddp", option="at:2:from=4", global_batch=32))       # DCP reshards
+    with pytest.raises(SpecError, match="no option 'checkpoint'"):
+        checked(spec("ps", option="at:2"))                           # its servers hold the optimizer
+
+
+def test_only_a_cell_with_a_planted_kill_asks_torchrun_to_restart():
+    def argv(option):
+        s = checked(spec(option=option))
+        nodes = Nodes(spec=s, program=("-m", "x"), first_host="127.0.0.1", port="1234", host_slots="", hostfile="",
+                      timeout_s=60, options=resolved_options(s))
+        return Torchrun().argv(nodes, Node(rank="0"))
+    assert "--max-restarts=1" in argv("at:2:kill=4")
+    assert "--max-restarts=0" in argv("at:2")
+
+
+def test_the_planted_checkpoint_bugs_take_every_rank_from_the_start():
+    assert Fault.parse("checkpoint-without-optimizer:rank=all:step=0").kind == "checkpoint-without-optimizer"
+    assert Fault.parse("resume-data-from-start:rank=all:step=0").kind == "resume-data-from-start"
+    with pytest.raises(ValueError, match="rank=all:step=0 alone"):
+        Fault.parse("resume-data-from-start:rank=1:step=0")
+    kill = Fault.parse("kill:rank=1:step=4")
+    assert kill.kills(1, 4) and not kill.kills(0, 4) and not kill.kills(1, 3)
+
+
+# ---- the resume check ------------------------------------------------------------------------------------------------
+
+PROBE = {"gradient_norm_first_step": 0.6, "parameter_norm_after_first_step": 40.0, "update_norm_first_step": 0.29,
+         "gradient_norm_by_tensor_first_step": {"a": 0.3, "b": 0.5}, "update_norm_by_tensor_first_step": {"a": 0.2,
+                                                                                                           "b": 0.21}}
+LOSSES = [6.2514, 6.2437, 6.2329, 6.2138, 6.1923, 6.2083]
+
+
+def resumed_row(losses=LOSSES, probe=PROBE):
+    return {"spec": checked(spec()).to_dict(),
+            "measurements": {"loss_per_step": list(losses), "precision_recipe": "fp32",
+                             "gradient_reduce_dtypes": ["float32"], "checkpoint_probe": {"step": 2, **probe},
+                             "checkpoint": {"resumed_from_step": 2, "saved_at_world_size": 2},
+                             "resume_reference": {"world_size": 2, "loss_per_step": list(LOSSES),
+                                                  "probe": {"step": 2, **PROBE}}}}
+
+
+def test_a_resume_that_reproduces_the_uninterrupted_steps_matches():
+    assert resume_check(resumed_row())["verdict"] == "match"
+
+
+def test_a_resume_without_the_optimizer_state_fails_on_its_update():
+    # AdamW restarted: step K's update is lr x sign-like, larger than the uninterrupted 0.29; the losses of step K and
+    # the gradient are the restored weights', unchanged.
+    probe = {**PROBE, "update_norm_first_step": 0.48, "update_norm_by_tensor_first_step": {"a": 0.34, "b": 0.34}}
+    check = resume_check(resumed_row(probe=probe))
+    assert check["verdict"] == "mismatch"
+    assert "update_norm_first_step" in check["failed"]
+
+
+def test_a_resume_that_reads_the_first_batches_again_fails_on_its_loss():
+    losses = LOSSES[:2] + [6.2437 - 0.0001, 6.2329, 6.2138, 6.1923]     # step 2 sees step 0's data again
+    check = resume_check(resumed_row(losses=losses, probe={**PROBE, "gradient_norm_first_step": 0.61}))
+    assert check["verdict"] == "mismatch"
+    assert {"loss_first_step", "gradient_norm_first_step"} <= set(check["failed"])
+
+
+def test_a_difference_parity_allows_still_matches_and_one_beyond_it_does_not():
+    # fp32: a tensor's norm within 1e-5 of the uninterrupted one's matches; Horovod's documented broadcast order left
+    # the non-root ranks one AdamW weight decay (lr x wd = 1e-5) off, and per-tensor norms 1.8e-5 off.
+    close = copy.deepcopy(PROBE)
+    close["gradient_norm_by_tensor_first_step"]["a"] = 0.3 * (1 + 5e-6)
+    assert resume_check(resumed_row(probe=close))["verdict"] == "match"
+    far = copy.deepcopy(PROBE)
+    far["gradient_norm_by_tensor_first_step"]["a"] = 0.3 * (1 + 1.8e-5)
+    assert resume_check(resumed_row(probe=far))["failed"] == ["gradient_norm_by_tensor_first_step"]
+
+
+# ---- the checkpoint's size ---------------------------------------------------------------------------------------------
+
+def size_row(method, plan, holds, held=(P, P), data_parallel=2, written=(0, 0), files=(1, 1)):
+    return {"model_state_plan": {name: {"bytes_per_parameter": b, "sharded_over": s, "on_host": False}
+                                 for name, (b, s) in plan.items()},
+            "parameters_held_by_rank": list(held), "data_parallel": data_parallel,
+            "checkpoint": {"method": method, "holds": list(holds), "tied_parameters": TIED, "model_tensors": 53,
+                           "saved_at_world_size": len(held), "bytes_by_rank": list(written),
+                           "files_by_rank": list(files)}}
+
+
+WHOLE_FP32 = {"weights": (4, 1), "gradients": (4, 1), "optimizer": (8, 1)}
+
+
+def test_a_replicated_checkpoint_holds_the_model_once_and_dcp_writes_the_tied_weight_twice():
+    # DDP over DCP: weights 4 + AdamW's moments 8 = 12 bytes per parameter, once over the job (not per rank), and the
+    # tied embedding under both its names: 12 x 236,928 + 4 x 32,768 = 2,843,136 + 131,072 = 2,974,208.
+    assert expected_checkpoint_bytes(size_row("dcp", WHOLE_FP32, ("weights", "optimizer"))) == 2_974_208
+    # Horovod's rank 0 torch.save keeps a shared storage once: 2,843,136.
+    assert expected_checkpoint_bytes(size_row("horovod rank 0", WHOLE_FP32, ("weights", "optimizer"))) == 2_843_136
+
+
+def test_a_zero_checkpoint_holds_its_partitions_once_and_zero3_no_separate_weights():
+    zero1 = {"weights": (4, 1), "gradients": (4, 1), "optimizer": (12, 2)}
+    # ZeRO-1: the module's fp32 weights (4) and the fp32 master + two moments (12) spread over 2 ranks: 16 x 236,928.
+    assert expected_checkpoint_bytes(size_row("deepspeed", zero1, ("weights", "optimizer"))) == 3_790_848
+    zero3 = {"weights": (4, 2), "gradients": (4, 2), "optimizer": (12, 2)}
+    # ZeRO-3: the optimizer's partitions alone: 12 x 236,928.
+    assert expected_checkpoint_bytes(size_row("deepspeed", zero3, ("optimizer",))) == 2_843_136
+
+
+def test_a_pipeline_checkpoint_adds_up_its_stages():
+    # Two stages, one data-parallel rank each: stage 0 holds 140,000 parameters and stage 1 129,696 (the tied weight
+    # on both), 12 bytes each: 12 x 269,696 = 3,236,352.
+    row = size_row("deepspeed", {"weights": (4, 1), "gradients": (4, 1), "optimizer": (8, 1)}, ("weights", "optimizer"),
+                   held=(140_000, 129_696), data_parallel=1)
+    assert expected_checkpoint_bytes(row) == 3_236_352
+
+
+def test_the_size_check_allows_five_percent_and_the_files_overhead_and_no_more():
+    # 3 files and 53 tensors x 4 state tensors each: 3 x 64 KiB + 53 x 4 x 2 KiB = 196,608 + 434,176 = 630,784, and 5%
+    # of 2,974,208 = 148,710.4: allowed 779,494.4.
+    row = size_row("dcp", WHOLE_FP32, ("weights", "optimizer"), written=(1_690_464, 1_690_537), files=(2, 1))
+    check = checkpoint_size_check(row)
+    assert check["allowed"] == pytest.approx(779_494.4)
+    assert check["holds"]                                   # 3,381,001 measured: 406,793 over
+    # A save that also wrote the gradients (4 x 236,928 = 947,712 more) is beyond it.
+    row["checkpoint"]["bytes_by_rank"] = [1_690_464 + 947_712, 1_690_537]
+    assert not checkpoint_size_check(row)["holds"]
+    # One that forgot the optimizer (8 x 236,928 = 1,895,424 fewer) too.
+    row["checkpoint"]["bytes_by_rank"] = [1_690_464 - 947_712, 1_690_537 - 947_712]
+    assert not checkpoint_size_check(row)["holds"]
+
+
+def test_each_dcp_file_is_counted_on_the_rank_its_name_gives(tmp_path):
+    (tmp_path / "__0_0.distcp").write_bytes(b"a" * 10)
+    (tmp_path / "__1_0.distcp").write_bytes(b"b" * 7)
+    (tmp_path / ".metadata").write_bytes(b"m" * 3)
+    by_rank = files_by_rank(DistributedCheckpoint(), tmp_path, [[], []])
+    assert by_rank == {"bytes_by_rank": [13, 7], "files_by_rank": [2, 1]}
+    # A file a rank's torch.save wrote is that rank's, whatever its name.
+    saved = tmp_path / "optim.pt"
+    saved.write_bytes(b"o" * 5)
+    assert files_by_rank(DistributedCheckpoint(), tmp_path, [[], [str(saved.resolve())]])["bytes_by_rank"] == [13, 12]
