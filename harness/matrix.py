@@ -465,7 +465,7 @@ SAVED_AT, KILLED_AT = 2, 4
 def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
     """Checkpoint, resume and restart, for every strategy that checkpoints (its library's own save: DCP, DeepSpeed's,
     Horovod's rank 0, torch.save): each saves at step 2 and resumes from it in new processes, held against its
-    uninterrupted run; the DCP strategies also resume at 4 ranks from a save at 2 and at 2 from 4; DDP and FSDP2 lose
+    uninterrupted run; DDP, FSDP2 (DCP) and Horovod also resume at 4 ranks from a save at 2 and at 2 from 4; DDP and FSDP2 lose
     a rank at step 4 and torchrun restarts them from the save, while ZeRO-1 and Horovod lose one under launchers that
     restart nothing and are recorded failed, naming the kill. One global batch (fp32 on CPU, bf16 on GPUs)."""
     checkpointing = tuple(name for name, strategy in STRATEGIES.items() if strategy.checkpoint_method)
@@ -480,7 +480,8 @@ def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
                 options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)}}
                 cells.add(workload, plan, strategy, world_size, global_batch,
                           options={**options.get(strategy, {}), "checkpoint": at})
-        for strategy in (s for s in checkpointing if STRATEGIES[s].checkpoint_method == "dcp" and "tp" not in s):
+        # Resharded where the library loads at another world size: DCP's data-parallel strategies and Horovod's file.
+        for strategy in ("ddp", "fsdp2", "horovod"):
             for to, saved in resharded:
                 cells.add(workload, plan, strategy, to, global_batch, options={"checkpoint": f"{at}:from={saved}"})
         for strategy in ("ddp", "fsdp2", "zero1", "horovod"):

@@ -1,6 +1,6 @@
 """Checkpoint cells on real launches (the fault-tolerance matrix, gpt-tiny, fp32, 2-core CPU): every strategy that
 checkpoints resumes from its library's save in new processes and reproduces its uninterrupted steps; DCP reshards
-2 -> 4 and 4 -> 2; a rank killed under torchrun --max-restarts 1 recovers from the save, and under launchers that
+2 -> 4 and 4 -> 2, and so does Horovod's rank-0 file; a rank killed under torchrun --max-restarts 1 recovers from the save, and under launchers that
 restart nothing the cell fails naming the kill; the planted checkpoint bugs make the resume check fail."""
 
 import pytest
@@ -41,13 +41,14 @@ def test_each_strategy_resumes_from_its_own_save_as_if_never_stopped(rows, strat
     assert size is not None and size["holds"], size
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "horovod"])
 @pytest.mark.parametrize("world_size, saved_at", [(4, 2), (2, 4)])
-def test_dcp_resumes_at_another_world_size(rows, strategy, world_size, saved_at):
+def test_dcp_and_horovods_file_resume_at_another_world_size(rows, strategy, world_size, saved_at):
     row = rows[(strategy, world_size, f"at:2:from={saved_at}")]
     assert row["status"] == "ok", row["message"]
     assert row["measurements"]["checkpoint"]["saved_at_world_size"] == saved_at
     assert len(row["measurements"]["checkpoint"]["bytes_by_rank"]) == saved_at
+    assert row["measurements"]["resume_reference"]["world_size"] == world_size     # held against its own size
     assert resume_check(row)["verdict"] == "match", resume_check(row)
 
 

@@ -47,6 +47,7 @@ def test_resharded_resume_is_refused_where_the_library_loads_only_at_its_own_wor
     with pytest.raises(SpecError, match="zero1 saves with deepspeed.*resharded resume is DCP's"):
         checked(spec("zero1", option="at:2:from=4", global_batch=32))
     checked(spec("ddp", option="at:2:from=4", global_batch=32))       # DCP reshards
+    checked(spec("horovod", option="at:2:from=4", global_batch=32))   # one whole-state file, broadcast on load
     with pytest.raises(SpecError, match="no option 'checkpoint'"):
         checked(spec("ps", option="at:2"))                           # its servers hold the optimizer
 

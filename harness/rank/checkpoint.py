@@ -10,8 +10,8 @@
   `..._model_states.pt` too), data-parallel rank 0 the module's `mp_rank_{mp}_model_states.pt` (the pipeline:
   `layer_{i}-model_states.pt` per stage).
 - `horovod rank 0`: Horovod's recipe (examples/pytorch/pytorch_imagenet_resnet50.py): rank 0 `torch.save`s the
-  model and optimizer state; on load rank 0 reads it and `broadcast_parameters` / `broadcast_optimizer_state`
-  hand it to the others.
+  model and optimizer state; on load rank 0 reads it and `broadcast_optimizer_state` / `broadcast_parameters`
+  hand it to the others, at whatever world size loads it.
 - `torch.save`: the single-process loops (plain, DataParallel).
 
 A planted bug (harness.rank.faults, `checkpoint-without-optimizer`) leaves the optimizer's state out of the save and
@@ -116,6 +116,7 @@ class DeepSpeedCheckpoint(CheckpointMethod):
 
 class HorovodRankZero(CheckpointMethod):
     name = "horovod rank 0"
+    reshards = True     # the whole state in one file, which rank 0 reads and broadcasts to however many ranks load it
 
     def save(self, trainer, directory, *, optimizer=True):
         if trainer.context.rank == 0:

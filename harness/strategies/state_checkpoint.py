@@ -4,7 +4,7 @@ new processes from that save, and hold the resumed steps against the run that wa
     checkpoint=none              no checkpoint (the default)
     checkpoint=at:K              save after K steps; a second launch resumes from the save and trains to the end
     checkpoint=at:K:from=W       the save is made by a launch at W ranks and resumed at the cell's world size
-                                 (resharded on load; DCP-based strategies alone)
+                                 (resharded on load: DCP's strategies and Horovod's rank-0 file)
     checkpoint=at:K:kill=S       one launch saves at K, a rank is killed at step S > K, and the launcher's own
                                  restart (torchrun --max-restarts 1) resumes the group from the save
 
@@ -87,7 +87,7 @@ def check_plan(spec: RunSpec, plan: CheckpointPlan, *, reshards: bool, method: s
         if not reshards:
             raise SpecError(f"option {OPTION_NAME}={plan.value}: strategy {spec.strategy} saves with {method}, which "
                             "this harness loads only at the world size that saved it (docs/reliability.md); "
-                            "resharded resume is DCP's (ddp, fsdp2, tp, fsdp2-tp)")
+                            "resharded resume is DCP's (ddp, fsdp2, tp, fsdp2-tp) and Horovod's whole-state file's")
         if plan.from_world_size == spec.world_size or plan.from_world_size < 1:
             raise SpecError(f"option {OPTION_NAME}={plan.value}: from=W must name another world size than the "
                             f"cell's {spec.world_size}")
