@@ -71,9 +71,14 @@ def test_a_ddp_checkpoint_holds_fp32_weights_and_two_adam_moments_once_not_the_g
     ("zero1", "deepspeed-bf16", 14), ("zero2", "deepspeed-bf16", 14),
     # ZeRO-3 saves its fp32 partitions and moments alone: 12 in either recipe (measured: harness/strategies/zero.py).
     ("zero3", "autocast", 12), ("zero3", "deepspeed-bf16", 12),
+    # Offload moves the states, not what the files hold: ZeRO-1's host copy of its gradients is not saved.
+    ("zero1[offload_optimizer=cpu]", "autocast", 16),
+    # A parameter server: its 8 servers' fp32 shards (4) and moments (8), 12 once over them, though its plan, the
+    # fullest rank's (a worker: 4 + 4, no optimizer state), would say 4.
+    ("ps[servers=8]", "autocast", 12),
 ])
 def test_each_strategy_saves_its_own_bytes_a_parameter(strategy, recipe, per_parameter):
-    point = _at(_described([strategy], recipe=recipe, storage_GBps=STORAGE_GBPS), strategy, 8)
+    point = _at(_described([strategy], recipe=recipe, storage_GBps=STORAGE_GBPS), strategy.partition("[")[0], 8)
     # 1.5e9 parameters x per_parameter B, at 100e9 B/s: 16 -> 24e9 B, 0.24 s; 14 -> 21e9 B, 0.21 s; 12 -> 18e9, 0.18 s.
     expected_bytes = {16: 24e9, 14: 21e9, 12: 18e9}[per_parameter]
     assert point.checkpoint.bytes == pytest.approx(expected_bytes)
@@ -111,9 +116,12 @@ def _row(checkpoint=None, parameters=10**6):
             "measurements": measurements}
 
 
-def _saved(bytes_by_rank, method="dcp"):
-    return {"method": method, "step": 3, "world_size": 2, "save_s_by_rank": [0.5, 0.6], "bytes_by_rank": bytes_by_rank,
-            "files_by_rank": [1, 1], "load_s_by_rank": [0.4, 0.4]}
+def _saved(bytes_by_rank, method="dcp", **more):
+    """A resumed launch's `checkpoint` record as harness.rank.checkpointed_run writes it."""
+    return {"role": "resume", "step": 3, "method": method, "holds": ["weights", "optimizer"], "model_tensors": 53,
+            "tied_parameters": 0, "saved_at_world_size": 2, "save_s_by_rank": [0.5, 0.6],
+            "bytes_by_rank": bytes_by_rank, "files_by_rank": [1, 1], "load_s_by_rank": [0.4, 0.4],
+            "resumed_from_step": 3, **more}
 
 
 def _from_rows(rows, **target):
@@ -129,7 +137,7 @@ def test_a_measured_save_gives_the_bytes_and_the_notes_say_so():
     assert point.checkpoint.bytes_per_parameter == pytest.approx(13.5)
     assert point.checkpoint.bytes == pytest.approx(13_500_000)
     assert point.checkpoint.save_s == pytest.approx(0.027)
-    assert any("measured save" in note for note in point.notes)
+    assert any("measured save" in note and "dcp save at step 3 on 2 ranks" in note for note in point.notes)
 
 
 def test_a_save_by_rank_0_alone_counts_every_rank_s_bytes():
@@ -143,6 +151,8 @@ def test_a_save_by_rank_0_alone_counts_every_rank_s_bytes():
     (None, 10**6),                                  # rows from before the measurement: no "checkpoint"
     ({"method": "dcp", "bytes_by_rank": []}, 10**6),  # a save that recorded no bytes
     (_saved([6_750_000, 6_750_000]), None),         # no parameter count to divide by
+    # A planted fault that leaves the optimizer out: 2,000,000 + 2,000,000 B, 4 B a parameter, not ddp's save.
+    (_saved([2_000_000, 2_000_000], planted="checkpoint-without-optimizer"), 10**6),
 ])
 def test_without_a_usable_measured_save_the_bytes_come_from_the_plan(checkpoint, parameters):
     # ddp in fp32: 4 + 8 = 12 B a parameter; 10^6 parameters (parameters_held_by_rank) -> 12,000,000 B.
