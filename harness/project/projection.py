@@ -52,9 +52,10 @@ The model, end to end (docs/projection.md says where each part comes from and wh
   times the parameters a rank holds; beside it, for a transformer, what the busiest rank's blocks save for
   backward at N, every block whole and every block checkpointed (`activations_at`).
 - **checkpoint** (only where a target storage is given, `CheckpointTarget`): a checkpoint's bytes a parameter
-  from the basis's measured save where its rows hold one, else the strategy's own (`checkpoint_contents`: its
-  plan's weights and optimizer state, each once over the job), times the whole model's parameters; its save time,
-  the Young/Daly interval and the goodput at N GPUs by harness.project.goodput (`with_checkpoint_costs`).
+  from the basis's measured save where its rows hold one, else the strategy's own (`checkpoint_contents`: the
+  components its checkpoint holds, as its plan keeps them, each once over the job), times the whole model's
+  parameters; its save time, the Young/Daly interval and the goodput at N GPUs by harness.project.goodput
+  (`with_checkpoint_costs`).
 - **interval** (only where a Calibration prices the target): each collective's time scaled by the 10th
   and 90th percentiles of measured / fitted over that collective's calibration rows, every collective at
   the same percentile at once (errors taken to move together, which widens the band), and the same rule
