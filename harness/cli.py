@@ -291,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--exposed-fraction", type=float, help="with --params: f, exposed time over "
                          "priced communication, >= 0 (default 1: no overlap; above 1: collectives cost more in the "
                          "step than priced)")
+    project.add_argument("--storage-GBps", type=float, help="the target's aggregate storage write bandwidth, GB/s "
+                         "(1e9 B/s): adds each point's checkpoint bytes and save time (harness.project.goodput)")
+    project.add_argument("--mtbf-hours", type=float, help="with --storage-GBps: one GPU's mean time between "
+                         "failures, hours (the job's is this / N): adds the Young/Daly checkpoint interval and goodput")
+    project.add_argument("--restart-s", type=float, help="with --mtbf-hours: seconds from a failure until training "
+                         "runs again (default 0)")
 
     report = commands.add_parser("report", help="Markdown + self-contained HTML report, CSV and Parquet")
     report.add_argument("results", type=Path, nargs="+", help="results JSONL files (cell and comm rows)")

@@ -4,16 +4,18 @@ states a rank keeps, read from the strategy registry for harness.project.project
     python -c "from harness.project.facts import REGISTRY_FACTS as f; \\
         print(f.expected_per_step('zero3', {}, 16, 1, 10**9, 2 * 10**9, 2 * 10**9))"
 
-A strategy owns these facts (`Strategy.expected_collectives`, `Strategy.model_state_plan`); the projection
-asks for them at the target world size instead of keeping a table of its own. The registry imports torch,
-so it is imported here only when a fact is asked for: importing this module stays torch-free, and
-harness.project.projection takes any object with these methods (a test may pass its own).
+A strategy owns these facts (`Strategy.expected_collectives`, `Strategy.model_state_plan`,
+`Strategy.checkpoint_contents`); the projection asks for them at the target world size instead of keeping a
+table of its own. The registry imports torch, so it is imported here only when a fact is asked for:
+importing this module stays torch-free, and harness.project.projection takes any object with these methods
+(a test may pass its own).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.derive.checkpoint import CheckpointContents
 from harness.derive.memory import ModelStatePlan
 from harness.spec import SpecError
 
@@ -121,6 +123,17 @@ class RegistryFacts:
         if recipe not in recipes:
             raise SpecError(f"precision recipe {recipe!r} is not one of: {', '.join(recipes)}")
         return chosen.model_state_plan(data_parallel, PrecisionRecipe(recipe), resolved)
+
+    def checkpoint_contents(self, strategy: str, options: Mapping[str, Any], recipe: str) -> CheckpointContents:
+        """The bytes per parameter one checkpoint of the strategy's job holds under `recipe`
+        (`Strategy.checkpoint_contents`)."""
+        from harness.strategies import PrecisionRecipe
+
+        chosen, resolved = self._strategy(strategy, options)
+        recipes = [r.value for r in PrecisionRecipe]
+        if recipe not in recipes:
+            raise SpecError(f"precision recipe {recipe!r} is not one of: {', '.join(recipes)}")
+        return chosen.checkpoint_contents(PrecisionRecipe(recipe), resolved)
 
 
 REGISTRY_FACTS = RegistryFacts()

@@ -51,6 +51,11 @@ The model, end to end (docs/projection.md says where each part comes from and wh
 - **memory**: the strategy's `model_state_plan` at N (the ZeRO paper's sharding, harness.derive.memory)
   times the parameters a rank holds; beside it, for a transformer, what the busiest rank's blocks save for
   backward at N, every block whole and every block checkpointed (`activations_at`).
+- **checkpoint** (only where a target storage is given, `CheckpointTarget`): a checkpoint's bytes a parameter
+  from the basis's measured save where its rows hold one, else the strategy's own (`checkpoint_contents`: the
+  components its checkpoint holds, as its plan keeps them, each once over the job), times the whole model's
+  parameters; its save time, the Young/Daly interval and the goodput at N GPUs by harness.project.goodput
+  (`with_checkpoint_costs`).
 - **interval** (only where a Calibration prices the target): each collective's time scaled by the 10th
   and 90th percentiles of measured / fitted over that collective's calibration rows, every collective at
   the same percentile at once (errors taken to move together, which widens the band), and the same rule
@@ -78,6 +83,7 @@ import numpy as np
 
 from harness.derive.activations import rank_activation_bytes
 from harness.derive.beyond_ws1 import one_rank_launches
+from harness.derive.checkpoint import CheckpointContents, MeasuredCheckpoint, measured_checkpoint
 from harness.derive.comm import RECEIVED_ONLY, wire_bytes
 from harness.derive.exposed import exposed_communication, slowest_rank_per_step, stalled_steps
 from harness.derive.hosts import row_host_load
@@ -89,6 +95,8 @@ from harness.project.cluster import Cluster, Link
 from harness.project.collectives import (DEFAULT_ALGORITHMS, LIBRARY_ALGORITHMS, POINT_TO_POINT, Algorithm,
                                          ClusterModel, CommModel, Library, ServerLinks)
 from harness.project.fit import Calibration, NodesCalibration, ServerLinkCalibration
+from harness.project.goodput import (ASSUMPTION as CHECKPOINT_ASSUMPTION, CheckpointCost, CheckpointTarget,
+                                     checkpoint_cost, checkpoint_fields, checkpoint_lines)
 from harness.record import PROJECTION_KIND
 from harness.spec import SpecError
 
@@ -123,6 +131,8 @@ class StrategyFacts(Protocol):
 
     def model_state_plan(self, strategy: str, options: Mapping[str, Any], data_parallel: int,
                          recipe: str) -> ModelStatePlan: ...
+
+    def checkpoint_contents(self, strategy: str, options: Mapping[str, Any], recipe: str) -> CheckpointContents: ...
 
     def expected_for_cell(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str,
                           world_size: int, global_batch: int, micro_batch: int,
@@ -189,6 +199,11 @@ class Basis:
     # A transformer's shape (seq_len, n_embd, n_head, n_layer: a row's workload_description, or described), for
     # the activations a rank holds; None where not known (a ResNet's, a description without one).
     shape: Mapping[str, int] | None = None
+    # The whole model's parameters, each once (a row's `parameters`): what a checkpoint saves, where `parameters` is
+    # a tensor-parallel rank's slice. None: `parameters`.
+    model_parameters: int | None = None
+    # A save its rows measured (harness.derive.checkpoint): a checkpoint's bytes a parameter come from it.
+    measured_checkpoint: MeasuredCheckpoint | None = None
 
     @property
     def label(self) -> str:
@@ -227,6 +242,8 @@ class Projected:
     # its recipe is one the block formula does not describe.
     activation_bytes_per_rank: float | None = None
     activation_bytes_checkpointed_per_rank: float | None = None
+    # The checkpoint's save time, interval and goodput (harness.project.goodput), where a target storage is given.
+    checkpoint: CheckpointCost | None = None
 
 
 # ---- pricing -------------------------------------------------------------------------------------------
@@ -579,6 +596,37 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
                      activation_bytes_per_rank=activations[0], activation_bytes_checkpointed_per_rank=activations[1])
 
 
+def with_checkpoint_costs(points: Sequence[Projected], target: CheckpointTarget,
+                          facts: StrategyFacts) -> list[Projected]:
+    """`points` with their checkpoint time, interval and goodput on `target` (harness.project.goodput): a
+    checkpoint's bytes a parameter (`checkpoint_bytes_of`) times the whole model's parameters, which weak and
+    strong scaling keep alike, at each point's N GPUs."""
+    found: dict[int, tuple[float, str, tuple[str, ...]]] = {}
+    costed = []
+    for point in points:
+        basis = point.basis
+        if id(basis) not in found:
+            found[id(basis)] = checkpoint_bytes_of(basis, facts)
+        per_parameter, source, notes = found[id(basis)]
+        cost = checkpoint_cost(bytes_per_parameter=per_parameter,
+                               parameters=basis.model_parameters or basis.parameters, bytes_source=source,
+                               world_size=point.world_size, target=target)
+        costed.append(replace(point, checkpoint=cost, notes=point.notes + notes))
+    return costed
+
+
+def checkpoint_bytes_of(basis: Basis, facts: StrategyFacts) -> tuple[float, str, tuple[str, ...]]:
+    """(bytes a parameter, where they come from, notes): the basis's measured save where its rows hold one (the
+    files the strategy really wrote), else the strategy's own figure from its model-state plan
+    (`StrategyFacts.checkpoint_contents`)."""
+    saved = basis.measured_checkpoint
+    if saved is not None:
+        return (saved.bytes_per_parameter, f"measured: {saved.describe()}",
+                (f"checkpoint bytes from the measured save ({saved.describe()}), times the target's parameters",))
+    contents = facts.checkpoint_contents(basis.strategy, basis.options, basis.recipe)
+    return contents.bytes_per_parameter, contents.basis, ()
+
+
 # The recipes whose saved tensors the block formula was measured against, and the bytes they compute in.
 ACTIVATION_COMPUTE_BYTES = {"fp32": 4, "autocast": 2}
 
@@ -851,7 +899,16 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
                  gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
                  overlap_source=source, compute_source=compute_source,
                  run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=notes, grouped=grouped,
-                 shape=transformer_shape(m.get("workload_description")))
+                 shape=transformer_shape(m.get("workload_description")),
+                 model_parameters=int(m.get("parameters") or parameters), measured_checkpoint=median_save(rows))
+
+
+def median_save(rows: Sequence[Mapping[str, Any]]) -> MeasuredCheckpoint | None:
+    """The save of median bytes a parameter among the rows that measured one (the middle one, not an average,
+    so its figures are one save's); None where none did."""
+    saves = sorted((s for s in (measured_checkpoint(measurements(row)) for row in rows) if s is not None),
+                   key=lambda save: save.bytes_per_parameter)
+    return saves[len(saves) // 2] if saves else None
 
 
 def transformer_shape(described: Mapping[str, Any] | None) -> dict[str, int] | None:
@@ -911,7 +968,7 @@ def description_basis(*, strategy: str, parameters: int, compute_s: float, gradi
                  micro_batch=per_device_batch, compute_s=float(compute_s), world_size=None, micro_batches=1,
                  schedule=(), gradient_bytes=int(round(parameters * gradient_element_bytes)),
                  gathered_bytes=int(round(parameters * gathered)), exposed_fraction=exposed_fraction,
-                 overlap_source=source, shape=dict(shape) if shape else None)
+                 overlap_source=source, shape=dict(shape) if shape else None, model_parameters=int(parameters))
 
 
 # ---- describing the target, recording, printing ---------------------------------------------------------
@@ -958,6 +1015,8 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
                      created: str | None = None) -> dict[str, Any]:
     """A projected row: kind "projection", status "projected", with every input it came from."""
     b = point.basis
+    checkpoint = checkpoint_fields(point.checkpoint) if point.checkpoint is not None else {}
+    assumptions = ASSUMPTIONS | ({"checkpoint": CHECKPOINT_ASSUMPTION} if point.checkpoint is not None else {})
     return {
         "kind": PROJECTION_KIND, "status": PROJECTED, "projection_id": uuid.uuid4().hex,
         "created_utc": created or datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -972,7 +1031,7 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
         "step_beyond_compute_share": point.exposed_share, "model_state_bytes_per_rank": point.model_state_bytes_per_rank,
         "activation_bytes_per_rank": point.activation_bytes_per_rank,
         "activation_bytes_checkpointed_per_rank": point.activation_bytes_checkpointed_per_rank,
-        "wire_bytes_per_step_per_rank": point.wire_bytes_per_rank,
+        "wire_bytes_per_step_per_rank": point.wire_bytes_per_rank, **checkpoint,
         "schedule": [asdict(item) | {"ranks": item.ranks(point.world_size), "algorithm": algorithm}
                      for item, algorithm in zip(point.schedule, point.algorithms, strict=True)],
         "notes": list(b.notes + point.notes),
@@ -985,7 +1044,7 @@ def projected_record(point: Projected, model: CommModel, comm_sources: Sequence[
                              "gradient_bytes": b.gradient_bytes, "gathered_bytes": b.gathered_bytes,
                              "schedule": [asdict(item) for item in b.schedule],
                              "exposed_fraction": b.exposed_fraction, "overlap_source": b.overlap_source},
-                   "assumptions": ASSUMPTIONS},
+                   "assumptions": assumptions},
     }
 
 
@@ -1011,6 +1070,9 @@ def format_table(points: Sequence[Projected]) -> str:
                          f"{p.samples_per_s:>11.4g} {p.efficiency:>10.1%} {p.exposed_share:>8.1%} "
                          f"{p.model_state_bytes_per_rank / 2 ** 30:>15.4g} {_activations_text(p):>17}  "
                          f"{algorithms_text(p)}")
+        costs = [(p.world_size, p.checkpoint) for p in group if p.checkpoint is not None]
+        if costs:
+            lines += [f"  {line}" for line in checkpoint_lines(costs)]
         for note in dict.fromkeys(n for p in group for n in b.notes + p.notes):
             lines.append(f"  note: {note}")
     return "\n".join(lines).lstrip("\n")

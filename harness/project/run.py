@@ -4,6 +4,8 @@ appended as projected rows.
     python -m harness project results/reference/ci-cpu/smoke.jsonl --comm results/reference/ci-cpu/comm-ws2.jsonl \\
         --cluster dgx-h100-ib
     python -m harness project --params 1.5B --compute-ms 120 --grad-bytes 2 --cluster dgx-h100-ib
+    python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib --storage-GBps 100 \\
+        --mtbf-hours 50000
 
 `project_rows` and `project_description` are the plain functions (tests call them); `projection_from_arguments`
 turns the command line's arguments into one of them. Bad input is a one-line SpecError, raised before
@@ -24,9 +26,10 @@ from harness.project.collectives import ClusterModel, CommModel
 from harness.derive.rows import spec
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.fit import Calibration, load_calibration
+from harness.project.goodput import CheckpointTarget
 from harness.project.projection import (DEFAULT_WORLD_SIZES, Projected, Scaling, StrategyFacts, bases_from_rows,
                                         check_world_sizes, default_model, description_basis, format_table, project,
-                                        projected_record)
+                                        projected_record, with_checkpoint_costs)
 from harness.record import append_line
 from harness.spec import SpecError
 
@@ -123,10 +126,10 @@ def _option_value(raw: str) -> Any:
 
 def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                  scalings: Sequence[Scaling] = (Scaling.WEAK, Scaling.STRONG), measuring_host: Calibration | None = None,
-                 facts: StrategyFacts = REGISTRY_FACTS, strategies: Sequence[str] | None = None
-                 ) -> tuple[list[Projected], list[str]]:
-    """Every projectable strategy cell of `rows` (of `strategies` only, where given) at `world_sizes`; and a
-    note per cell or point left out."""
+                 facts: StrategyFacts = REGISTRY_FACTS, strategies: Sequence[str] | None = None,
+                 checkpointing: CheckpointTarget | None = None) -> tuple[list[Projected], list[str]]:
+    """Every projectable strategy cell of `rows` (of `strategies` only, where given) at `world_sizes`, each point
+    with its checkpoint time and goodput on `checkpointing` where given; and a note per cell or point left out."""
     check_world_sizes(world_sizes, model)
     if strategies is not None:
         # The plain loop's rows stay: they give the compute of a strategy measured above one rank only.
@@ -139,7 +142,7 @@ def project_rows(rows: Sequence[Mapping], model: CommModel, world_sizes: Sequenc
         found, left_out = project(basis, world_sizes, model, facts, scalings)
         points += found
         skipped += left_out
-    return points, skipped
+    return (with_checkpoint_costs(points, checkpointing, facts) if checkpointing else points), skipped
 
 
 def rows_of_strategies(rows: Sequence[Mapping], strategies: Sequence[str]) -> list[Mapping]:
@@ -165,9 +168,11 @@ def _runs(row: Mapping, strategy: str, options: Mapping[str, Any]) -> bool:
 
 def project_description(strategies: Sequence[str], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                         scalings: Sequence[Scaling] = (Scaling.WEAK, Scaling.STRONG),
-                        facts: StrategyFacts = REGISTRY_FACTS, **description) -> tuple[list[Projected], list[str]]:
+                        facts: StrategyFacts = REGISTRY_FACTS, checkpointing: CheckpointTarget | None = None,
+                        **description) -> tuple[list[Projected], list[str]]:
     """Each strategy of a model described by `description` (harness.project.projection.description_basis): `name`,
-    or `name[key=value,...]` with options of its own (`parse_strategy`), e.g. ps[servers=8]."""
+    or `name[key=value,...]` with options of its own (`parse_strategy`), e.g. ps[servers=8]; each point with its
+    checkpoint time and goodput on `checkpointing` where given."""
     check_world_sizes(world_sizes, model)
     if not strategies:
         raise SpecError("no strategies to project")
@@ -178,7 +183,21 @@ def project_description(strategies: Sequence[str], model: CommModel, world_sizes
         found, left_out = project(basis, world_sizes, model, facts, scalings)
         points += found
         skipped += left_out
-    return points, skipped
+    return (with_checkpoint_costs(points, checkpointing, facts) if checkpointing else points), skipped
+
+
+def checkpointing_from_arguments(args: argparse.Namespace) -> CheckpointTarget | None:
+    """--storage-GBps, --mtbf-hours, --restart-s as a CheckpointTarget (one-line SpecError where bad), or None
+    where none is given: the projection is then printed and recorded as without them."""
+    storage, mtbf, restart = args.storage_GBps, args.mtbf_hours, args.restart_s
+    if storage is None:
+        given = [flag for flag, value in (("--mtbf-hours", mtbf), ("--restart-s", restart)) if value is not None]
+        if given:
+            raise SpecError(f"{given[0]} needs --storage-GBps: the goodput follows from a checkpoint's save time, "
+                            "its bytes over the storage's write bandwidth")
+        return None
+    return CheckpointTarget(storage_GBps=storage, mtbf_hours_per_gpu=mtbf,
+                            restart_s=0.0 if restart is None else restart)
 
 
 def validation_from_arguments(args: argparse.Namespace) -> str:
@@ -188,7 +207,10 @@ def validation_from_arguments(args: argparse.Namespace) -> str:
     extra = [flag for flag, given in (("--cluster", args.cluster), ("--params", args.params is not None),
                                       ("--out", args.out), ("--world-sizes", args.world_sizes),
                                       ("--strategies", args.strategies is not None), ("--library", args.library),
-                                      ("--algorithm", args.algorithm)) if given]
+                                      ("--algorithm", args.algorithm),
+                                      ("--storage-GBps", args.storage_GBps is not None),
+                                      ("--mtbf-hours", args.mtbf_hours is not None),
+                                      ("--restart-s", args.restart_s is not None)) if given]
     if extra:
         raise SpecError(f"--validate predicts the measured cells on their own settings: {', '.join(extra)} "
                         "has no meaning with it")
@@ -224,6 +246,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
         raise SpecError(f"{', '.join(describing)} describes a model (--params); with measured ROWS the rows give it")
     world_sizes = tuple(args.world_sizes or DEFAULT_WORLD_SIZES)
     scalings = parse_scalings(args.scaling)
+    checkpointing = checkpointing_from_arguments(args)
     calibration = load_calibration(args.comm) if args.comm else None
     cluster = load_cluster(args.cluster, args.set) if args.cluster else None
     if cluster is None and args.set:
@@ -237,7 +260,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
             parameters=args.params, compute_s=args.compute_ms / 1e3, gradient_element_bytes=chosen["grad_bytes"],
             per_device_batch=chosen["batch_per_device"],
             global_batch=args.global_batch or chosen["batch_per_device"] * max(world_sizes), recipe=chosen["recipe"],
-            exposed_fraction=chosen["exposed_fraction"], shape=args.shape)
+            exposed_fraction=chosen["exposed_fraction"], shape=args.shape, checkpointing=checkpointing)
     else:
         from harness.derive.rows import load_rows
         from harness.record import COMMBENCH_KIND, read_rows
@@ -246,7 +269,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
         if calibration is not None:
             check_one_network(rows, read_rows([Path(p) for p in args.comm], kind=COMMBENCH_KIND))
         points, skipped = project_rows(rows, model, world_sizes, scalings, measuring_host=calibration,
-                                       strategies=args.strategies)
+                                       strategies=args.strategies, checkpointing=checkpointing)
     comm_sources = [str(Path(p)) for p in args.comm]
     if args.out:
         for point in points:

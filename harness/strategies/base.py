@@ -26,6 +26,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequenc
 import torch
 from torch import nn
 
+from harness.derive.checkpoint import CheckpointContents, held_once
 from harness.derive.comm import Collective
 from harness.derive.exposed import SAME_WORK
 from harness.derive.memory import ModelStatePlan, zero_plan
@@ -334,6 +335,12 @@ class Strategy(abc.ABC):
         """The model-state components (harness.derive.memory.COMPONENTS) its checkpoint writes: weights and optimizer
         state, never gradients, which the next step makes again."""
         return ("weights", "optimizer")
+
+    def checkpoint_contents(self, recipe: PrecisionRecipe, options: Mapping[str, OptionValue]) -> CheckpointContents:
+        """Bytes per parameter one checkpoint of this strategy's job holds under `recipe`: the components its
+        checkpoint writes (`checkpoint_holds`) as its plan keeps them, each once over the job
+        (harness.derive.checkpoint.held_once). A strategy whose plan is not the job's says so by overriding this."""
+        return held_once(self.model_state_plan(1, recipe, options), self.checkpoint_holds(options))
 
     def deepspeed_estimate_bytes(self, parameters: int, largest_module_parameters: int, gpus_per_node: int,
                                  nodes: int, options: Mapping[str, OptionValue]) -> float | None:

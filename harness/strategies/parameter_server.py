@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.derive.checkpoint import CheckpointContents
 from harness.derive.comm import Collective
 from harness.derive.memory import ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors
@@ -298,6 +299,14 @@ class ParameterServer(Strategy):
                               optimizer=ShardedState(bytes_per_parameter=0),
                               basis=f"{recipe.value}: a worker's fp32 weights and gradients whole, no optimizer state "
                                     f"(each of the {shards} servers keeps 16 / {shards} bytes a parameter)")
+
+    def checkpoint_contents(self, recipe, options) -> CheckpointContents:
+        """The servers' fp32 shards and AdamW's two moments, 4 + 8 bytes a parameter over the S servers (the
+        workers' whole copies are the same weights): the plan describes the fullest rank, not the job, so its
+        weights and optimizer held once would count a worker's copy beside, or instead of, the servers' state."""
+        return CheckpointContents(bytes_per_parameter=4 + 8,
+                                  basis=f"{recipe.value}: the servers' fp32 weight shards (4) and AdamW moments (8), "
+                                        "once over the servers")
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         if self.resolved(spec)["placement"] == DEDICATED:

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.derive.checkpoint import CheckpointContents, held_once
 from harness.derive.comm import Collective
 from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
 from harness.derive.memory import ModelStatePlan, offloaded_to_host, zero_plan
@@ -308,6 +309,15 @@ class ZeRO(Strategy):
         # ZeRO-Infinity's CPU tier keeps the parameter shards there too, in the weights' own bytes.
         moved = ("weights",) if options.get("offload_param", "none") != "none" else ()
         return offloaded_to_host(plan, "gradients", "optimizer", *moved)
+
+    def checkpoint_contents(self, recipe, options) -> CheckpointContents:
+        """The components `checkpoint_holds` names as the plan keeps them without offload: offload moves where the
+        states live, not what the files hold (stage 1's offloaded plan counts its host copy of the gradients among
+        the optimizer's bytes). DeepSpeed 0.19.8's `save_checkpoint` after one step of two nn.Linear(1000, 1000)
+        (2,002,000 parameters, CPU, world size 1, and 2 for stages 1 and 3) wrote 16.00 bytes a parameter in stages
+        1-2 under fp32 (the module's 4-byte weights, from data-parallel rank 0, beside the fp32 master partition and
+        moments, 12), 14.00 under the bf16 section (2 + 12) and 12.00 in stage 3 under both."""
+        return held_once(self.model_state_plan(1, recipe, {}), self.checkpoint_holds(options))
 
     def deepspeed_estimate_bytes(self, parameters, largest_module_parameters, gpus_per_node, nodes, options):
         estimate = deepspeed_estimate(self.stage, parameters, largest_module_parameters, gpus_per_node, nodes=nodes,
