@@ -181,9 +181,10 @@ class Cells:
         return int(self.select.options_for(strategy).get("servers", 1))
 
     def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int,
-            options: dict[str, object] | None = None, precision: Precision | None = None) -> None:
-        """One cell; `options` are the matrix's choice for it (the user's --option wins), and `precision`
-        replaces the plan's."""
+            options: dict[str, object] | None = None, precision: Precision | None = None, nnodes: int = 1) -> None:
+        """One cell; `options` are the matrix's choice for it (the user's --option wins), `precision` replaces the
+        plan's, and `nnodes` asks for a cell that spans nodes whatever its placement would choose (one that loses a
+        node on purpose)."""
         if strategy not in self.chosen:
             return
         if options is None:     # two-way model parallelism where there are two ranks; a parameter server whose
@@ -193,7 +194,7 @@ class Cells:
         fields = dict(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
                       micro_batch=plan.micro_batch, precision=precision or self.plan.precision,
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
-                      repeats=self.repeats, device=self.machine.device)
+                      repeats=self.repeats, device=self.machine.device, nnodes=nnodes)
         fields.update(self.select.overrides)
         spec = checked(RunSpec(**fields, options={**options, **self.select.options_for(strategy)}))
         self._by_cell.setdefault(spec.cell_id, spec)
@@ -467,7 +468,8 @@ def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
     Horovod's rank 0, torch.save): each saves at step 2 and resumes from it in new processes, held against its
     uninterrupted run; DDP, FSDP2 (DCP) and Horovod also resume at 4 ranks from a save at 2 and at 2 from 4; DDP and FSDP2 lose
     a rank at step 4 and torchrun restarts them from the save, while ZeRO-1 and Horovod lose one under launchers that
-    restart nothing and are recorded failed, naming the kill. One global batch (fp32 on CPU, bf16 on GPUs)."""
+    restart nothing and are recorded failed, naming the kill; on 2 or more nodes (an emulated cluster), DDP and FSDP2
+    at a rank a node lose the last node at step 4 and go on at one rank (torchrun --nnodes=1:2). One global batch (fp32 on CPU, bf16 on GPUs)."""
     checkpointing = tuple(name for name, strategy in STRATEGIES.items() if strategy.checkpoint_method)
     cells = Cells(machine, select, Plan(tuple(s for s in checkpointing if s != "plain"), (2,), repeats=1,
                                         precision=_precision(machine)))
@@ -486,6 +488,10 @@ def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
                 cells.add(workload, plan, strategy, to, global_batch, options={"checkpoint": f"{at}:from={saved}"})
         for strategy in ("ddp", "fsdp2", "zero1", "horovod"):
             cells.add(workload, plan, strategy, 2, global_batch, options={"checkpoint": f"{at}:kill={KILLED_AT}"})
+        if machine.nodes >= 2:      # elastic shrink: a rank on each of two nodes, one of which leaves
+            for strategy in ("ddp", "fsdp2"):
+                cells.add(workload, plan, strategy, 2, global_batch, options={"checkpoint": f"{at}:leave={KILLED_AT}"},
+                          nnodes=2)
     return cells.specs
 
 

@@ -1,15 +1,19 @@
 """Checkpoint cells on real launches (the fault-tolerance matrix, gpt-tiny, fp32, 2-core CPU): every strategy that
 checkpoints resumes from its library's save in new processes and reproduces its uninterrupted steps; DCP reshards
 2 -> 4 and 4 -> 2, and so does Horovod's rank-0 file; a rank killed under torchrun --max-restarts 1 recovers from the save, and under launchers that
-restart nothing the cell fails naming the kill; the planted checkpoint bugs make the resume check fail."""
+restart nothing the cell fails naming the kill; a node that leaves an emulated cluster shrinks the job, which resumes
+at the smaller world size; the planted checkpoint bugs make the resume check fail."""
 
 import pytest
 
+from harness.cli import main
 from harness.derive.resume import checkpoint_size_check, resume_check
 from harness.matrix import Machine, Selection, build_matrix
+from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import DeviceKind, Status
 from harness.strategies import STRATEGIES
+from tests.test_emulate import needs_namespaces
 from tests.test_faults import leftover_ranks
 
 pytestmark = [pytest.mark.launch, pytest.mark.matrix]
@@ -87,3 +91,20 @@ def test_a_planted_checkpoint_bug_fails_the_resume_check(strategy, bug, tmp_path
     assert check["verdict"] == "mismatch", check
     expected = "update_norm_first_step" if bug == "checkpoint-without-optimizer" else "loss_first_step"
     assert expected in check["failed"], check
+
+
+@needs_namespaces
+def test_a_node_that_leaves_an_emulated_cluster_shrinks_the_job_which_resumes_at_one_rank(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    assert main(["run", "--matrix", "fault-tolerance", "--strategy", "ddp", "--emulate-link", "10gbit",
+                 "--emulate-nodes", "2", "--out", str(out), "--timeout", "300"]) == 0
+    rows = {dict(r.spec.options)["checkpoint"]: r.to_dict() for r in read_results([out])}
+    row = rows["at:2:leave=4"]
+    assert row["status"] == "ok", row["message"]
+    assert row["spec"]["world_size"] == 2 and row["spec"]["nnodes"] == 2
+    record = row["measurements"]["checkpoint"]
+    assert record["resumed_at_world_size"] == 1 and record["saved_at_world_size"] == 2   # one rank a node, one left
+    assert record["restarts"] == 1 and record["steps_recomputed"] == 2 and record["recovery_s"] > 0
+    check = resume_check(row)
+    assert check["verdict"] == "match" and "resumed at 1" in check["note"], check
+    assert not leftover_ranks()

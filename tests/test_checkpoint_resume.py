@@ -15,7 +15,7 @@ from harness.launch.launcher.base import Node
 from harness.rank.checkpoint import DistributedCheckpoint, files_by_rank
 from harness.rank.faults import Fault
 from harness.spec import RunSpec, SpecError
-from harness.strategies import checked, resolved_options
+from harness.strategies import STRATEGIES, checked, resolved_options
 
 P = 236_928          # gpt-tiny's parameters
 TIED = 32_768        # its token embedding, also the output head's weight
@@ -119,67 +119,116 @@ def test_a_difference_parity_allows_still_matches_and_one_beyond_it_does_not():
     assert resume_check(resumed_row(probe=far))["failed"] == ["gradient_norm_by_tensor_first_step"]
 
 
+def test_a_resumed_launch_that_read_no_norms_where_the_uninterrupted_one_did_fails():
+    check = resume_check(resumed_row(probe={}))
+    assert check["verdict"] == "mismatch" and "norms missing" in check["failed"]
+
+
+def test_a_restart_whose_planted_kill_never_fired_is_not_judged():
+    row = resumed_row()
+    row["measurements"]["checkpoint"].update(role="restart", restarts=0)
+    assert resume_check(row)["verdict"] == "not judged"
+    row["measurements"]["checkpoint"].update(killed_at_step=4, restarts=1)
+    assert resume_check(row)["verdict"] == "match"
+
+
+def test_every_resumed_step_is_compared_not_only_parity_s_first_four():
+    # Ten steps resumed from step 2; the last drifts by 0.01, ten times the uninterrupted run's largest move of 0.001
+    # (parity's first four steps, 2 to 5, are equal).
+    losses = [6.0 - 0.001 * step for step in range(12)]
+    row = resumed_row(losses=losses[:11] + [losses[11] + 0.01])
+    row["measurements"]["resume_reference"]["loss_per_step"] = losses
+    check = resume_check(row)
+    assert check["verdict"] == "mismatch" and check["failed"] == ["loss_later_steps"]
+    assert check["deviations"]["loss_later_steps"] == pytest.approx(10.0)
+
+
+def test_a_resume_at_another_world_size_says_so():
+    row = resumed_row()
+    row["measurements"]["checkpoint"].update(saved_at_world_size=2, resumed_at_world_size=1)
+    assert "resumed at 1" in resume_check(row)["note"]
+
+
 # ---- the checkpoint's size ---------------------------------------------------------------------------------------------
 
-def size_row(method, plan, holds, held=(P, P), data_parallel=2, written=(0, 0), files=(1, 1)):
+def size_row(method, plan, holds, held=(P, P), data_parallel=2, tensor_bytes=(0, 0), written=(0, 0)):
     return {"model_state_plan": {name: {"bytes_per_parameter": b, "sharded_over": s, "on_host": False}
                                  for name, (b, s) in plan.items()},
-            "parameters_held_by_rank": list(held), "data_parallel": data_parallel,
-            "checkpoint": {"method": method, "holds": list(holds), "tied_parameters": TIED, "model_tensors": 53,
-                           "saved_at_world_size": len(held), "bytes_by_rank": list(written),
-                           "files_by_rank": list(files)}}
+            "parameters": P, "parameters_held_by_rank": list(held), "data_parallel": data_parallel,
+            "checkpoint": {"method": method, "holds": list(holds), "tied_parameters": TIED,
+                           "saved_at_world_size": len(held), "tensor_bytes_by_rank": list(tensor_bytes),
+                           "bytes_by_rank": list(written)}}
 
 
 WHOLE_FP32 = {"weights": (4, 1), "gradients": (4, 1), "optimizer": (8, 1)}
+BOTH = ("weights", "optimizer")
 
 
 def test_a_replicated_checkpoint_holds_the_model_once_and_dcp_writes_the_tied_weight_twice():
     # DDP over DCP: weights 4 + AdamW's moments 8 = 12 bytes per parameter, once over the job (not per rank), and the
     # tied embedding under both its names: 12 x 236,928 + 4 x 32,768 = 2,843,136 + 131,072 = 2,974,208.
-    assert expected_checkpoint_bytes(size_row("dcp", WHOLE_FP32, ("weights", "optimizer"))) == 2_974_208
+    assert expected_checkpoint_bytes(size_row("dcp", WHOLE_FP32, BOTH)) == 2_974_208
     # Horovod's rank 0 torch.save keeps a shared storage once: 2,843,136.
-    assert expected_checkpoint_bytes(size_row("horovod rank 0", WHOLE_FP32, ("weights", "optimizer"))) == 2_843_136
+    assert expected_checkpoint_bytes(size_row("horovod rank 0", WHOLE_FP32, BOTH)) == 2_843_136
+
+
+def test_tensor_parallel_ranks_replicating_a_parameter_do_not_count_it_twice():
+    # tp at 2 ranks: each holds 137,728 parameters (its slices and the replicated LayerNorms and embeddings), 275,456
+    # in all against the model's 236,928; DCP writes a replicated tensor once, so still 12 x 236,928 + 4 x 32,768.
+    row = size_row("dcp", WHOLE_FP32, BOTH, held=(137_728, 137_728), data_parallel=1)
+    assert expected_checkpoint_bytes(row) == 2_974_208
 
 
 def test_a_zero_checkpoint_holds_its_partitions_once_and_zero3_no_separate_weights():
+    # DeepSpeed's files: ZeRO-1/2 the module's weights (rank 0) and each rank's optimizer partition; ZeRO-3 only the
+    # partitions, whose fp32 master copy is the weights (zero_to_fp32.py rebuilds the model from them alone).
+    assert STRATEGIES["zero1"].checkpoint_holds({}) == BOTH
+    assert STRATEGIES["zero3"].checkpoint_holds({}) == ("optimizer",)
     zero1 = {"weights": (4, 1), "gradients": (4, 1), "optimizer": (12, 2)}
-    # ZeRO-1: the module's fp32 weights (4) and the fp32 master + two moments (12) spread over 2 ranks: 16 x 236,928.
-    assert expected_checkpoint_bytes(size_row("deepspeed", zero1, ("weights", "optimizer"))) == 3_790_848
+    # ZeRO-1: 4 x 236,928 + 2 ranks x 236,928 x 12 / 2 = 947,712 + 2,843,136 = 3,790,848 (16 bytes per parameter).
+    assert expected_checkpoint_bytes(size_row("deepspeed", zero1, BOTH)) == 3_790_848
     zero3 = {"weights": (4, 2), "gradients": (4, 2), "optimizer": (12, 2)}
-    # ZeRO-3: the optimizer's partitions alone: 12 x 236,928.
+    # ZeRO-3: 2 ranks x 236,928 x 12 / 2 = 2,843,136.
     assert expected_checkpoint_bytes(size_row("deepspeed", zero3, ("optimizer",))) == 2_843_136
 
 
-def test_a_pipeline_checkpoint_adds_up_its_stages():
-    # Two stages, one data-parallel rank each: stage 0 holds 140,000 parameters and stage 1 129,696 (the tied weight
-    # on both), 12 bytes each: 12 x 269,696 = 3,236,352.
-    row = size_row("deepspeed", {"weights": (4, 1), "gradients": (4, 1), "optimizer": (8, 1)}, ("weights", "optimizer"),
-                   held=(140_000, 129_696), data_parallel=1)
-    assert expected_checkpoint_bytes(row) == 3_236_352
+def test_a_pipeline_checkpoint_adds_each_stages_optimizer_and_the_weights_once():
+    # Two stages as the fault-tolerance row holds them: 136,832 and 136,960 parameters (273,792: the tied embedding on
+    # both). Weights once, 4 x 236,928 = 947,712 (DeepSpeed skips the second stage's tied copy); each stage's AdamW
+    # state for what it holds, 8 x 273,792 = 2,190,336: 3,138,048.
+    row = size_row("deepspeed", WHOLE_FP32, BOTH, held=(136_832, 136_960), data_parallel=1)
+    assert expected_checkpoint_bytes(row) == 3_138_048
 
 
-def test_the_size_check_allows_five_percent_and_the_files_overhead_and_no_more():
-    # 3 files and 53 tensors x 4 state tensors each: 3 x 64 KiB + 53 x 4 x 2 KiB = 196,608 + 434,176 = 630,784, and 5%
-    # of 2,974,208 = 148,710.4: allowed 779,494.4.
-    row = size_row("dcp", WHOLE_FP32, ("weights", "optimizer"), written=(1_690_464, 1_690_537), files=(2, 1))
+def test_the_size_check_holds_the_tensor_bytes_within_five_percent_and_reports_the_formats_overhead():
+    row = size_row("dcp", WHOLE_FP32, BOTH, tensor_bytes=(1_487_200, 1_487_216), written=(1_690_464, 1_690_537))
     check = checkpoint_size_check(row)
-    assert check["allowed"] == pytest.approx(779_494.4)
-    assert check["holds"]                                   # 3,381,001 measured: 406,793 over
-    # A save that also wrote the gradients (4 x 236,928 = 947,712 more) is beyond it.
-    row["checkpoint"]["bytes_by_rank"] = [1_690_464 + 947_712, 1_690_537]
+    assert check["holds"] and check["measured"] == 2_974_416
+    assert check["overhead"] == 3_381_001 - 2_974_416                 # 406,585 B of headers and .metadata
+    # 5% of 2,974,208 is 148,710.4: 3,122,918 holds, 3,122,919 does not.
+    row["checkpoint"]["tensor_bytes_by_rank"] = [1_487_200, 3_122_918 - 1_487_200]
+    assert checkpoint_size_check(row)["holds"]
+    row["checkpoint"]["tensor_bytes_by_rank"] = [1_487_200, 3_122_919 - 1_487_200]
     assert not checkpoint_size_check(row)["holds"]
-    # One that forgot the optimizer (8 x 236,928 = 1,895,424 fewer) too.
-    row["checkpoint"]["bytes_by_rank"] = [1_690_464 - 947_712, 1_690_537 - 947_712]
-    assert not checkpoint_size_check(row)["holds"]
+    # A save that also wrote the gradients (4 x 236,928 = 947,712 more), one without the weights, or one without
+    # AdamW's moments (8 x 236,928 = 1,895,424 fewer) is beyond it.
+    for wrong in (2_974_416 + 947_712, 2_974_416 - 947_712, 2_974_416 - 1_895_424):
+        row["checkpoint"]["tensor_bytes_by_rank"] = [wrong, 0]
+        assert not checkpoint_size_check(row)["holds"], wrong
 
 
-def test_each_dcp_file_is_counted_on_the_rank_its_name_gives(tmp_path):
-    (tmp_path / "__0_0.distcp").write_bytes(b"a" * 10)
-    (tmp_path / "__1_0.distcp").write_bytes(b"b" * 7)
-    (tmp_path / ".metadata").write_bytes(b"m" * 3)
+def test_each_file_is_counted_on_the_rank_that_wrote_it_with_the_tensor_bytes_it_holds(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    # One process's DCP save: rank 0's __0_0.distcp and .metadata; its tensors 10 fp32 + 3 fp64 = 40 + 24 = 64 bytes.
+    dcp.save({"a": torch.zeros(10), "b": torch.zeros(3, dtype=torch.float64)}, checkpoint_id=str(tmp_path), no_dist=True)
     by_rank = files_by_rank(DistributedCheckpoint(), tmp_path, [[], []])
-    assert by_rank == {"bytes_by_rank": [13, 7], "files_by_rank": [2, 1]}
-    # A file a rank's torch.save wrote is that rank's, whatever its name.
+    assert by_rank["files_by_rank"] == [2, 0] and by_rank["tensor_bytes_by_rank"] == [64, 0]
+    assert by_rank["bytes_by_rank"][0] == sum(p.stat().st_size for p in tmp_path.iterdir())
+    # A file a rank's torch.save wrote is that rank's, whatever its name: 5 fp32 elements shared by two names, 20 bytes.
+    shared = torch.ones(5)
     saved = tmp_path / "optim.pt"
-    saved.write_bytes(b"o" * 5)
-    assert files_by_rank(DistributedCheckpoint(), tmp_path, [[], [str(saved.resolve())]])["bytes_by_rank"] == [13, 12]
+    torch.save({"x": shared, "y": shared}, saved)
+    by_rank = files_by_rank(DistributedCheckpoint(), tmp_path, [[], [str(saved.resolve())]])
+    assert by_rank["tensor_bytes_by_rank"] == [64, 20] and by_rank["files_by_rank"] == [2, 1]

@@ -10,10 +10,10 @@ ranks keeps Psi b / s on each of them, s x Psi b / s = Psi b in all, and a compo
 saved from one of them: Psi b either way (harness.derive.resume's `expected_checkpoint_bytes` is the same sum over
 a measured row's ranks).
 
-A measured save (`measurements["checkpoint"]`, a checkpoint cell's: harness.rank.checkpointed_run): bytes_by_rank
-added up (every rank's files) over the row's `measurements["parameters"]`, the model's parameter count, is its
-bytes a parameter. The files' fixed overhead (headers, DeepSpeed's scripts, DCP's .metadata: harness.derive.resume,
-OVERHEAD_PER_FILE) is inside that figure, so on a small model it reads a little above the states' own bytes.
+A measured save (`measurements["checkpoint"]`, a checkpoint cell's: harness.rank.checkpointed_run): its tensor bytes
+(`tensor_bytes_by_rank`, the state without the files' formats: harness.derive.resume) added up over the row's
+`measurements["parameters"]`, the model's parameter count, is its bytes a parameter; a row from before they were
+read gives every file's bytes, the formats' fixed overhead included, which on a small model reads a little high.
 
 Torch-free: standard library only.
 """
@@ -77,7 +77,9 @@ def measured_checkpoint(measurements: Mapping[str, Any]) -> MeasuredCheckpoint |
     parameters = measurements.get("parameters")
     if not isinstance(saved, Mapping) or not parameters or saved.get("planted"):
         return None
-    sizes = [b for b in saved.get("bytes_by_rank") or () if b is not None]
+    # The state's own bytes where the row read them back (they grow with the model); else every file's, whose
+    # formats' overhead is a fixed cost that a larger model would not multiply.
+    sizes = [b for b in saved.get("tensor_bytes_by_rank") or saved.get("bytes_by_rank") or () if b is not None]
     if not sizes or sum(sizes) <= 0:
         return None
     times = [t for t in saved.get("save_s_by_rank") or () if t is not None]

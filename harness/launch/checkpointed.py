@@ -4,6 +4,8 @@
     checkpoint=at:K:from=W   uninterrupted at the cell's world size, stop (W ranks, saves at K) -> resume
     checkpoint=at:K:kill=S   uninterrupted (saves at K)            -> restart (saves at K, a rank killed at S,
                                                                        the launcher restarts the group, it resumes)
+    checkpoint=at:K:leave=S  uninterrupted (saves at K)            -> restart (saves at K, the last node killed at
+                                                                       S, the nodes left go on without it, resumed)
 
 Each launch has a folder of its own under the cell's (spec.json, log.txt, the save), the launch under test the
 cell's own folder, so the row is that launch's, carrying the uninterrupted launch's losses and its step-K norms
@@ -13,13 +15,15 @@ A launch that fails ends the cell: its row is that failure, named by the launch'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness.rank.checkpointed_run import RESTART, RESUME, RUN_ENV, STOP, UNINTERRUPTED
-from harness.rank.faults import FAULT_ENV
+from harness.rank.faults import FAULT_ENV, KILL_NODE
+from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE
 from harness.spec import RunResult, RunSpec, Status
 from harness.strategies.state_checkpoint import OPTION_NAME, CheckpointPlan, saving_spec
 
@@ -59,19 +63,36 @@ def run_checkpointed(spec: RunSpec, plan: CheckpointPlan, *, cell_dir: Path, com
         if saved.status is not Status.OK:
             return _failed(saved, common, f"the launch that saves at {plan.from_world_size} ranks "
                            f"{saved.status.value}", launches)
-    if plan.kill_step is None:
+    if plan.failure_step is None:
         tested = run(RESUME, spec, cell_dir, saves_in)
     else:
+        kind = "kill" if plan.kill_step is not None else KILL_NODE
         rank = plan.killed_rank(spec.world_size)
         tested = run(RESTART, spec, cell_dir, cell_dir / CHECKPOINT_FOLDER,
-                     {FAULT_ENV: f"kill:rank={rank}:step={plan.kill_step}", **RESTARTED_GROUPS_STORE})
+                     {FAULT_ENV: f"{kind}:rank={rank}:step={plan.failure_step}", **RESTARTED_GROUPS_STORE})
+        if plan.leave_step is not None:
+            tested = _without_the_node_that_left(tested, cell_dir)
     if tested.status is not Status.OK:
         return _failed(tested, common, _failure_of(spec, plan, tested), launches)
     measurements = {**tested.measurements, "checkpoint_launches": launches,
                     "resume_reference": _reference_of(reference)}
+    # The cell's folder keeps the whole row's measurements, so a resumed run that recovers the row from the folder
+    # (harness.runner.recover_from_cell_dir) recovers what it is held against as well.
+    (cell_dir / MEASUREMENTS_FILE).write_text(json.dumps(measurements, indent=1, default=str))
     return RunResult(**{**common, "spec": spec, "status": Status.OK, "measurements": measurements,
                         "launch_command": tested.launch_command, "node_launch_commands": tested.node_launch_commands,
                         "wall_time_s": round(sum(entry["wall_time_s"] for entry in launches), 3)})
+
+
+def _without_the_node_that_left(tested: RunResult, cell_dir: Path) -> RunResult:
+    """The launch a node left on purpose: its launcher there exits killed, which is the cell working as planned where
+    the nodes left finished (rank 0's measurements written, no rank's report of this attempt)."""
+    measurements = cell_dir / MEASUREMENTS_FILE
+    if tested.status is Status.OK or tested.status is Status.TIMEOUT or not measurements.is_file() \
+            or any(cell_dir.glob(ERROR_FILE.format(rank="*"))):
+        return tested
+    return dataclasses.replace(tested, status=Status.OK, message="",
+                               measurements=json.loads(measurements.read_text()))
 
 
 def _reference_of(reference: RunResult) -> dict[str, Any]:
@@ -84,15 +105,16 @@ def _reference_of(reference: RunResult) -> dict[str, Any]:
 
 def _failure_of(spec: RunSpec, plan: CheckpointPlan, tested: RunResult) -> str:
     """What ended the launch under test: for a kill, the kill, and whether its launcher could restart it."""
-    if plan.kill_step is None:
+    if plan.failure_step is None:
         return f"the resumed launch {tested.status.value}"
     from harness.launch.plan import launcher_of
 
     launcher = launcher_of(spec)
     restart = ("restarted it once (torchrun --max-restarts 1), and it still" if launcher.restarts else
                f"restarts nothing ({launcher.name} has no restart of a failed rank), so it")
-    return (f"rank {plan.killed_rank(spec.world_size)} was killed (SIGKILL, planted) at step {plan.kill_step}; its "
-            f"launcher {restart} {tested.status.value}")
+    lost = (f"rank {plan.killed_rank(spec.world_size)} was killed" if plan.kill_step is not None
+            else "the last node's agent and ranks were killed")
+    return f"{lost} (SIGKILL, planted) at step {plan.failure_step}; its launcher {restart} {tested.status.value}"
 
 
 def _failed(result: RunResult, common: dict[str, Any], what: str, launches: list[dict[str, Any]]) -> RunResult:

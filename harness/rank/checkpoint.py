@@ -23,11 +23,12 @@ from __future__ import annotations
 import abc
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from harness.strategies.base import Trainer
+if TYPE_CHECKING:      # the strategies' registry imports this module
+    from harness.strategies.base import Trainer
 
 TORCH_SAVE_FILE = "state.pt"
 DEEPSPEED_TAG = "parbench"
@@ -51,6 +52,15 @@ class CheckpointMethod(abc.ABC):
     @abc.abstractmethod
     def load(self, trainer: Trainer, directory: Path, *, optimizer: bool = True) -> None:
         """Read this rank's part of the state back into `trainer` (every rank calls it)."""
+
+    def payload(self, directory: Path) -> dict[str, int]:
+        """{file relative to `directory`: the bytes of tensor data it holds}, without the format's own bytes: each
+        file torch.save wrote, read back (memory-mapped) for its distinct storages."""
+        found = {}
+        for path in sorted(directory.rglob("*.pt")):
+            found[path.relative_to(directory).as_posix()] = _storage_bytes(
+                torch.load(path, map_location="cpu", mmap=True, weights_only=False))
+        return found
 
     def writer_of(self, relative: str) -> int | None:
         """The rank that wrote the file at `relative` (a path inside the checkpoint's folder) where its name says
@@ -85,9 +95,50 @@ class DistributedCheckpoint(CheckpointMethod):
         set_state_dict(trainer.model, trainer.optimizer if optimizer else [], model_state_dict=state["model"],
                        optim_state_dict=state.get("optimizer", {}))
 
+    def payload(self, directory):
+        return {**super().payload(directory), **_dcp_payload(directory)}
+
     def writer_of(self, relative):
         found = self._RANK_FILE.search(relative)
         return int(found[1]) if found else 0 if relative == ".metadata" else None
+
+
+def _dcp_payload(directory: Path) -> dict[str, int]:
+    """{file: tensor bytes} from DCP's .metadata: each written piece's elements x its dtype's size, in its file."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(directory)).read_metadata()
+    found: dict[str, int] = {}
+    for index, stored in metadata.storage_data.items():
+        item = metadata.state_dict_metadata[index.fqn]
+        if not isinstance(item, TensorStorageMetadata):
+            continue            # a pickled value (a param group's settings)
+        chunk = next(c for c in item.chunks if index.offset is None or tuple(c.offsets) == tuple(index.offset))
+        elements = 1
+        for size in chunk.sizes:
+            elements *= size
+        found[stored.relative_path] = found.get(stored.relative_path, 0) + elements * item.properties.dtype.itemsize
+    return found
+
+
+def _storage_bytes(value: Any) -> int:
+    """The bytes of the distinct tensor storages anywhere in `value` (dicts, lists, tuples, tensors)."""
+    seen: dict[int, int] = {}
+
+    def walk(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(item, dict):
+            for member in item.values():
+                walk(member)
+        elif isinstance(item, (list, tuple)):
+            for member in item:
+                walk(member)
+
+    walk(value)
+    return sum(seen.values())
 
 
 def _dcp_state(trainer: Trainer, optimizer: bool) -> dict[str, Any]:
@@ -192,17 +243,21 @@ class SavedFiles:
 
 
 def files_by_rank(method: CheckpointMethod, directory: Path, saved_by_rank: list[list[str]]) -> dict[str, list[int]]:
-    """The bytes and files of the checkpoint in `directory` by the rank that wrote each: the rank whose `torch.save`
-    wrote it (`saved_by_rank`, each rank's `SavedFiles`), else the rank its name says (`writer_of`), else rank 0,
-    where the coordinator of every library here writes what is left (DeepSpeed's `latest` tag file and its
-    zero_to_fp32.py, DCP's .metadata)."""
+    """The bytes, files and tensor bytes (`CheckpointMethod.payload`: the state itself, without the formats' own bytes)
+    of the checkpoint in `directory` by the rank that wrote each: the rank whose `torch.save` wrote it (`saved_by_rank`,
+    each rank's `SavedFiles`), else the rank its name says (`writer_of`), else rank 0, where the coordinator of every
+    library here writes what is left (DeepSpeed's `latest` tag file and its zero_to_fp32.py, DCP's .metadata)."""
     world_size = len(saved_by_rank)
     owner = {path: rank for rank, paths in enumerate(saved_by_rank) for path in paths}
+    payload = method.payload(directory)
     written = [0] * world_size
     files = [0] * world_size
+    data = [0] * world_size
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        writer = owner.get(str(path.resolve()), method.writer_of(path.relative_to(directory).as_posix()))
+        relative = path.relative_to(directory).as_posix()
+        writer = owner.get(str(path.resolve()), method.writer_of(relative))
         writer = writer if writer is not None and 0 <= writer < world_size else 0
         written[writer] += path.stat().st_size
         files[writer] += 1
-    return {"bytes_by_rank": written, "files_by_rank": files}
+        data[writer] += payload.get(relative, 0)
+    return {"bytes_by_rank": written, "files_by_rank": files, "tensor_bytes_by_rank": data}

@@ -156,13 +156,14 @@ class CheckpointedRun:
         record: dict[str, Any] = {"role": self.role, "step": self.at, "method": self.method_name, **self.facts,
                                   "saved_at_world_size": progress.get("world_size"),
                                   **{key: progress.get(key) for key in ("save_s_by_rank", "bytes_by_rank",
-                                                                        "files_by_rank")}}
+                                                                        "files_by_rank", "tensor_bytes_by_rank")}}
         if by_rank and by_rank[0].get("async_blocked_s") is not None:
             record["async_blocked_s_by_rank"] = [figures.get("async_blocked_s") for figures in by_rank]
             record["async_write_s_by_rank"] = [figures.get("async_write_s") for figures in by_rank]
         if self.loads:
             record["load_s_by_rank"] = [figures.get("load_s") for figures in by_rank]
             record["resumed_from_step"] = self.first_step
+            record["resumed_at_world_size"] = len(by_rank)     # fewer than the cell's where a node left
         if self.omit_optimizer:
             record["planted"] = "checkpoint-without-optimizer"
         killed = _read_json(self.directory / KILLED_FILE)
@@ -180,8 +181,16 @@ class CheckpointedRun:
     def restored_losses(self) -> list[float]:
         return list(self.restored.get("loss_per_step", [])) if self.loads else []
 
-    def restored_norms(self) -> dict[str, Any]:
-        return dict(self.restored.get("norms", {})) if self.loads else {}
+    def restored_norms(self, world_size: int) -> dict[str, Any]:
+        """Step 0's norms, read by the launch that saved, where it ran at this launch's world size; where it ran at
+        another, parity's step-0 quantities are not this cell's and are left out, saying why."""
+        if not self.loads:
+            return {}
+        saved_at = self.restored.get("world_size")
+        if saved_at != world_size:
+            return {"norms_unavailable_because": f"steps 0 to {self.first_step - 1} ran in the launch that saved at "
+                                                 f"{saved_at} ranks, not at this cell's {world_size}"}
+        return dict(self.restored.get("norms", {}))
 
 
 def _timed(trainer: Trainer, action: Callable[[], None]) -> float:

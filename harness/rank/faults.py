@@ -13,6 +13,8 @@ step got slower, which only a timed comparison (`harness ab`, harness/ab.py) can
 
 kinds:
 - `kill`: the rank sends itself SIGKILL, as the kernel's out-of-memory killer would;
+- `kill-node`: the rank kills its node's share of the job: its launcher's agent (its parent process: torchrun's
+  elastic agent), then itself, as a host that fails does;
 - `hang`: the rank stops (sleeps) and never reaches its next collective, as a deadlocked rank would;
 - `oom`: the rank raises `torch.OutOfMemoryError`, as the CUDA caching allocator does;
 - `crash`: the rank raises RuntimeError, as a bug would;
@@ -29,7 +31,7 @@ kinds:
   at the end of each train step, inside its timed region, F - 1 times the time that train step took, so
   the step takes F times as long, as a strategy whose step got slower would; with `strategy=` only in the
   cells of that strategy (one results file holds several). Nothing else about the step changes.
-The first four fire at the start of the given step (warm-up steps count) on the given rank (`rank=all`:
+The first five fire at the start of the given step (warm-up steps count) on the given rank (`rank=all`:
 on every rank). The three silent kinds multiply that rank's loss of each micro-batch before its backward (by
 F, by 0 for the first micro-batch, or by inf), so every rank still runs every backward and issues every collective:
 a rank that really skipped a micro-batch would leave ZeRO-2's per-micro-batch reduce-scatter waiting for it
@@ -76,7 +78,8 @@ from typing import Callable
 import torch
 
 FAULT_ENV = "PARBENCH_FAULT"
-LOUD_KINDS = ("kill", "hang", "oom", "crash")
+KILL_NODE = "kill-node"
+LOUD_KINDS = ("kill", KILL_NODE, "hang", "oom", "crash")
 OVERFLOW = "overflow"
 SILENT_KINDS = ("grad-scale", "skip-microbatch", OVERFLOW)
 EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "weight-copy", "lr-scale")
@@ -154,7 +157,9 @@ class Fault:
         """At the start of a step: the loud kinds end, stop or fail the rank here."""
         if not self._fires(rank, step) or self.kind not in LOUD_KINDS:
             return
-        if self.kind == "kill":
+        if self.kind == KILL_NODE:
+            os.kill(os.getppid(), signal.SIGKILL)
+        if self.kind in ("kill", KILL_NODE):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "hang":
             while True:
@@ -165,7 +170,7 @@ class Fault:
 
     def kills(self, rank: int, step: int) -> bool:
         """Does this fault kill this rank at the start of this step?"""
-        return self.kind == "kill" and self._fires(rank, step)
+        return self.kind in ("kill", KILL_NODE) and self._fires(rank, step)
 
     def slows(self, rank: int, step: int, strategy: str) -> bool:
         """Does this rank sleep at the end of this step's train step (slow-step: every step from `step` on)?"""

@@ -39,6 +39,7 @@ from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
 from harness.strategies.checkpointing import count_checkpointed, interval_of, setting
 from harness.strategies.offload import ACTIVATION_OFFLOAD_NAME, packed_bytes
+from harness.strategies.state_checkpoint import plan_of, shrunk_spec
 from harness.rank.teardown import exit_without_teardown
 from harness.rank.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if report.exists():
             report.replace(report.with_name(f"attempt{restart_count() - 1}-{report.name}"))
     try:
+        spec = node_left(spec)
         counter = CollectiveCounter()
         strategy.instrument(counter)      # before start: DeepSpeed keeps the torch functions it finds
         _phase(rank, "interpreter and imports ready")
@@ -85,6 +87,20 @@ def main(argv: list[str] | None = None) -> int:
                     {"status": status.value, "message": message, "traceback": traceback.format_exc()})
         traceback.print_exc()
         return 3 if status is Status.OOM else 1
+
+
+def node_left(spec: RunSpec) -> RunSpec:
+    """The cell as this rank runs it: where a node left on purpose (`checkpoint=at:K:leave=S`) and torchrun restarted
+    the ranks left at a smaller world size, the cell at that size (`shrunk_spec`: the global batch kept). A world size
+    that differs from the spec anywhere else is an error: a first rendezvous that went ahead without a node."""
+    launched = os.environ.get("WORLD_SIZE")
+    if launched is None or int(launched) == spec.world_size:
+        return spec
+    plan = plan_of(spec) if get_strategy(spec.strategy).checkpoint_method else None
+    if plan is not None and plan.leave_step is not None and restart_count() > 0 \
+            and int(launched) == shrunk_spec(spec).world_size:
+        return shrunk_spec(spec)
+    raise RuntimeError(f"launched at world size {launched}, where the cell's is {spec.world_size}")
 
 
 def _node_rank() -> int:
@@ -216,7 +232,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     measurements.update(_activation_figures(spec, strategy, layers, by_rank))
     measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
     if run:
-        measurements.update(run.restored_norms())
+        measurements.update(run.restored_norms(context.world_size))
         measurements["checkpoint"] = run.measurements([r["checkpoint"] for r in by_rank])
         measurements["checkpoint_probe"] = {"step": run.at, **probe.figures()}
     measurements.update(_communication(spec, strategy, by_rank, expected_traffic, compute_only_note))

@@ -31,7 +31,8 @@ from harness.strategies.parameter_server_async import AsyncParameterServer
 from harness.strategies.pipeline import Pipeline
 from harness.strategies.plain import Plain
 from harness.strategies.tp import TensorParallel
-from harness.strategies.state_checkpoint import OPTION_NAME as CHECKPOINT_OPTION, check_plan, plan_of, saving_spec
+from harness.strategies.state_checkpoint import (OPTION_NAME as CHECKPOINT_OPTION, check_plan, plan_of, saving_spec,
+                                              shrunk_spec)
 from harness.strategies.zero import ZeRO
 from harness.rank.checkpoint import METHODS
 from workloads import get_workload
@@ -108,6 +109,8 @@ def checked(spec: RunSpec) -> RunSpec:
         check_plan(spec, plan, reshards=METHODS[strategy.checkpoint_method].reshards, method=strategy.checkpoint_method)
         if plan.from_world_size is not None:
             checked(saving_spec(spec, plan))      # the launch that saves must be a valid cell of its own
+        if plan.leave_step is not None:
+            checked(shrunk_spec(spec))            # and so must the cell the ranks left go on with
     layout = strategy.layout(spec)
     denominator = layout.data_parallel * spec.micro_batch
     if spec.global_batch % denominator:
