@@ -232,3 +232,17 @@ def test_each_file_is_counted_on_the_rank_that_wrote_it_with_the_tensor_bytes_it
     torch.save({"x": shared, "y": shared}, saved)
     by_rank = files_by_rank(DistributedCheckpoint(), tmp_path, [[], [str(saved.resolve())]])
     assert by_rank["tensor_bytes_by_rank"] == [64, 20] and by_rank["files_by_rank"] == [2, 1]
+
+
+def test_a_cell_that_loses_a_node_keeps_its_nodes_where_placement_would_pack_it_onto_one():
+    from harness.launch.placement import HostfilePlacement
+    from harness.launch.placement.base import Host
+
+    leaving = checked(spec(option="at:2:leave=4", nnodes=2))
+    two_hosts = HostfilePlacement(hosts=(Host("a", 8), Host("b", 8)), nnodes=2)
+    assert two_hosts.place(leaving, 8).nnodes == 2
+    assert two_hosts.place(checked(spec(option="at:2")), 8).nnodes == 1      # any other cell fits one host of 8
+    with pytest.raises(SpecError, match="loses one of its 2 nodes on purpose, and this placement has 1"):
+        HostfilePlacement(hosts=(Host("a", 8),), nnodes=1).place(leaving, 8)
+    with pytest.raises(SpecError, match="a node can leave only a cell of 2 or more nodes"):
+        checked(spec(option="at:2:leave=4"))

@@ -57,7 +57,16 @@ class Placement(abc.ABC):
         return devices_per_node
 
     def place(self, spec: RunSpec, devices_per_node: int | None = None) -> RunSpec:
-        """The spec with its node count; raises SpecError where the placement cannot run it."""
+        """The spec with its node count; raises SpecError where the placement cannot run it. A cell that loses a node
+        on purpose (harness.strategies.state_checkpoint, `leave=S`) keeps the nodes it asks for."""
+        from harness.strategies.state_checkpoint import plan_of     # lazily: the registry imports the launchers
+
+        plan = plan_of(spec) if "checkpoint" in dict(spec.options) else None
+        if plan is not None and plan.leave_step is not None:
+            if self.nnodes < spec.nnodes:
+                raise SpecError(f"cell {spec.label} loses one of its {spec.nnodes} nodes on purpose, and this placement "
+                                f"has {self.nnodes}")
+            return spec
         return spec.replace(nnodes=self.nodes_for(spec, self.node_capacity(devices_per_node)))
 
     def recorded(self) -> dict[str, Any]:
