@@ -246,3 +246,24 @@ def test_a_cell_that_loses_a_node_keeps_its_nodes_where_placement_would_pack_it_
         HostfilePlacement(hosts=(Host("a", 8),), nnodes=1).place(leaving, 8)
     with pytest.raises(SpecError, match="a node can leave only a cell of 2 or more nodes"):
         checked(spec(option="at:2:leave=4"))
+
+
+def test_a_horovod_cell_that_loses_a_rank_runs_under_horovod_elastic_without_both_tuning_flags():
+    from harness.launch.launcher.horovodrun import Horovodrun
+
+    def argv(**options):
+        s = checked(spec("horovod", **options))
+        nodes = Nodes(spec=s, program=("-m", "x"), first_host="127.0.0.1", port="", host_slots="localhost:2",
+                      hostfile="", timeout_s=60, options=resolved_options(s))
+        return Horovodrun().argv(nodes, Node(rank="0"))
+    elastic = argv(option="at:2:kill=4")
+    assert elastic[elastic.index("--host-discovery-script") + 1] == "echo localhost:1; echo 127.0.0.1:1"
+    assert elastic[elastic.index("--min-np") + 1] == "1" and "-H" not in elastic
+    # At Horovod's own values neither flag is passed: both together crash hvd.init() after a lost rank.
+    assert "--fusion-threshold-mb" not in elastic and "--cycle-time-ms" not in elastic
+    plain = argv(option="at:2")
+    assert plain[plain.index("-H") + 1] == "localhost:2" and "--fusion-threshold-mb" in plain
+    with pytest.raises(SpecError, match="keep one at Horovod's own value"):
+        checked(spec("horovod", option="at:2:kill=4").replace(options={"checkpoint": "at:2:kill=4",
+                                                                        "fusion_threshold_mb": 64,
+                                                                        "cycle_time_ms": 5.0}))

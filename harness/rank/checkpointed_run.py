@@ -58,6 +58,10 @@ class CheckpointedRun:
     # model's tensors and its tied parameters; set by the worker.
     facts: dict[str, Any] = field(default_factory=dict)
     _async: tuple[Any, float, dict[str, float]] | None = None    # an asynchronous save still being written
+    # Horovod Elastic (harness.rank.horovod_elastic): what commits the state in memory beside the save, and how many
+    # times the job went back to that commit after losing a rank.
+    commit_in_memory: Callable[[int], None] | None = None
+    restored_in_memory_times: int = 0
 
     @classmethod
     def from_environment(cls, method_name: str, omit_optimizer: bool) -> "CheckpointedRun | None":
@@ -87,8 +91,20 @@ class CheckpointedRun:
         self.first_step = int(self.restored["step"])
         return self.first_step
 
+    @property
+    def resumed(self) -> bool:
+        """Did this launch go on from the save (loaded from disk, or Horovod Elastic's commit in memory)?"""
+        return self.loads or self.restored_in_memory_times > 0
+
     def saves_before(self, step: int) -> bool:
-        return step == self.at and not self.loads
+        return step == self.at and not self.resumed
+
+    def restored_in_memory(self, step: int) -> None:
+        """Horovod Elastic went back to its commit before `step` after losing a rank: the steps before it are the
+        save's record, their losses over every rank that ran them (this rank's own, all it holds, are one rank's)."""
+        self.restored_in_memory_times += 1
+        self.first_step = step
+        self.restored = json.loads((self.directory / PROGRESS_FILE).read_text())
 
     def save(self, trainer: Trainer, losses: list[torch.Tensor], norms: dict[str, Any]) -> None:
         """Save the state after `at` steps (every rank), then rank 0 writes progress.json: the global losses so far,
@@ -111,6 +127,8 @@ class CheckpointedRun:
                         **files_by_rank(method, state, saved_by_rank)}
             _write_json(self.directory / PROGRESS_FILE, progress)
         trainer.barrier()
+        if self.commit_in_memory is not None:
+            self.commit_in_memory(self.at)
         if self.role == UNINTERRUPTED:
             self._start_async_save(method, trainer)
 
@@ -136,7 +154,7 @@ class CheckpointedRun:
                                                    "attempt": restart_count()})
 
     def after_step(self, step: int, device: torch.device) -> None:
-        if self.role == RESTART and self.loads and step == self.first_step and self.recovered_at is None:
+        if self.role == RESTART and self.resumed and step == self.first_step and self.recovered_at is None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             self.recovered_at = time.time()
@@ -160,26 +178,28 @@ class CheckpointedRun:
         if by_rank and by_rank[0].get("async_blocked_s") is not None:
             record["async_blocked_s_by_rank"] = [figures.get("async_blocked_s") for figures in by_rank]
             record["async_write_s_by_rank"] = [figures.get("async_write_s") for figures in by_rank]
-        if self.loads:
+        if self.resumed:
             record["load_s_by_rank"] = [figures.get("load_s") for figures in by_rank]
             record["resumed_from_step"] = self.first_step
             record["resumed_at_world_size"] = len(by_rank)     # fewer than the cell's where a node left
         if self.omit_optimizer:
             record["planted"] = "checkpoint-without-optimizer"
         killed = _read_json(self.directory / KILLED_FILE)
+        if self.restored_in_memory_times:
+            record["restored_from"] = "Horovod Elastic's commit in memory"
         if self.role == RESTART:
-            record["restarts"] = restart_count()
+            record["restarts"] = restart_count() or self.restored_in_memory_times
             if killed:
                 recovered = [figures.get("recovered_at") for figures in by_rank]
                 record["killed_rank"], record["killed_at_step"] = killed["rank"], killed["step"]
-                record["steps_recomputed"] = killed["step"] - self.first_step if self.loads else None
+                record["steps_recomputed"] = killed["step"] - self.first_step if self.resumed else None
                 # From the kill to the first step after it completed on every rank (the slowest rank's).
                 record["recovery_s"] = (max(recovered) - killed["time"]
-                                        if self.loads and None not in recovered else None)
+                                        if self.resumed and None not in recovered else None)
         return record
 
     def restored_losses(self) -> list[float]:
-        return list(self.restored.get("loss_per_step", [])) if self.loads else []
+        return list(self.restored.get("loss_per_step", [])) if self.resumed else []
 
     def restored_norms(self, world_size: int) -> dict[str, Any]:
         """Step 0's norms, read by the launch that saved, where it ran at this launch's world size; where it ran at

@@ -160,6 +160,15 @@ class CollectiveCounter:
         self._local = threading.local()
         self._installed: list[tuple[Any, str, Any]] = []
 
+    def forget(self) -> None:
+        """Drop every tally so far: the steps an elastic job restored to an earlier commit runs again, at its new size
+        (harness.rank.horovod_elastic)."""
+        installed, functional = self._installed, self.functional
+        self.__init__()
+        self._installed, self.functional = installed, functional
+        if functional is not None:
+            functional.forget()
+
     # ---- installation -----------------------------------------------------------------------------
 
     def install_torch(self) -> None:

@@ -81,6 +81,10 @@ class StepTimer:
         self.host_lost_seconds: list[float | None] = []   # CPU time the host withheld (HostClock)
         self.stalled: list[bool] = []
 
+    def forget(self) -> None:
+        """Drop the steps recorded so far (an elastic job runs them again from its last commit)."""
+        self.seconds, self.wall_seconds, self.host_lost_seconds, self.stalled = [], [], [], []
+
     @contextlib.contextmanager
     def measure(self, record: bool = True) -> Iterator[None]:
         """Time the body; keep the figures only when `record` (warm-up steps run the same path untimed)."""

@@ -29,6 +29,7 @@ import torch
 from harness.rank.comm_counter import CollectiveCounter
 from harness.rank.compute_only import CompletedPass, compute_only_pass
 from harness.rank.checkpointed_run import CheckpointedRun, restart_count
+from harness.rank.horovod_elastic import ElasticSteps, is_elastic
 from harness.rank.faults import CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START, Fault, fault_from_environment
 from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
                                   reset_peak_memory)
@@ -152,58 +153,92 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     disarm = lambda: None       # noqa: E731
     # A loud fault fires in a group's first attempt alone: the attempt its launcher restarted resumes past it.
     armed = restart_count() == 0
-    for step in range(first_step, spec.warmup_steps + spec.timed_steps):
-        if run and run.saves_before(step):
-            run.save(trainer, losses, norms.figures())
-            if run.stops_after(step):
-                return _stopped(trainer, run, losses)
-        if fault and armed:
-            if run and fault.kills(context.rank, step):
-                run.mark_kill(context.rank, step)
-            fault.fire(context.rank, step)
-        if fault:
-            trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
-            disarm = fault.scale_tensor_gradients(context.rank, step, torch.nn.Sequential(*layers))
-            fault.before_step(context.rank, step, trainer.torch_optimizer)
-        # The planted `resume-data-from-start` bug: a resumed launch reads the data from the start again.
-        data_step = step - first_step if fault and fault.kind == RESUME_DATA_FROM_START else step
-        micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
-                                        context.device)
-                         for index in range(layout.micro_batches)]
-        trainer.barrier()
-        timed = step >= spec.warmup_steps
-        if step == spec.warmup_steps:
-            # Peaks of the timed steps alone, for every strategy alike: not the set-up (a whole model on
-            # the device before sharding), nor the warm-up steps.
-            peak_rss_since = reset_peak_memory(context.device)
-        # Functional collectives (DTensor's) are counted in the last warm-up step alone: their dispatch mode
-        # would slow the timed ones (harness.rank.comm_counter).
-        with timer.measure(record=timed), counter.counting(record=timed,
-                                                           sample_functional=step == spec.warmup_steps - 1), \
-                census.counting(step == census_step, data=[t for batch in micro_batches for t in batch]):
+
+    def steps(begin: int) -> dict[str, Any] | None:
+        """Steps `begin`.. to the end; what a launch that stops after its save returns, else None."""
+        nonlocal peak_rss_since, offloaded, disarm
+        for step in range(begin, spec.warmup_steps + spec.timed_steps):
+            if run and run.saves_before(step):
+                run.save(trainer, losses, norms.figures())
+                if run.stops_after(step):
+                    return _stopped(trainer, run, losses)
+            if fault and armed:
+                if run and fault.kills(context.rank, step):
+                    run.mark_kill(context.rank, step)
+                fault.fire(context.rank, step)
             if fault:
-                fault.in_step(context.rank, step, context.device)
-            started = time.perf_counter()
-            trainer.step_outcome = None
-            packed_before = packed_bytes()
-            ready = _together(norms.gradients_ready(step), model_states.gradients_ready(step, micro_batches),
-                              probe.gradients_ready(step) if probe else None)
-            losses.append(trainer.train_step(micro_batches, ready))
-            if fault and fault.slows(context.rank, step, spec.strategy):
-                _sleep_planted_slowdown(fault, context.device, started)
-        if step == census_step:
-            offloaded = packed_bytes() - packed_before
-        disarm()
-        outcome = trainer.step_outcome
-        outcomes.append((outcome.applied, outcome.loss_scale) if outcome else None)
-        if fault:
-            fault.after_step(context.rank, step, trainer.torch_optimizer)
-        norms.after_step(step)
-        if probe:
-            probe.after_step(step)
+                trainer.loss_multipliers = fault.loss_multipliers(context.rank, step, layout.micro_batches)
+                disarm = fault.scale_tensor_gradients(context.rank, step, torch.nn.Sequential(*layers))
+                fault.before_step(context.rank, step, trainer.torch_optimizer)
+            # The planted `resume-data-from-start` bug: a resumed launch reads the data from the start again.
+            data_step = step - first_step if fault and fault.kind == RESUME_DATA_FROM_START else step
+            micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
+                                            context.device)
+                             for index in range(layout.micro_batches)]
+            trainer.barrier()
+            timed = step >= spec.warmup_steps
+            if step == spec.warmup_steps:
+                # Peaks of the timed steps alone, for every strategy alike: not the set-up (a whole model on
+                # the device before sharding), nor the warm-up steps.
+                peak_rss_since = reset_peak_memory(context.device)
+            # Functional collectives (DTensor's) are counted in the last warm-up step alone: their dispatch mode
+            # would slow the timed ones (harness.rank.comm_counter).
+            with timer.measure(record=timed), counter.counting(record=timed,
+                                                               sample_functional=step == spec.warmup_steps - 1), \
+                    census.counting(step == census_step, data=[t for batch in micro_batches for t in batch]):
+                if fault:
+                    fault.in_step(context.rank, step, context.device)
+                started = time.perf_counter()
+                trainer.step_outcome = None
+                packed_before = packed_bytes()
+                ready = _together(norms.gradients_ready(step), model_states.gradients_ready(step, micro_batches),
+                                  probe.gradients_ready(step) if probe else None)
+                losses.append(trainer.train_step(micro_batches, ready))
+                if fault and fault.slows(context.rank, step, spec.strategy):
+                    _sleep_planted_slowdown(fault, context.device, started)
+            if step == census_step:
+                offloaded = packed_bytes() - packed_before
+            disarm()
+            outcome = trainer.step_outcome
+            outcomes.append((outcome.applied, outcome.loss_scale) if outcome else None)
+            if fault:
+                fault.after_step(context.rank, step, trainer.torch_optimizer)
+            norms.after_step(step)
+            if probe:
+                probe.after_step(step)
+            if run:
+                run.after_step(step, context.device)
+            model_states.after_step(step, micro_batches)
+
+        return None
+
+    elastic = None
+    if is_elastic():
+        # Horovod Elastic (harness.rank.horovod_elastic): a lost rank's peers go back to the commit before step K, at
+        # the world size the hosts left give.
+        def on_reset(step: int) -> None:
+            nonlocal spec, layout, armed
+            armed = False          # the planted fault has fired: the job goes on without that rank
+            spec = _elastic_size(spec, trainer)
+            layout = strategy.layout(spec)
+            # The global batch is kept: each rank now accumulates more micro-batches before Horovod all-reduces.
+            trainer.optimizer.set_backward_passes_per_step(layout.micro_batches)
+            # The lost step's backward left its gradients behind; the restored state holds weights and AdamW's.
+            trainer.model.zero_grad(set_to_none=True)
+            # Every step from the start again: the ones before the commit come from the save's record.
+            del losses[:], outcomes[:]
+            timer.forget()
+            counter.forget()
+            if run:
+                run.restored_in_memory(step)
+            _phase(context.rank, f"Horovod Elastic: back to step {step} at {context.world_size} ranks")
+
+        elastic = ElasticSteps(trainer, steps, on_reset)
         if run:
-            run.after_step(step, context.device)
-        model_states.after_step(step, micro_batches)
+            run.commit_in_memory = elastic.commit
+    stopped = elastic.run(first_step) if elastic else steps(first_step)
+    if stopped is not None:
+        return stopped
 
     trainer.loss_multipliers = None        # a fault in the last step must not reach the passes below
     _phase(context.rank, "timed steps done")
@@ -249,6 +284,18 @@ def _tied_weight(layers: list[torch.nn.Module], tie) -> torch.Tensor:
     for name in tie.weight_attr.split("."):
         owner = getattr(owner, name)
     return owner
+
+
+def _elastic_size(spec: RunSpec, trainer: Trainer) -> RunSpec:
+    """The cell at the world size Horovod Elastic initialised again with, its global batch kept; `trainer.context` takes
+    the rank's new place."""
+    hvd = trainer.hvd
+    context = trainer.context
+    context.rank, context.world_size = hvd.rank(), hvd.size()
+    context.local_rank, context.local_world_size = hvd.local_rank(), hvd.local_size()
+    if hvd.size() == spec.world_size:
+        return spec
+    return spec.replace(world_size=hvd.size(), nnodes=1 if hvd.size() < spec.nnodes else spec.nnodes)
 
 
 def _stopped(trainer: Trainer, run: CheckpointedRun, losses: list[torch.Tensor]) -> dict[str, Any]:

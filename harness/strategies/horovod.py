@@ -29,7 +29,7 @@ from torch import nn
 from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
 from harness.rank.memory_model import torch_model_state_tensors
-from harness.spec import RunSpec
+from harness.spec import RunSpec, SpecError
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroBatch, Option, RankContext, Strategy,
                                      Trainer, accumulate, apply_update, make_adamw, optimizer_description, place_rank,
                                      recipe_of, replicated_gradients, replicated_parameters, unwrapped_parameter_names)
@@ -136,6 +136,18 @@ class Horovod(Strategy):
             return counted_calls
         buffers = max(math.ceil(backward_s / cycle), math.ceil(bytes_per_step / threshold), 1)
         return float(min(counted_calls, buffers))
+
+    def validate(self, spec: RunSpec) -> None:
+        from harness.launch.launcher.horovodrun import HOROVOD_DEFAULTS   # lazily: the launchers import the registry
+        from harness.strategies.state_checkpoint import plan_of
+
+        plan = plan_of(spec)
+        options = self.resolved(spec)
+        if plan is not None and plan.kill_step is not None and all(
+                float(options[name]) != default for name, default in HOROVOD_DEFAULTS.items()):
+            raise SpecError(f"option checkpoint={plan.value} runs Horovod Elastic, whose hvd.init() after a lost rank "
+                            "dies of SIGSEGV (Horovod 0.28.1) where fusion_threshold_mb and cycle_time_ms are both "
+                            "set: keep one at Horovod's own value (128, 1.0)")
 
     def instrument(self, counter) -> None:
         counter.install_torch()
