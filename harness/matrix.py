@@ -467,8 +467,9 @@ def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
     """Checkpoint, resume and restart, for every strategy that checkpoints (its library's own save: DCP, DeepSpeed's,
     Horovod's rank 0, torch.save): each saves at step 2 and resumes from it in new processes, held against its
     uninterrupted run; DDP, FSDP2 (DCP) and Horovod also resume at 4 ranks from a save at 2 and at 2 from 4; DDP and FSDP2 lose
-    a rank at step 4 and torchrun restarts them from the save, while ZeRO-1 and Horovod lose one under launchers that
-    restart nothing and are recorded failed, naming the kill; on 2 or more nodes (an emulated cluster), DDP and FSDP2
+    a rank at step 4 and torchrun restarts them from the save, Horovod loses one under Horovod Elastic and goes on at
+    one rank from its commit, while ZeRO-1 loses one under DeepSpeed's launcher, which restarts nothing, and is
+    recorded failed, naming the kill; on 2 or more nodes (an emulated cluster), DDP and FSDP2
     at a rank a node lose the last node at step 4 and go on at one rank (torchrun --nnodes=1:2). One global batch (fp32 on CPU, bf16 on GPUs)."""
     checkpointing = tuple(name for name, strategy in STRATEGIES.items() if strategy.checkpoint_method)
     cells = Cells(machine, select, Plan(tuple(s for s in checkpointing if s != "plain"), (2,), repeats=1,

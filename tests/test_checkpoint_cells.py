@@ -92,8 +92,8 @@ def test_a_rank_killed_under_horovod_elastic_leaves_the_others_going_on_from_the
                                            ("zero1", "checkpoint-without-optimizer"),
                                            ("horovod", "checkpoint-without-optimizer"),
                                            ("plain", "checkpoint-without-optimizer"),
-                                           ("ddp", "resume-data-from-start"),
-                                           ("zero3", "resume-data-from-start")])
+                                           # The data position is the worker loop's, whatever the library.
+                                           ("ddp", "resume-data-from-start")])
 def test_a_planted_checkpoint_bug_fails_the_resume_check(strategy, bug, tmp_path, monkeypatch):
     monkeypatch.setenv("PARBENCH_FAULT", f"{bug}:rank=all:step=0")
     specs = [s for s in build_matrix("fault-tolerance", MACHINE, Selection(strategies=(strategy,)))
@@ -109,8 +109,8 @@ def test_a_planted_checkpoint_bug_fails_the_resume_check(strategy, bug, tmp_path
 @needs_namespaces
 def test_on_an_emulated_cluster_a_node_leaves_torchrun_and_a_rank_leaves_horovod_elastic(tmp_path):
     out = tmp_path / "rows.jsonl"
-    assert main(["run", "--matrix", "fault-tolerance", "--strategy", "ddp,horovod", "--emulate-link", "10gbit",
-                 "--emulate-nodes", "2", "--out", str(out), "--timeout", "300"]) == 0
+    assert main(["run", "--matrix", "fault-tolerance", "--strategy", "ddp,horovod", "--world-sizes", "2",
+                 "--emulate-link", "10gbit", "--emulate-nodes", "2", "--out", str(out), "--timeout", "300"]) == 0
     rows = {(r.spec.strategy, dict(r.spec.options)["checkpoint"]): r.to_dict() for r in read_results([out])}
     for strategy, option in (("ddp", "at:2:leave=4"), ("horovod", "at:2:kill=4")):
         row = rows[(strategy, option)]
