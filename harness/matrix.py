@@ -474,7 +474,10 @@ def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
     checkpointing = tuple(name for name, strategy in STRATEGIES.items() if strategy.checkpoint_method)
     cells = Cells(machine, select, Plan(tuple(s for s in checkpointing if s != "plain"), (2,), repeats=1,
                                         precision=_precision(machine)))
-    resharded = [(to, saved) for to, saved in ((4, 2), (2, 4)) if holds_evenly(machine, to) and holds_evenly(machine, saved)]
+    # Resharded between 2 and 4 ranks, where the machine holds both (and --world-sizes, where given, names both).
+    chosen_sizes = select.world_sizes or (2, 4)
+    resharded = [(to, saved) for to, saved in ((4, 2), (2, 4)) if holds_evenly(machine, to) and holds_evenly(machine, saved)
+                 and {to, saved} <= set(chosen_sizes)]
     for workload, plan in _plans(machine, select, FAULT_TOLERANCE_PLANS, "fault-tolerance plan").items():
         global_batch = plan.global_batch(4)
         at = f"at:{SAVED_AT}"
