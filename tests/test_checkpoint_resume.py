@@ -267,3 +267,26 @@ def test_a_horovod_cell_that_loses_a_rank_runs_under_horovod_elastic_without_bot
         checked(spec("horovod", option="at:2:kill=4").replace(options={"checkpoint": "at:2:kill=4",
                                                                         "fusion_threshold_mb": 64,
                                                                         "cycle_time_ms": 5.0}))
+
+
+def test_the_report_line_gives_the_save_the_tensor_bytes_against_the_plan_and_the_recovery():
+    import pandas as pd
+
+    from harness.report.checkpoint import checkpoint_lines
+
+    cells = pd.DataFrame([{"label": "gpt-tiny/ddp[checkpoint=at:2:kill=4]/ws2", "status": "ok", "options": "",
+                           "checkpoint_method": "dcp", "checkpoint_save_s": 0.2, "checkpoint_save_GBps": 3_381_001 / 0.2
+                           / 1e9, "checkpoint_bytes": 3_381_001, "checkpoint_files": 3,
+                           "checkpoint_tensor_bytes": 2_974_416, "checkpoint_bytes_expected": 2_974_208,
+                           "checkpoint_size_holds": True, "checkpoint_load_s": 0.25, "resume": "match",
+                           "resume_failed": "", "recovery_s": 3.14, "restarts": 1, "steps_recomputed": 2},
+                          {"label": "gpt-tiny/zero1[checkpoint=at:2:kill=4]/ws2", "status": "failed",
+                           "options": "checkpoint=at:2:kill=4", "message": "rank 1 was killed (SIGKILL, planted)",
+                           "checkpoint_method": None}])
+    ddp, zero1 = checkpoint_lines(cells)
+    # 3,381,001 B / 0.2 s = 0.017 GB/s; 2,974,416 / 2,974,208 - 1 = +0.0070%; 3,381,001 - 2,974,416 = 406,585 B.
+    assert "dcp saved in 0.200 s, 0.017 GB/s, 3.38 MB in 3 files" in ddp
+    assert "tensors 2.97 MB, +0.01% against the plan's 2.97 MB (within 5%), the formats' overhead 407 KB" in ddp
+    assert "loaded in 0.250 s; resumed steps: match" in ddp
+    assert "recovered in 3.1 s with 2 steps recomputed" in ddp
+    assert zero1.endswith("failed: rank 1 was killed (SIGKILL, planted)")

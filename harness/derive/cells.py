@@ -159,7 +159,7 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "exposed_comm_share", "framework_overhead_share", "mfu", "worker_link_bytes_per_step",
                   "busiest_link_bytes_per_step", "busiest_over_worker", "staleness_median", "staleness_max",
                   "checkpoint_save_s", "checkpoint_load_s", "checkpoint_save_GBps", "checkpoint_bytes",
-                  "checkpoint_bytes_expected", "recovery_s", "steps_recomputed", "restarts",
+                  "checkpoint_bytes_expected", "checkpoint_tensor_bytes", "recovery_s", "steps_recomputed", "restarts",
                   "checkpoint_async_blocked_s", "checkpoint_async_write_s")
 FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
                  "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source", "workers", "servers",

@@ -264,13 +264,14 @@ def deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Qua
     return {quantity: deviation for quantity, (deviation, _) in _deviations(row, reference).items()}
 
 
-def loss_deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> list[float]:
+def loss_deviations(row: Mapping[str, Any], reference: Mapping[str, Any], steps: int = PARITY_STEPS) -> list[float]:
     """Each compared step's loss deviation, as `TOLERANCE` measures it (inf where not finite): step 0
-    relative to the reference's loss; steps 1 .. PARITY_STEPS - 1 as a fraction of the reference's largest
+    relative to the reference's loss; steps 1 .. `steps` - 1 as a fraction of the reference's largest
     move from one compared step to the next, not of the loss itself: how far off the reference's own
-    progress a row is (see the docstring). FIRST_LOSS is the first, LATER_LOSSES the largest of the rest."""
+    progress a row is (see the docstring). FIRST_LOSS is the first, LATER_LOSSES the largest of the rest.
+    `steps`: PARITY_STEPS for parity; every step for a resume check (harness.derive.resume)."""
     losses, expected = row["measurements"]["loss_per_step"], reference["measurements"]["loss_per_step"]
-    count = min(PARITY_STEPS, len(losses), len(expected))
+    count = min(steps, len(losses), len(expected))
     if count == 0:
         return []
     found = [_relative(losses[0], expected[0])]

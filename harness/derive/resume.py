@@ -31,10 +31,9 @@ DeepSpeed's zero_to_fp32.py, DCP's .metadata), reported beside it.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
-from harness.derive.parity import TOLERANCE, Quantity, arithmetic, deviations
+from harness.derive.parity import TOLERANCE, Quantity, arithmetic, deviations, loss_deviations
 
 SIZE_TOLERANCE = 0.05
 MATCH, MISMATCH, NOT_JUDGED = "match", "mismatch", "not judged"
@@ -60,7 +59,11 @@ def resume_check(row: Mapping[str, Any]) -> dict[str, Any]:
     tolerance = TOLERANCE[arithmetic(resumed)]
     found = deviations(resumed, uninterrupted)
     # Every resumed step, not parity's first four: a resume that drifts late is caught too.
-    found.update(_every_step(resumed["measurements"]["loss_per_step"], uninterrupted["measurements"]["loss_per_step"]))
+    by_step = loss_deviations(resumed, uninterrupted, steps=len(resumed["measurements"]["loss_per_step"]))
+    if by_step:
+        found[Quantity.FIRST_LOSS] = by_step[0]
+    if len(by_step) >= 2:
+        found[Quantity.LATER_LOSSES] = max(by_step[1:])
     failed = [q.value for q, value in found.items() if q in tolerance and not value <= tolerance[q]]
     notes = []
     missing = sorted(set(_norms(expected_probe)) - set(_norms(probe)))
@@ -78,28 +81,6 @@ def resume_check(row: Mapping[str, Any]) -> dict[str, Any]:
         return _not_judged("nothing to compare")
     return {"verdict": MISMATCH if failed else MATCH, "failed": failed,
             "deviations": {q.value: value for q, value in found.items()}, "note": "; ".join(notes)}
-
-
-def _every_step(losses: list[float], expected: list[float]) -> dict[Quantity, float]:
-    """Parity's two loss quantities over every step both hold: the first relative to the reference's, the rest as a
-    fraction of the reference's largest move from one step to the next (harness.derive.parity.loss_deviations)."""
-    count = min(len(losses), len(expected))
-    if count == 0:
-        return {}
-    found = {Quantity.FIRST_LOSS: _relative(losses[0], expected[0])}
-    if count >= 2:
-        move = max(abs(b - a) for a, b in zip(expected[:count - 1], expected[1:count]))
-        found[Quantity.LATER_LOSSES] = max(_relative_to(abs(a - b), move) for a, b in zip(losses[1:count],
-                                                                                           expected[1:count]))
-    return found
-
-
-def _relative(value: float, reference: float) -> float:
-    return abs(value - reference) / abs(reference) if reference and math.isfinite(value) else math.inf
-
-
-def _relative_to(gap: float, scale: float) -> float:
-    return gap / scale if scale > 0 and math.isfinite(gap) else (0.0 if gap == 0 else math.inf)
 
 
 def _not_judged(note: str) -> dict[str, Any]:

@@ -33,13 +33,14 @@ def checkpoint_lines(cells: pd.DataFrame) -> list[str]:
 def _line(r: Mapping[str, Any]) -> str:
     save, load = r.get("checkpoint_save_s"), r.get("checkpoint_load_s")
     size = f"{r['checkpoint_bytes'] / MB:.2f} MB in {int(r['checkpoint_files'])} files"
-    if _present(r.get("checkpoint_bytes_expected")):
+    if _present(r.get("checkpoint_bytes_expected")) and _present(r.get("checkpoint_tensor_bytes")):
         held = "within" if r.get("checkpoint_size_holds") else "beyond"
-        size += (f", {r['checkpoint_bytes'] / r['checkpoint_bytes_expected'] - 1:+.1%} against the plan's "
-                 f"{r['checkpoint_bytes_expected'] / MB:.2f} MB ({held} 5% and the files' overhead)")
-    text = f"{r['label']}: {r['checkpoint_method']} saved {size} in {save:.3f} s"
-    if _present(r.get("checkpoint_save_GBps")):
-        text += f" ({r['checkpoint_save_GBps']:.3f} GB/s)"
+        tensors, expected = r["checkpoint_tensor_bytes"], r["checkpoint_bytes_expected"]
+        size += (f": tensors {tensors / MB:.2f} MB, {tensors / expected - 1:+.2%} against the plan's "
+                 f"{expected / MB:.2f} MB ({held} 5%), the formats' overhead "
+                 f"{(r['checkpoint_bytes'] - tensors) / 1e3:.0f} KB")
+    rate = f", {r['checkpoint_save_GBps']:.3f} GB/s" if _present(r.get("checkpoint_save_GBps")) else ""
+    text = f"{r['label']}: {r['checkpoint_method']} saved in {save:.3f} s{rate}, {size}"
     if _present(r.get("checkpoint_async_blocked_s")):
         text += (f" (async_save: blocked {r['checkpoint_async_blocked_s']:.3f} s, written in "
                  f"{r['checkpoint_async_write_s']:.3f} s)")
