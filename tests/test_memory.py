@@ -67,9 +67,9 @@ def test_peak_rss_falls_back_to_the_process_peak_where_it_cannot_be_reset(monkey
 
 # ---- gpt2-small by hand: DeepSpeed's largest layer, and pipeline stages with a tied embedding --------
 
-WTE = 50_257 * 768                     # 38,597,376
+WTE = 50_304 * 768                     # 38,633,472: the vocabulary padded to a multiple of 64 (workloads/gpt.py)
 WPE = 1_024 * 768                      #    786,432
-EMBEDDING = WTE + WPE                  # 39,383,808: TokenEmbedding, wte and wpe
+EMBEDDING = WTE + WPE                  # 39,419,904: TokenEmbedding, wte and wpe
 BLOCK = 12 * 768**2 + 13 * 768         #  7,087,872
 LN_F = 2 * 768                         #      1,536
 
@@ -79,29 +79,31 @@ def _gpt2_small_on_meta() -> list[nn.Module]:
         return WORKLOADS["gpt2-small"].build_layers()
 
 
-def test_hand_counts_of_gpt2_small_add_up_to_the_published_size():
-    assert EMBEDDING + 12 * BLOCK + LN_F == 124_439_808 == count_parameters(nn.Sequential(*_gpt2_small_on_meta()))
+def test_hand_counts_of_gpt2_small_add_up_to_the_published_size_and_its_padded_rows():
+    # Published: 124,439,808 with 50,257 rows; 47 padded rows of 768 more.
+    assert EMBEDDING + 12 * BLOCK + LN_F == 124_439_808 + 47 * 768 == 124_475_904 \
+        == count_parameters(nn.Sequential(*_gpt2_small_on_meta()))
 
 
 def test_largest_module_own_parameters_of_gpt2_small_is_the_token_embedding_matrix():
     layers = _gpt2_small_on_meta()
     # DeepSpeed's largest_layer_params: the most parameters one module holds itself, here nn.Embedding wte
     # (and the head, which holds the same matrix); not a whole top-level layer (TokenEmbedding adds wpe).
-    assert largest_module_own_parameters(nn.Sequential(*layers)) == WTE == 38_597_376
+    assert largest_module_own_parameters(nn.Sequential(*layers)) == WTE == 38_633_472
     old_top_level_figure = max(count_parameters(layer) for layer in layers)
-    assert old_top_level_figure == EMBEDDING == 39_383_808
+    assert old_top_level_figure == EMBEDDING == 39_419_904
     from deepspeed.runtime.zero.stage3 import model_to_params      # DeepSpeed's own count, for comparison
     assert model_to_params(nn.Sequential(*layers))[1] == WTE
 
 
 def test_gpt2_small_pipeline_stages_each_hold_the_tied_embedding():
     # DeepSpeed's partition_method "parameters" balances the layers' counts, counting each TiedLayerSpec as
-    # the whole module it builds: [39,383,808, 12 x 7,087,872, 1,536, 39,383,808], 163,823,616 in all,
-    # cut at 81,911,808 -> stage 0 = embedding + 6 blocks, stage 1 = 6 blocks + final norm + head, and the
+    # the whole module it builds: [39,419,904, 12 x 7,087,872, 1,536, 39,419,904], 163,895,808 in all,
+    # cut at 81,947,904 -> stage 0 = embedding + 6 blocks, stage 1 = 6 blocks + final norm + head, and the
     # head's stage builds its own TokenEmbedding (wte and wpe) to hold the tied matrix.
-    stage_0 = EMBEDDING + 6 * BLOCK                # 39,383,808 + 42,527,232 = 81,911,040
-    stage_1 = 6 * BLOCK + LN_F + EMBEDDING         # 42,527,232 + 1,536 + 39,383,808 = 81,912,576
-    assert (stage_0, stage_1) == (81_911_040, 81_912_576)
+    stage_0 = EMBEDDING + 6 * BLOCK                # 39,419,904 + 42,527,232 = 81,947,136
+    stage_1 = 6 * BLOCK + LN_F + EMBEDDING         # 42,527,232 + 1,536 + 39,419,904 = 81,948,672
+    assert (stage_0, stage_1) == (81_947_136, 81_948_672)
     from deepspeed.runtime.utils import partition_balanced
     assert partition_balanced([EMBEDDING, *[BLOCK] * 12, LN_F, EMBEDDING], 2) == [0, 7, 15]
 
@@ -109,9 +111,9 @@ def test_gpt2_small_pipeline_stages_each_hold_the_tied_embedding():
     predicted = predicted_model_states({"model_state_plan": plan.to_dict(), "parameters_held_by_rank": [stage_0,
                                                                                                         stage_1]})
     # fp32 AdamW, unsharded: 4 + 4 + 8 = 16 bytes per parameter held.
-    assert [p["total"] for p in predicted] == [16 * 81_911_040, 16 * 81_912_576] == [1_310_576_640, 1_310_601_216]
+    assert [p["total"] for p in predicted] == [16 * 81_947_136, 16 * 81_948_672] == [1_311_154_176, 1_311_178_752]
     # The old per-stage figure, parameters / stages, is 24% short of either stage.
-    old = 16 * 124_439_808 / 2                    # 995,518,464
+    old = 16 * 124_475_904 / 2                    # 995,807,232
     assert 1 - old / predicted[0]["total"] > 0.24
 
 

@@ -16,11 +16,44 @@ def meta_parameters(name):
 
 @pytest.mark.parametrize("name, published", [
     ("resnet50", 25_557_032), ("resnet18", 11_689_512), ("resnet20-cifar", 269_722),
-    ("gpt2-small", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080),
-    ("gpt2-xl", 1_557_611_200),
 ])
 def test_parameter_counts_equal_published(name, published):
-    assert meta_parameters(name) == published
+    assert meta_parameters(name) == published == WORKLOADS[name].published_params
+
+
+# GPT-2's published sizes (Radford et al. 2019; Hugging Face's gpt2 checkpoints) and widths. The model pads its
+# 50,257-token vocabulary to 50,304 rows (a multiple of 64): 47 rows of n_embd more parameters than published.
+@pytest.mark.parametrize("name, published, n_embd", [
+    ("gpt2-small", 124_439_808, 768), ("gpt2-medium", 354_823_168, 1024), ("gpt2-large", 774_030_080, 1280),
+    ("gpt2-xl", 1_557_611_200, 1600),
+])
+def test_gpt2_parameter_counts_are_published_plus_the_padded_rows(name, published, n_embd):
+    assert 50_304 - 50_257 == 47 and 50_304 % 64 == 0
+    assert meta_parameters(name) == published + 47 * n_embd
+    assert WORKLOADS[name].published_params == published
+    described = WORKLOADS[name].describe()
+    assert (described["vocab_size"], described["padded_vocab_size"]) == (50_257, 50_304)
+    assert described["published_parameters"] == published
+
+
+def test_gpt2_data_never_reaches_the_padded_rows():
+    workload = WORKLOADS["gpt2-small"]
+    inputs, targets = workload.batch(0, 0, torch.arange(64), torch.device("cpu"))
+    assert int(inputs.max()) < 50_257 and int(targets.max()) < 50_257
+    assert int(targets.max()) > 50_000        # the real vocabulary's top is drawn: the bound above is tight
+
+
+def test_gpt_tiny_vocabulary_is_already_a_multiple_of_64():
+    assert WORKLOADS["gpt-tiny"].config.padded_vocab_size == WORKLOADS["gpt-tiny"].config.vocab_size == 512
+
+
+def test_resnet_inputs_are_channels_last_on_cuda_only():
+    workload = WORKLOADS["resnet50"]
+    assert workload.input_memory_format("cuda") == torch.channels_last
+    assert workload.input_memory_format("cpu") == torch.contiguous_format
+    images, _ = WORKLOADS["resnet20-cifar"].batch(0, 0, torch.arange(2), torch.device("cpu"))
+    assert images.is_contiguous()
+    assert WORKLOADS["gpt2-small"].input_memory_format("cuda") == torch.contiguous_format
 
 
 def test_gpt_head_is_tied_to_token_embedding():
@@ -77,8 +110,9 @@ def test_resnet50_training_flops_match_its_known_forward_macs():
 
 
 def test_gpt2_small_flops_per_token_follow_palm_appendix_b():
-    # N excludes the position embedding: 124,439,808 - 1024 * 768.
-    n = 124_439_808 - 1024 * 768
+    # N excludes the position embedding and counts the padded rows the head multiplies:
+    # 124,439,808 + 47 * 768 - 1024 * 768.
+    n = 124_439_808 + 47 * 768 - 1024 * 768
     assert WORKLOADS["gpt2-small"].matmul_params == n
     expected = 6 * n + 12 * 12 * 12 * 64 * 1024
     assert palm_train_flops_per_token(n, 12, 12, 64, 1024) == expected

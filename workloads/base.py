@@ -16,6 +16,11 @@ import torch
 from torch import nn
 
 
+def memory_format_name(memory_format: torch.memory_format) -> str:
+    """torch's name of a memory format, as rows record it: "contiguous_format", "channels_last"."""
+    return str(memory_format).removeprefix("torch.")
+
+
 class Family(enum.StrEnum):
     RESNET = "resnet"
     GPT = "gpt"
@@ -39,7 +44,9 @@ class Workload(abc.ABC):
 
     name: str
     family: Family
-    published_params: int | None = None   # from the paper or reference implementation, for tests
+    # From the paper or reference implementation. A workload may differ from it by design (GPT-2's padded
+    # vocabulary rows); a row records both this and the model's own count (`parameters`).
+    published_params: int | None = None
 
     @abc.abstractmethod
     def build_layers(self) -> list[nn.Module]:
@@ -61,6 +68,11 @@ class Workload(abc.ABC):
               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) for the given global sample indices of a step, made on `device`."""
 
+    def input_memory_format(self, device_type: str) -> torch.memory_format:
+        """How `batch` lays its inputs out in memory on a device of this type ("cpu", "cuda"): row-major unless a
+        workload says otherwise. Only the inputs: the parameters stay as built, which every wrapper can flatten."""
+        return torch.contiguous_format
+
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy; outputs are logits (N, classes) or (N, T, vocab)."""
         return nn.functional.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
@@ -78,7 +90,7 @@ class Workload(abc.ABC):
     def describe(self) -> dict[str, object]:
         """What a row records about the workload besides its name."""
         return {"family": self.family.value, "train_flops_per_sample": self.train_flops_per_sample,
-                "tokens_per_sample": self.tokens_per_sample}
+                "tokens_per_sample": self.tokens_per_sample, "published_parameters": self.published_params}
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,14 +1,22 @@
 """GPT-2-style decoders (Radford et al. 2019), built as a list of layers with a tied embedding.
 
 Layers: token+position embedding, n_layer pre-norm blocks, final LayerNorm, output head. The head reuses
-the token embedding matrix (a `Tie`), so gpt2-small has 124,439,808 parameters as published; sizes
-follow the GPT-2 paper (small 124M, medium 350M, large 774M, xl 1.5B) with its 50,257-token vocabulary
-and 1,024-token context. Initialisation follows GPT-2: N(0, 0.02), residual projections scaled by
-1/sqrt(2 * n_layer).
+the token embedding matrix (a `Tie`); sizes follow the GPT-2 paper (small 124M, medium 350M, large 774M, xl
+1.5B) with its 50,257-token vocabulary and 1,024-token context. Initialisation follows GPT-2: N(0, 0.02),
+residual projections scaled by 1/sqrt(2 * n_layer).
+
+The embedding matrix has a row for every token padded up to a multiple of 64 (50,304 for GPT-2's vocabulary,
+as nanoGPT and Megatron-LM's --make-vocab-size-divisible-by pad it): the data draws only the 50,257 real tokens
+(workloads.data.token_batch), so the 47 extra rows are never looked up and never a target; their logits only
+learn to stay low. Unpadded, the 50,257-row output matmul has no tensor-core-friendly shape and cost 61% of
+GPT-2 small's step on an H200 (69.0 ms against 42.9 padded; ../shared/gpu-h200 at a3663fd). So gpt2-small
+has 124,475,904 parameters, 36,096 more than the published 124,439,808; a row records both
+(`describe`: `published_parameters`, and `padded_vocab_size` beside `vocab_size`).
 
 Training FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6N + 12 * L * H * Q * T, where N is
 the number of parameters that take part in matrix multiplies (all but the position embedding; the tied
-token embedding counts once, as the output head), L layers, H heads, Q head size and T sequence length.
+token embedding counts once, as the output head, with its padded rows: the GPU multiplies them), L layers, H
+heads, Q head size and T sequence length.
 """
 
 from __future__ import annotations
@@ -24,17 +32,34 @@ from workloads.base import Family, Tie, Workload
 from workloads.data import token_batch
 
 
+# Rows of the token embedding (and tied head) are a multiple of this (nanoGPT's 50,304; Megatron-LM's default
+# --make-vocab-size-divisible-by is 128 over its tensor-parallel degree).
+VOCAB_ROWS_MULTIPLE = 64
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:
-    vocab_size: int
+    vocab_size: int     # tokens the data draws from (the tokenizer's vocabulary)
     seq_len: int        # tokens per sample (also the context length)
     n_layer: int
     n_embd: int
     n_head: int
 
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "n_layer", "n_embd", "n_head"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig.n_embd {self.n_embd} must be divisible by n_head {self.n_head}")
+
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding matrix: the vocabulary rounded up to a multiple of VOCAB_ROWS_MULTIPLE."""
+        return -(-self.vocab_size // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
 
 
 class TokenEmbedding(nn.Module):
@@ -118,7 +143,7 @@ class GPTWorkload(Workload):
 
     def build_layers(self) -> list[nn.Module]:
         c = self.config
-        embedding = TokenEmbedding(c.vocab_size, c.seq_len, c.n_embd)
+        embedding = TokenEmbedding(c.padded_vocab_size, c.seq_len, c.n_embd)
         blocks = [Block(c) for _ in range(c.n_layer)]
         return [embedding, *blocks, FinalNorm(c.n_embd), LMHead(embedding)]
 
@@ -137,10 +162,11 @@ class GPTWorkload(Workload):
 
     @property
     def matmul_params(self) -> int:
-        """N of the PaLM formula: every parameter but the position embedding, the tied matrix once."""
+        """N of the PaLM formula: every parameter but the position embedding, the tied matrix once (padded rows
+        included: the head's matmul computes their logits)."""
         c = self.config
         per_block = 12 * c.n_embd**2 + 13 * c.n_embd   # qkv, proj, fc, proj weights+biases, 2 LayerNorms
-        return c.vocab_size * c.n_embd + c.n_layer * per_block + 2 * c.n_embd
+        return c.padded_vocab_size * c.n_embd + c.n_layer * per_block + 2 * c.n_embd
 
     @property
     def train_flops_per_token(self) -> float:
@@ -156,7 +182,7 @@ class GPTWorkload(Workload):
         return self.config.seq_len
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), **asdict(self.config)}
+        return {**super().describe(), **asdict(self.config), "padded_vocab_size": self.config.padded_vocab_size}
 
 
 def palm_train_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:

@@ -22,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from harness.environment import host_type
 from harness.launch.cell import launch_dir
 from harness.launch.placement import Placement
@@ -29,6 +31,8 @@ from harness.launch.placement.base import PORT_AT_LAUNCH
 from harness.launch.plan import CELL_TOKEN_ENV, launch_environment, launcher_of, plan_launch
 from harness.spec import RunSpec
 from harness.strategies import get_strategy
+from workloads import get_workload
+from workloads.base import memory_format_name
 
 TOKEN_AT_LAUNCH = "<token>"
 FILE_LINE = "    | "      # prefix of each line of a file the launch would write
@@ -84,6 +88,9 @@ def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Pa
                            environment=launch_environment(spec, TOKEN_AT_LAUNCH), timeout_s=timeout_s)
         lines += ["", f"{spec.label} x{spec.repeats}: {launcher.name}, {spec.nnodes} node(s) x "
                       f"{spec.ranks_per_node} rank(s)"]
+        layout = get_workload(spec.workload).input_memory_format(spec.device.value)
+        if layout != torch.contiguous_format:       # what the worker will build its inputs as (workloads.base)
+            lines.append(f"  inputs: {memory_format_name(layout)}")
         lines += [f"  {target}: {shlex.join(command)}" for target, command in zip(plan.targets, plan.commands)]
         lines += [f"  clean-up on {target}: {shlex.join(command)}"
                   for target, command in zip(plan.cleanup_targets, plan.cleanup)]

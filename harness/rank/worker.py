@@ -44,6 +44,7 @@ from harness.strategies.state_checkpoint import plan_of, shrunk_spec
 from harness.rank.teardown import exit_without_teardown
 from harness.rank.timing import StepTimer
 from workloads import Workload, count_parameters, get_workload
+from workloads.base import memory_format_name
 
 MEASUREMENTS_FILE = "measurements.json"
 ERROR_FILE = "rank{rank}.error.json"
@@ -627,6 +628,8 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "device_name": _device_name(context.device),
         "workload_family": workload.family.value,    # decides which TF32 switch governs (harness.derive.peaks)
         "workload_description": workload.describe(),   # its shape: layers, width, heads (harness.derive.activations)
+        # The inputs' layout on this device (channels_last for ResNet on CUDA): it changes which kernels run.
+        "input_memory_format": memory_format_name(workload.input_memory_format(context.device.type)),
         "threads_per_rank": torch.get_num_threads(),
         "hosts": sorted({r["host"] for r in by_rank}),
         "node_rank_by_rank": [r["node"] for r in by_rank],

@@ -150,6 +150,25 @@ class RankContext:
     shared_device: bool          # several ranks on one GPU: valid for memory, meaningless for speed
 
 
+# Elements squared in float64 at a time by `squared_norm`: a bounded float64 copy (128 MiB) on the device or host.
+NORM_CHUNK_ELEMENTS = 1 << 24
+
+
+def squared_norm(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of squares of `tensor`'s elements, accumulated in float64, a float64 scalar on its device.
+
+    The parity probe's instrument. torch's float32 norm on the host sums in float32: of a 38.6M-element gradient
+    spread like GPT-2's tied embedding (a few large rows among many tiny values) it lost 0.5% here, where the
+    GPU's reduction is far closer, so a strategy whose gradients sit on the host (FSDP2's offload_policy) read
+    0.7% off every other on an H200 for nothing it computed (docs/methodology.md, "Parity"). In float64, a
+    chunk at a time, the sum is exact to ~1e-15 wherever it runs."""
+    flat = tensor.detach().reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for chunk in flat.split(NORM_CHUNK_ELEMENTS):
+        total += chunk.to(torch.float64).square().sum()
+    return total
+
+
 @dataclass
 class Trainer(abc.ABC):
     """A wrapped model and optimizer that runs optimizer steps for one rank."""
@@ -226,12 +245,11 @@ class Trainer(abc.ABC):
 
     def global_norm(self, tensors: Iterable[torch.Tensor], sharded: bool) -> float:
         """L2 norm of the vector `tensors` are (this rank's shards of it where `sharded`; on the device or
-        the host). Squares add up in float64, so the order of the sum, which differs between strategies,
-        stays far below any tolerance."""
+        the host). Squares add up in float64 (`squared_norm`), so neither the order of the sum, which differs
+        between strategies, nor the device it runs on moves it by anything near a tolerance."""
         squares = torch.zeros((), dtype=torch.float64, device=self.context.device)
         for tensor in tensors:
-            norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double()
-            squares += norm.to(squares.device) ** 2
+            squares += squared_norm(tensor).to(squares.device)
         if sharded and self.context.world_size > 1:
             torch.distributed.all_reduce(squares)
         return math.sqrt(squares.item())
@@ -241,8 +259,7 @@ class Trainer(abc.ABC):
         empty shard where a rank holds none of one), else whole: as `global_norm`, in float64, with every
         rank's squares added in one all-reduce."""
         device = self.context.device
-        squares = torch.stack([torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double().to(device) ** 2
-                               for tensor in tensors])
+        squares = torch.stack([squared_norm(tensor).to(device) for tensor in tensors])
         if sharded and self.context.world_size > 1:
             torch.distributed.all_reduce(squares)
         return squares.sqrt().tolist()
