@@ -89,6 +89,51 @@ def test_deepspeed_gets_torchs_rule_on_gpus_and_its_torch_autocast_section_on_cp
     assert precision_config(on_gpu, {})[0] == deepspeed_fp16_config()
 
 
+def _zero3_trainer_with_gradients(fragments, recipe, scale):
+    """A DeepSpeedTrainer over a stand-in ZeRO-3 engine whose reduced fp32 partitions are `fragments` and whose
+    fp16 optimizer's scale is `scale` (DeepSpeed's fp16 section runs on GPUs alone: its arithmetic is not needed to
+    check what the probe divides by)."""
+    from types import SimpleNamespace
+
+    from harness.strategies.base import PrecisionRecipe, RankContext
+    from harness.strategies.zero import DeepSpeedTrainer
+
+    parameters = []
+    for fragment in fragments:
+        parameter = torch.nn.Parameter(torch.zeros(1))
+        parameter._z3_optimizer = SimpleNamespace(get_local_fp32_grad_for_param=lambda p, f=fragment: f)
+        parameters.append(parameter)
+    engine = SimpleNamespace(zero_optimization_stage=lambda: 3, optimizer=SimpleNamespace(cur_scale=scale),
+                             module=SimpleNamespace(parameters=lambda: iter(parameters)))
+    context = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"),
+                          backend="gloo", shared_device=False)
+    return DeepSpeedTrainer(context=context, engine=engine, precision_recipe=PrecisionRecipe(recipe))
+
+
+def test_zero_fp16_sections_gradients_are_read_divided_by_its_loss_scale():
+    # Recorded on the H200 at a3663fd: ZeRO-2 in fp16 read wte's gradient norm as 267.85, the plain loop and DDP
+    # 0.26157; its first loss scale was 2^10. A stand-in gradient of that norm at that scale must read 0.26157 tensor by
+    # tensor, to parity's fp16 tolerance by tensor (3e-2; by hand 267.85 / 1024 = 0.261572).
+    wte = torch.full((4, 4), 267.85 / 4, dtype=torch.float16)          # norm 267.85 (16 values of 66.96)
+    trainer = _zero3_trainer_with_gradients([wte], "deepspeed-fp16", 1024.0)
+    (norm,) = trainer.tensor_norms(*trainer.local_gradients())
+    assert abs(norm - 0.26157) / 0.26157 < 1e-3
+    # A small fp16 gradient the scale kept out of underflow is divided in fp32: 2e-7 survives (fp16's smallest
+    # subnormal is 6e-8, and 2e-7 x 1024 / 1024 in fp16 would round to a multiple of it).
+    small = torch.full((1,), 2e-7 * 1024, dtype=torch.float16)
+    (read,) = _zero3_trainer_with_gradients([small], "deepspeed-fp16", 1024.0).local_gradients()[0]
+    assert read.dtype == torch.float32 and abs(float(read) / 2e-7 - 1) < 1e-3
+
+
+def test_zero_gradients_are_read_as_they_are_outside_the_fp16_section():
+    # torch_autocast float16 (CPU) keeps the GradScaler's scale in the gradients and in DeepSpeed's own norm alike;
+    # bf16 and fp32 carry none. The stand-in's cur_scale must not be applied there.
+    gradient = torch.full((4,), 2.0)
+    for recipe in ("autocast", "deepspeed-bf16", "fp32"):
+        trainer = _zero3_trainer_with_gradients([gradient], recipe, 1024.0)
+        assert trainer.tensor_norms(*trainer.local_gradients()) == [4.0]
+
+
 def test_the_pipeline_skips_fp16_on_cpu_with_its_reason():
     spec = RunSpec(workload="gpt-tiny", strategy="pipeline", world_size=2, precision=Precision.FP16, device="cpu",
                    global_batch=16, micro_batch=4)

@@ -136,14 +136,35 @@ class DeepSpeedTrainer(Trainer):
         # all-reduce of a whole-parameter buffer): stages 1-2 map each parameter to its fragment of this
         # rank's flat partition of `averaged_gradients` (`_hp_mapping`, None where the partition holds none
         # of it); stage 3 keeps each parameter's reduce-scattered partition (zero-padded at the end).
+        # Under the fp16 section those gradients still carry ZeRO's loss scale, which its step divides out after
+        # its norm (`gradient_norm`, already unscaled): divided here too, so both read the same gradient.
         parameters = [p for p in self.engine.module.parameters() if p.requires_grad]
         if self.engine.zero_optimization_stage() >= 3:
-            return [p._z3_optimizer.get_local_fp32_grad_for_param(p) for p in parameters], True
-        return [p._hp_mapping.get_lp_grad_fragment(p._index_in_param_group) if p._hp_mapping is not None
-                else p.new_zeros(0) for p in parameters], True
+            fragments = [p._z3_optimizer.get_local_fp32_grad_for_param(p) for p in parameters]
+        else:
+            fragments = [p._hp_mapping.get_lp_grad_fragment(p._index_in_param_group) if p._hp_mapping is not None
+                         else p.new_zeros(0) for p in parameters]
+        return unscaled(fragments, self.loss_scale_in_gradients()), True
+
+    def loss_scale_in_gradients(self) -> float:
+        """The scale the reduced gradients carry between reduction and update that DeepSpeed's own norm divides
+        out: ZeRO's loss scale under the fp16 section (its `cur_scale`, the one this step's backward used), 1
+        otherwise. Under torch_autocast float16 (CPU) the GradScaler's scale stays in the gradients and in
+        DeepSpeed's norm alike, and parity names it (harness.derive.parity `_still_scaled`)."""
+        if self.precision_recipe is not PrecisionRecipe.DEEPSPEED_FP16:
+            return 1.0
+        return deepspeed_loss_scale(self.engine)
 
     def parameter_names(self):
         return unwrapped_parameter_names(self.engine.module)
+
+def unscaled(gradients: list[torch.Tensor], scale: float) -> list[torch.Tensor]:
+    """`gradients` divided by the loss `scale` they carry (as they are where it is 1), each in fp32: an fp16
+    gradient divided in fp16 would lose the small values that the scale was there to keep out of underflow."""
+    if scale == 1.0:
+        return gradients
+    return [gradient.float() / scale for gradient in gradients]
+
 
 def _communicated_in_bf16(model: nn.Module) -> set[int]:
     """ids of the parameters DeepSpeed's torch_autocast section reduces in bf16 (the module docstring):
