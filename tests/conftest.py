@@ -93,15 +93,23 @@ BF16 = (_bf16("bf16-0", BF16_FIRST),
         _bf16("bf16-1", tuple(s for s in SHARED if s not in BF16_FIRST + BF16_SPLIT + ("fsdp2-tp",))),
         _bf16("bf16-2", BF16_SPLIT))
 
+# ZeRO-Offload on gpt-tiny at 2 ranks in fp32 (DeepSpeed's CPU Adam; its first launch on a machine JIT-builds the op,
+# 41 s here): every stage with offload_optimizer, and ZeRO-3 with offload_param too (tests/test_offload.py).
+ZERO_OFFLOAD = (Stream("zero-offload-optimizer", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy",
+                                                  "zero1,zero2,zero3", "--option", "offload_optimizer=cpu")),
+                Stream("zero-offload-param", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy", "zero3",
+                                              "--option", "offload_optimizer=cpu", "--option", "offload_param=cpu")))
+
 # What each fixture reads, and the order streams launch in: the longest first.
 STREAMS_READ_BY = {"gpt_tiny_fp32": GPT_TINY, "resnet_smoke_fp32": (RESNET_SMOKE,), "resnet_fp32": RESNET,
                    "hybrid_rows": (HYBRID,), "checkpointed_rows": (GPT_TINY[0], CHECKPOINTED, CHECKPOINTED_EVERY_2),
                    "bf16_rows": BF16, "split_tp_rows": (GPT_TINY[0], SEQUENCE_PARALLEL, LOSS_PARALLEL, BF16[0],
-                                                         BOTH_IN_BF16)}
+                                                         BOTH_IN_BF16),
+                   "offload_rows": (GPT_TINY[0], *ZERO_OFFLOAD)}
 # The fixtures only tests marked `matrix` may read (`make test-matrix`).
-MATRIX_FIXTURES = ("resnet_fp32", "hybrid_rows", "checkpointed_rows", "bf16_rows", "split_tp_rows")
-LONGEST_FIRST = (CHECKPOINTED, GPT_TINY[1], GPT_TINY[0], RESNET[1], HYBRID, *BF16, RESNET_SMOKE, SEQUENCE_PARALLEL,
-                 LOSS_PARALLEL, CHECKPOINTED_EVERY_2, BOTH_IN_BF16)
+MATRIX_FIXTURES = ("resnet_fp32", "hybrid_rows", "checkpointed_rows", "bf16_rows", "split_tp_rows", "offload_rows")
+LONGEST_FIRST = (CHECKPOINTED, GPT_TINY[1], GPT_TINY[0], RESNET[1], HYBRID, *BF16, ZERO_OFFLOAD[0], RESNET_SMOKE,
+                 SEQUENCE_PARALLEL, LOSS_PARALLEL, CHECKPOINTED_EVERY_2, BOTH_IN_BF16, ZERO_OFFLOAD[1])
 
 
 @pytest.fixture(scope="session")
@@ -176,3 +184,11 @@ def hybrid_rows(stream_bank):
     one that counts DTensor's collectives) and three timed, the four steps parity compares. Real rows,
     {strategy: RunResult} (tests/test_hybrid.py, tests/test_pipeline_traffic.py)."""
     return _by_strategy(stream_bank.rows(HYBRID))
+
+
+@pytest.fixture(scope="session")
+def offload_rows(stream_bank):
+    """ZeRO-Offload at 2 ranks on gpt-tiny in fp32 after the plain loop at its global batch: [plain row, then each
+    offload cell's row] (tests/test_offload.py)."""
+    plain = next(r for r in stream_bank.rows(GPT_TINY[0]) if r.spec.strategy == "plain")
+    return [plain, *stream_bank.rows(*ZERO_OFFLOAD)]

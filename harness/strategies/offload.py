@@ -11,6 +11,8 @@ names it.
 All of them move bytes from a GPU to its host; on a CPU device the bytes are on the host already and nothing
 would be measured, so such a cell is skipped there with that reason (`offload_refusal`), while its memory plan
 (harness.derive.memory: `on_host` components) and the projection still say what each would keep on the device.
+ZeRO's two run there all the same (`RUN_ON_A_CPU_DEVICE`): they change the code that steps and fetches, whose
+arithmetic a CPU cell checks.
 `save_on_cpu` is torch's pack hook: it copies each tensor saved for backward (parameters a matmul saves
 included) to the host in forward and back in backward; the bytes it packs are counted here (`packed_bytes`), and
 a step moves them twice. Being the innermost hook it hides those tensors from the saved-for-backward census
@@ -33,9 +35,14 @@ from harness.strategies.option import Option
 ACTIVATION_OFFLOAD_NAME = "activation_offload"
 ACTIVATION_OFFLOAD = Option("none", "keep tensors saved for backward in pinned host memory until backward "
                                     "(torch.autograd.graph.save_on_cpu; GPU only)", choices=("none", "cpu"))
-# Every offload option, and what it moves: a cell with any of them at "cpu" is skipped on a CPU device.
+# Every offload option, and what it moves: a cell with any of them at "cpu" is skipped on a CPU device, but for
+# those that run other code there too (RUN_ON_A_CPU_DEVICE).
 OFFLOAD_OPTIONS = {ACTIVATION_OFFLOAD_NAME: "saved activations", "offload_optimizer": "optimizer states",
                    "offload_param": "parameters", "offload_policy": "parameters, gradients and optimizer states"}
+# ZeRO-Offload steps with DeepSpeed's CPU Adam (harness.strategies.zero.zero_offload_adam), not the common torch
+# AdamW, and ZeRO-3's offloaded parameters go through DeepSpeed's own fetch path: on a CPU device no byte crosses a
+# bus, but that arithmetic is still checked (parity, the census); DeepSpeed 0.19.8 runs both on its CPU accelerator.
+RUN_ON_A_CPU_DEVICE = ("offload_optimizer", "offload_param")
 
 
 def offloaded(options: Mapping[str, OptionValue]) -> dict[str, str]:
@@ -45,7 +52,7 @@ def offloaded(options: Mapping[str, OptionValue]) -> dict[str, str]:
 
 def offload_refusal(spec: RunSpec, options: Mapping[str, OptionValue]) -> str | None:
     """Why an offloading cell cannot be measured on this device (a CPU), or None."""
-    moved = offloaded(options)
+    moved = {name: what for name, what in offloaded(options).items() if name not in RUN_ON_A_CPU_DEVICE}
     if moved and spec.device is DeviceKind.CPU:
         names = ", ".join(f"{name}={options[name]}" for name in moved)
         return (f"{names} moves {' and '.join(moved.values())} from a GPU to its host; on a CPU device they are "

@@ -52,7 +52,7 @@ from harness.derive.exposed import BOUND_PREFIX, SAME_WORK
 from harness.derive.memory import ModelStatePlan, offloaded_to_host, zero_plan
 from harness.rank.memory_model import ModelStateTensors, deepspeed_estimate, optimizer_state_tensors
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
+from harness.strategies.base import (ADAMW_HYPERPARAMETERS, AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
                                      Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
                                      half_dtype_names, optimizer_description, unwrapped_parameter_names)
 from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
@@ -158,6 +158,46 @@ class DeepSpeedTrainer(Trainer):
     def parameter_names(self):
         return unwrapped_parameter_names(self.engine.module)
 
+DEEPSPEED_CPU_ADAM = "deepspeed.ops.adam.DeepSpeedCPUAdam"
+
+
+def zero_offload_adam(parameters) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+    """ZeRO-Offload's optimizer as DeepSpeed's users run it, and its description for the row: DeepSpeedCPUAdam in
+    AdamW mode at the common hyperparameters, its C++ op built by DeepSpeed's own op builder (CPUAdamBuilder, a JIT
+    compile with this machine's compiler, cached after the first). DeepSpeed 0.19.8 refuses a client torch optimizer
+    with offload_optimizer ("use deepspeed.ops.adam.DeepSpeedCPUAdam ... or set zero_force_ds_cpu_optimizer: false",
+    seen on an H200), and its CPU Adam is what ZeRO-Offload's paper and DeepSpeed's examples step with. Its update is
+    torch AdamW's (bias-corrected moments, decoupled weight decay before the step), vectorised on the host, so
+    parity holds it to the same tolerances; the hyperparameters are read back from it (`check_adamw_hyperparameters`)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    optimizer = DeepSpeedCPUAdam(parameters, **ADAMW_HYPERPARAMETERS, adamw_mode=True)
+    check_adamw_hyperparameters(optimizer)
+    return optimizer, {**optimizer_description(torch.device("cpu")), "optimizer": DEEPSPEED_CPU_ADAM,
+                       "optimizer_impl": "DeepSpeed's cpu_adam op (AdamW mode), built by its CPUAdamBuilder"}
+
+
+def check_adamw_hyperparameters(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse, in one line, an optimizer whose update is not the common AdamW's: other hyperparameters than
+    ADAMW_HYPERPARAMETERS in any group, Adam's coupled weight decay (DeepSpeedCPUAdam's `adam_w_mode` False), no bias
+    correction, or AMSGrad."""
+    expected = {name: tuple(value) if isinstance(value, (tuple, list)) else value
+                for name, value in ADAMW_HYPERPARAMETERS.items()}
+    for group in optimizer.param_groups:
+        found = {name: tuple(group[name]) if isinstance(group[name], (tuple, list)) else group[name]
+                 for name in expected}
+        departures = [f"{name} {found[name]!r} (expected {expected[name]!r})" for name in expected
+                      if found[name] != expected[name]]
+        if not getattr(optimizer, "adam_w_mode", True):
+            departures.append("Adam's coupled weight decay (adamw_mode False)")
+        if not group.get("bias_correction", True):
+            departures.append("no bias correction")
+        if group.get("amsgrad", False):
+            departures.append("AMSGrad")
+        if departures:
+            raise RuntimeError(f"{type(optimizer).__name__} departs from the common AdamW: {'; '.join(departures)}")
+
+
 def unscaled(gradients: list[torch.Tensor], scale: float) -> list[torch.Tensor]:
     """`gradients` divided by the loss `scale` they carry (as they are where it is 1), each in fp32: an fp16
     gradient divided in fp16 would lose the small values that the scale was there to keep out of underflow."""
@@ -192,6 +232,14 @@ def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
         gradients.extend(t for t in (partition or []) if torch.is_tensor(t))
     masters = (getattr(optimizer, "single_partition_of_fp32_groups", None)
                or getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])
+    # ZeRO-Offload keeps the fp32 gradient partition the CPU Adam steps on as the master partition's .grad, for the
+    # whole run (stage_1_and_2.py `initialize_optimizer_states`; stage3.py, a host buffer per sub-group); stage 3
+    # reduces into `grad_partitions_flat_buffer` first (on the host under offload; on the device the storage behind
+    # `averaged_gradients`, counted once). Without offload a master's .grad exists only inside the step.
+    gradients.extend(master.grad for master in masters if getattr(master, "grad", None) is not None)
+    flat = getattr(optimizer, "grad_partitions_flat_buffer", None)
+    if torch.is_tensor(flat):
+        gradients.append(flat)
     return ModelStateTensors(
         weights=weights, gradients=gradients,
         optimizer=list(masters) + optimizer_state_tensors(optimizer.optimizer),
@@ -370,12 +418,15 @@ class ZeRO(Strategy):
         config = {**base_config(spec, self.layout(spec).micro_batches), **precision,
                   "zero_optimization": self.zero_config(spec)}
         model = nn.Sequential(*checkpointed_blocks(layers, interval_of(self.resolved(spec)))).to(context.device)
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_adamw(model.parameters(), context.device),
-                                               config=config)
+        offloaded = self.resolved(spec)["offload_optimizer"] != "none"
+        if offloaded:
+            optimizer, described = zero_offload_adam(model.parameters())
+        else:
+            optimizer, described = make_adamw(model.parameters(), context.device), optimizer_description(context.device)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         zero = engine._config.zero_config
         resolved = {**config, "zero_optimization": {**config["zero_optimization"],
                                                     "overlap_comm": zero.overlap_comm}}
         return DeepSpeedTrainer(context=context, engine=engine, workload=workload, precision_recipe=recipe,
                                 loss_scaled=spec.precision is Precision.FP16, spec=spec,
-                                config={"deepspeed_config": resolved, **throughput_timer_state(engine),
-                                        **optimizer_description(context.device)})
+                                config={"deepspeed_config": resolved, **throughput_timer_state(engine), **described})
