@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from harness.derive.parity import DETERMINISTIC_DEVICES, NOISE_FLOOR_LAUNCHES, REFERENCE_STRATEGY
 from harness.machine import Machine
 from harness.spec import DeviceKind, Precision, RunSpec, SpecError
 from harness.launch.launcher import get_launcher
@@ -191,10 +192,14 @@ class Cells:
             # every rank is a worker (serving a shard too), so that its workers are the world size as everywhere
             options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)},
                        "autotp": {"tp": min(2, world_size)}, "ps": {"placement": "colocated"}}.get(strategy, {})
+        repeats = self.repeats
+        if strategy == REFERENCE_STRATEGY and self.machine.device.value not in DETERMINISTIC_DEVICES:
+            # Parity's tolerances there follow the plain loop's own launch-to-launch noise (harness.derive.parity).
+            repeats = max(repeats, NOISE_FLOOR_LAUNCHES)
         fields = dict(workload=workload, strategy=strategy, world_size=world_size, global_batch=global_batch,
                       micro_batch=plan.micro_batch, precision=precision or self.plan.precision,
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
-                      repeats=self.repeats, device=self.machine.device, nnodes=nnodes)
+                      repeats=repeats, device=self.machine.device, nnodes=nnodes)
         fields.update(self.select.overrides)
         spec = checked(RunSpec(**fields, options={**options, **self.select.options_for(strategy)}))
         self._by_cell.setdefault(spec.cell_id, spec)

@@ -208,3 +208,16 @@ def test_user_world_sizes_beyond_a_node_drop_only_the_one_node_strategies():
     machine = Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=2)
     specs = build_matrix("full", machine, Selection(strategies=("dataparallel", "ddp"), world_sizes=(8, 16)))
     assert sorted({(s.strategy, s.world_size) for s in specs}) == [("dataparallel", 8), ("ddp", 8), ("ddp", 16)]
+
+
+@pytest.mark.parametrize("name", sorted(MATRICES))
+def test_every_gpu_matrix_launches_the_plain_loop_at_least_twice_and_a_cpu_one_as_asked(name):
+    # On a GPU parity's tolerances follow the plain loop's own launch-to-launch noise (harness.derive.parity), which
+    # needs two of its launches of every reference key; the CPU repeats itself bit for bit.
+    gpu = Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=2)
+    cpu = Machine(device=DeviceKind.CPU, devices_per_node=2)
+    specs = build_matrix(name, gpu, Selection(repeats=1))
+    plain = [spec for spec in specs if spec.strategy == "plain"]
+    assert plain and all(spec.repeats == 2 for spec in plain)
+    assert all(spec.repeats == 1 for spec in specs if spec.strategy != "plain")
+    assert all(spec.repeats == 1 for spec in build_matrix(name, cpu, Selection(repeats=1)) if spec.strategy == "plain")
