@@ -549,7 +549,7 @@ def command_memory(args: argparse.Namespace) -> int:
     print(f"{'strategy':<13} {'bytes w+g+o':>11} {'weights GiB':>12} {'grads GiB':>10} {'optim GiB':>10} "
           f"{'total GiB':>10} {'host GiB':>9} {'DeepSpeed est. GiB':>19}")
     for name, strategy in STRATEGIES.items():
-        if name in ("plain", "dataparallel"):
+        if name in ("plain", "bare", "dataparallel"):
             continue
         taken = {key: strategy.options[key].given(value) for key, value in given.items() if key in strategy.options}
         strategy.check_options(taken)

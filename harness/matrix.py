@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from harness.derive.harness_overhead import BARE_STRATEGY
 from harness.derive.parity import DETERMINISTIC_DEVICES, NOISE_FLOOR_LAUNCHES, REFERENCE_STRATEGY
 from harness.machine import Machine
 from harness.spec import DeviceKind, Precision, RunSpec, SpecError
@@ -81,7 +82,10 @@ GPU_PLANS = {
     "gpt2-small": BatchPlan(micro_batch=16, per_device_batch=16, warmup_steps=5, timed_steps=20),
 }
 
-ALL_BUT_PLAIN = tuple(name for name in STRATEGIES if name != "plain")
+# The references: the plain loop (parity's, the projection's compute) and the bare loop timed whole (the harness's
+# own cost on the plain loop, harness.derive.harness_overhead); one device each.
+REFERENCES = (REFERENCE_STRATEGY, BARE_STRATEGY)
+ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES if name not in REFERENCES)
 ASYNCHRONOUS_PS = "ps-async"
 
 
@@ -159,7 +163,7 @@ class Cells:
         self._by_cell: dict[str, RunSpec] = {}
 
     def sizes_for(self, strategy: str) -> tuple[int, ...]:
-        if strategy == "plain":
+        if strategy in REFERENCES:
             return (1,)
         if self.servers_beside(strategy):
             return self.sizes_with_servers(strategy)
@@ -250,10 +254,12 @@ def smoke(machine: Machine, select: Selection) -> list[RunSpec]:
 
 def full(machine: Machine, select: Selection) -> list[RunSpec]:
     """Every strategy on both workload families at world sizes 1, 2, 4, ... up to the devices x nodes
-    (DataParallel up to one node's devices; fp32 on CPU, bf16 and 3 repeats on GPU)."""
+    (DataParallel up to one node's devices; fp32 on CPU, bf16 and 3 repeats on GPU), with the plain loop and the bare
+    loop beside it (the harness's own cost) at world size 1."""
     repeats = 3 if machine.device is DeviceKind.CUDA else 1
     sizes = _powers_of_two_up_to(machine.devices)
-    cells = Cells(machine, select, Plan(ALL_BUT_PLAIN, sizes, repeats=repeats, precision=_precision(machine)))
+    cells = Cells(machine, select, Plan((BARE_STRATEGY, *ALL_BUT_REFERENCES), sizes, repeats=repeats,
+                                        precision=_precision(machine)))
     for workload, plan in _plans(machine, select, PLANS).items():
         cells.strong(workload, plan)
     return cells.specs
@@ -313,7 +319,7 @@ CI_PLANS = {kind: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warm
 
 # Every strategy whose figures do not depend on the machine: ps-async's losses depend on the order its workers'
 # gradients arrive in.
-EXACT_STRATEGIES = tuple(name for name in ALL_BUT_PLAIN if name != ASYNCHRONOUS_PS)
+EXACT_STRATEGIES = tuple(name for name in ALL_BUT_REFERENCES if name != ASYNCHRONOUS_PS)
 
 
 def ci(machine: Machine, select: Selection) -> list[RunSpec]:

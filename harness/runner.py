@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from harness.derive.harness_overhead import BARE_STRATEGY, OVERHEAD_LIMIT
 from harness.derive.identity import cell_identity, identity_of
+from harness.derive.parity import REFERENCE_STRATEGY
 from harness.environment import capture_environment
 from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
 from harness.launch.placement import LocalPlacement, Placement
@@ -241,6 +243,19 @@ def _present(value: Any) -> bool:
     return value is not None and value == value
 
 
+def _harness_overhead_notes(cells: Sequence[dict]) -> list[str]:
+    """A line per plain cell beside a bare one: the harness's own cost on its step (harness.derive.harness_overhead)."""
+    notes = []
+    for cell in cells:
+        share = cell.get("harness_overhead_share")
+        if cell.get("strategy") != REFERENCE_STRATEGY or share is None or share != share:
+            continue
+        over = f", over the {OVERHEAD_LIMIT:.0%} limit" if share > OVERHEAD_LIMIT else ""
+        notes.append(f"(harness overhead, {cell['label']}: {share:+.1%}, its mean step against the bare loop's timed "
+                     f"whole{over}; docs/methodology.md, 'The harness's own cost')")
+    return notes
+
+
 def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str:
     """One line per cell: its status and headline figures, from `harness.derive.cells.cell_table` (the
     same figures `harness report` shows). Throughput is the median across ok launches on the table's
@@ -271,6 +286,8 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
                     f"({cell['samples_per_s_interval']})" if cell["samples_per_s_low"] is not None else "1 launch")
         exposed_text, overhead_text = _share(cell.get("exposed_comm_share")), _share(cell.get("framework_overhead_share"))
         stalled_text = f"{int(cell['host_stalled_steps'])}/{int(cell['timed_steps_recorded'])}"   # floats where a skipped cell left NaN
+        if cell["strategy"] == BARE_STRATEGY:         # one clock around its steps: no step of its own to call stalled
+            stalled_text = "-"
         first, last = losses[cell["cell_id"]][0], losses[cell["cell_id"]][-1]
         status = "ok" if cell["status"] == "ok" else f"{cell['ok']}/{cell['launches']}ok"
         samples = cell["samples_per_s"]
@@ -284,6 +301,7 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
     if len(cells):
         lines.append(f"(step ms and samples/s over {cells['throughput_basis'].iloc[0]}; docs/methodology.md, 'Host stalls')")
         lines.append(EXPOSED_NOTE)
+        lines += _harness_overhead_notes(cells.to_dict("records"))
     else:
         lines.append("")
     if any(_oversubscribed(cell.get("host_oversubscribed")) for cell in cells.to_dict("records")):

@@ -48,8 +48,9 @@ def _fp32(name: str, workload: str, strategies: tuple[str, ...]) -> Stream:
 
 
 # The strategies the shared streams run: all but ps-async, whose losses are never the plain loop's and whose own
-# launches are in tests/test_parameter_server_async.py.
-SHARED = tuple(s for s in STRATEGIES if s != "ps-async")
+# launches are in tests/test_parameter_server_async.py, and the bare loop, which measures nothing those streams judge
+# (tests/test_bare_loop.py launches its own).
+SHARED = tuple(s for s in STRATEGIES if s not in ("ps-async", "bare"))
 
 # Every strategy at 2 ranks on gpt-tiny in fp32, and the plain loop: the ci matrix's cells. Two streams of about
 # the same length (measured one at a time: the three ZeRO stages 16-17 s a launch, the pipeline 12 s, the rest

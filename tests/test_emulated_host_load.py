@@ -65,10 +65,10 @@ def test_the_committed_reno_rows_count_every_rank_on_the_machine():
 
 
 def test_a_rank_counts_the_cell_s_ranks_on_its_machine_by_its_kernel_s_boot_id():
-    from harness.rank.worker import _host_load_figures
+    from harness.rank.facts import host_load_figures
 
     loads = [{"ranks": 1, "threads": 1, "cores": 2, "machine": machine} for machine in ("a", "a", "a", "b")]
-    figures = _host_load_figures([{"host_load": load} for load in loads])
+    figures = host_load_figures(loads)
     assert figures["ranks_on_machine_by_rank"] == [3, 3, 3, 1] and figures["ranks_on_host_by_rank"] == [1] * 4
 
 

@@ -37,7 +37,8 @@ from harness.derive.identity import (cell_identity, conditions_id, distinguishin
                                      network_of, row_conditions)
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
-from harness.derive.parity import judge
+from harness.derive.harness_overhead import BARE_STRATEGY, harness_overhead
+from harness.derive.parity import REFERENCE_STRATEGY, judge, reference_key
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
@@ -176,7 +177,7 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
     basis = throughput_basis(rows)
     launches = launch_table(rows, basis, context)
     raw = {row.get("run_id"): row for row in rows}
-    lines = []
+    lines, ok_rows = [], {}
     for cell_id, group in launches.groupby("cell_id", sort=False):
         first = group.iloc[0]
         ok = group[group["status"] == "ok"]
@@ -208,10 +209,29 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
         if not ok.empty:
             line["host_stalled_steps"] = int(ok["host_stalled_steps"].sum())
             line["timed_steps_recorded"] = int(ok["timed_steps_recorded"].sum())
+        ok_rows[cell_id] = [raw[run] for run in ok["run_id"] if run in raw]
         lines.append(line)
+    _harness_overheads(lines, ok_rows)
     cells = pd.DataFrame(lines)
     cells["samples_per_s"] = cells["samples_per_s"].astype(float)
     return scaling_efficiency(cells)
+
+
+def _harness_overheads(lines: list[dict[str, Any]], ok_rows: dict[str, list[Row]]) -> None:
+    """On each plain cell and the bare cell of the same work (options included) under the same conditions: the
+    harness's own cost on the plain loop's step (harness.derive.harness_overhead), both lines carrying it."""
+    def work(line: dict[str, Any]) -> tuple | None:
+        rows = ok_rows[line["cell_id"]]
+        return (reference_key(spec(rows[0])), line["conditions_id"], line["options"]) if rows else None
+
+    bare = {work(line): line for line in lines if line["strategy"] == BARE_STRATEGY and work(line)}
+    for line in lines:
+        partner = bare.get(work(line)) if line["strategy"] == REFERENCE_STRATEGY else None
+        if partner is None:
+            continue
+        figures = harness_overhead(ok_rows[line["cell_id"]], ok_rows[partner["cell_id"]])
+        line.update(figures)
+        partner.update(figures)
 
 
 def _step_of(global_batch: Any, samples_per_s: float | None) -> float | None:

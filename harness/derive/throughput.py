@@ -20,6 +20,7 @@ import enum
 from statistics import median
 from typing import Any, Iterable
 
+from harness.derive.harness_overhead import bare_step_s
 from harness.derive.rows import Row, is_ok, measurements, spec
 
 
@@ -29,6 +30,11 @@ class Basis(enum.StrEnum):
 
 
 def step_times(row: Row) -> list[float]:
+    """Each timed step's time; for the bare loop, which times its steps as a whole, its one figure: the loop over its
+    steps (harness.derive.harness_overhead)."""
+    bare = bare_step_s(measurements(row))
+    if bare is not None:
+        return [bare]
     return [float(t) for t in measurements(row).get("step_time_s") or []]
 
 

@@ -83,6 +83,7 @@ import numpy as np
 
 from harness.derive.activations import rank_activation_bytes
 from harness.derive.beyond_ws1 import one_rank_launches
+from harness.derive.harness_overhead import BARE_STRATEGY
 from harness.derive.checkpoint import CheckpointContents, MeasuredCheckpoint, measured_checkpoint
 from harness.derive.comm import RECEIVED_ONLY, wire_bytes
 from harness.derive.exposed import exposed_communication, slowest_rank_per_step, stalled_steps
@@ -781,6 +782,8 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
                                                       for key, members in groups.items()])))
     for key, members in groups.items():
         if key[1] == "plain":       # the reference: one device, nothing to project (it gives compute above)
+            continue
+        if key[1] == BARE_STRATEGY:     # the harness's yardstick, not a strategy: nothing to project
             continue
         label = f"{key[0]}/{key[1]}" + (f"[{key[2]}]" if key[2] else "") + tags[key]
         if is_asynchronous(measurements(members[0])):

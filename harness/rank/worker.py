@@ -27,12 +27,13 @@ import psutil
 import torch
 
 from harness.rank.comm_counter import CollectiveCounter
+from harness.rank.bare_loop import run_bare_loop
 from harness.rank.compute_only import CompletedPass, compute_only_pass
 from harness.rank.checkpointed_run import CheckpointedRun, restart_count
 from harness.rank.horovod_elastic import ElasticSteps, is_elastic
 from harness.rank.faults import CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START, Fault, fault_from_environment
-from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters, peak_memory,
-                                  reset_peak_memory)
+from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters,
+                                       reset_peak_memory)
 from harness.rank.recompute_pass import recompute_pass
 from harness.rank.saved_activations import SavedActivationCensus
 from harness.spec import Precision, RunSpec, Status
@@ -43,8 +44,8 @@ from harness.strategies.offload import ACTIVATION_OFFLOAD_NAME, packed_bytes
 from harness.strategies.state_checkpoint import plan_of, shrunk_spec
 from harness.rank.teardown import exit_without_teardown
 from harness.rank.timing import StepTimer
+from harness.rank.facts import cell_facts, host_load, host_load_figures, memory_figures, rank_memory
 from workloads import Workload, count_parameters, get_workload
-from workloads.base import memory_format_name
 
 MEASUREMENTS_FILE = "measurements.json"
 ERROR_FILE = "rank{rank}.error.json"
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         context = strategy.start(spec)
         rank = context.rank
         _phase(rank, f"{spec.strategy} started ({context.backend})")
-        measurements = run_cell(spec, strategy, context, counter)
+        if strategy.times_whole_loop:       # the bare loop: nothing of the harness's among its timed steps
+            measurements = run_bare_loop(spec, strategy, context)
+        else:
+            measurements = run_cell(spec, strategy, context, counter)
         _phase(rank, "steps done")
         if context.rank == 0:
             _write_json(args.out / MEASUREMENTS_FILE, measurements)
@@ -243,7 +247,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
 
     trainer.loss_multipliers = None        # a fault in the last step must not reach the passes below
     _phase(context.rank, "timed steps done")
-    memory = _memory_figures(context, peak_rss_since)   # before the compute-only pass adds a model of its own
+    memory = rank_memory(context, peak_rss_since)   # before the compute-only pass adds a model of its own
     compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
     compute_only_raw = compute_only._asdict() if compute_only else None
     _phase(context.rank, "compute-only pass done")
@@ -260,10 +264,10 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
                               "offloaded": offloaded, "strategy_figures": trainer.rank_figures(),
-                              "host_load": _host_load(context),
+                              "host_load": host_load(context),
                               "checkpoint": run.rank_figures() if run else None})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
-    measurements.update(_host_load_figures(by_rank))
+    measurements.update(host_load_figures([r["host_load"] for r in by_rank]))
     measurements.update(_loss_scaling_figures(spec, by_rank))
     measurements.update(_activation_figures(spec, strategy, layers, by_rank))
     measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
@@ -543,34 +547,6 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
     return figures
 
 
-def _host_load(context: RankContext) -> dict[str, Any]:
-    """What this rank's host carries: the cell's ranks on it (as its launcher told the strategy:
-    LOCAL_WORLD_SIZE, LOCAL_SIZE, Horovod's local size; 1 for a single process), this rank's CPU threads,
-    the host's cores, and which machine it is. harness.derive.hosts says from these whether the ranks
-    oversubscribed the machine."""
-    return {"ranks": context.local_world_size, "threads": torch.get_num_threads(), "cores": os.cpu_count() or 1,
-            "machine": _machine_id()}
-
-
-def _machine_id() -> str:
-    """The running kernel's boot id: the same in every network namespace of one machine (an emulated
-    cluster's nodes), different on another machine; the host name where Linux does not give one."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return socket.gethostname()
-
-
-def _host_load_figures(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    loads = [r["host_load"] for r in by_rank]
-    machines = [load["machine"] for load in loads]
-    return {"ranks_on_host_by_rank": [load["ranks"] for load in loads],
-            # Every rank of the cell on the rank's machine, whatever node its launcher counted it on.
-            "ranks_on_machine_by_rank": [machines.count(machine) for machine in machines],
-            "threads_by_rank": [load["threads"] for load in loads],
-            "host_cpu_cores_by_rank": [load["cores"] for load in loads]}
-
-
 def _model_state_figures(reader: ModelStateReader) -> dict[str, Any]:
     """What this rank's model-state reading found, as plain values for the gather."""
     return {"census": reader.census, "allocated": reader.allocated, "note": reader.note, "read_at": reader.read_at,
@@ -596,13 +572,11 @@ def _loss_scaling_figures(spec: RunSpec, by_rank: list[dict[str, Any]]) -> dict[
 def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContext, trainer: Trainer,
                   parameters: int, losses: list[float], by_rank: list[dict[str, Any]]) -> dict[str, Any]:
     times_by_rank = [r["times"] for r in by_rank]
-    memory_by_rank = [r["memory"] for r in by_rank]
     # A synchronous step ends when its slowest rank ends (an asynchronous strategy says otherwise). Medians,
     # throughput and every other figure are derived from these raw times when rows are read (harness.derive),
     # never stored in their place.
     step_time = trainer.combined_step_times(times_by_rank)
     stalled = _stalled_steps([r["stalled"] for r in by_rank])
-    peak_rss = [m[0] for m in memory_by_rank]
     figures: dict[str, Any] = {
         "loss_per_step": losses,
         "step_time_s": step_time,
@@ -611,63 +585,20 @@ def _measurements(spec: RunSpec, workload: Workload, layout, context: RankContex
         "host_stalled_steps": len(stalled),
         "host_stalled_step_indices": sorted(stalled),
         "host_lost_cpu_s_per_step": by_rank[0]["host_lost"],
-        "tokens_per_sample": workload.tokens_per_sample,
-        "peak_rss_bytes_by_rank": peak_rss,
-        "peak_rss_since": _common_or_mixed([m[-1] for m in memory_by_rank]),
-        "parameters": parameters,
-        "train_flops_per_sample": workload.train_flops_per_sample,
-        "data_parallel": layout.data_parallel,
-        "pipeline_stages": layout.pipeline_stages,
-        "micro_batches_per_step": layout.micro_batches,
-        "precision_recipe": trainer.precision_recipe.value,
-        "strategy_config": trainer.config,
         **({"strategy_figures_by_rank": [r["strategy_figures"] for r in by_rank]}
            if any(r["strategy_figures"] for r in by_rank) else {}),
-        "backend": context.backend,
-        "shared_device": context.shared_device,
-        "device_name": _device_name(context.device),
-        "workload_family": workload.family.value,    # decides which TF32 switch governs (harness.derive.peaks)
-        "workload_description": workload.describe(),   # its shape: layers, width, heads (harness.derive.activations)
-        # The inputs' layout on this device (channels_last for ResNet on CUDA): it changes which kernels run.
-        "input_memory_format": memory_format_name(workload.input_memory_format(context.device.type)),
-        "threads_per_rank": torch.get_num_threads(),
         "hosts": sorted({r["host"] for r in by_rank}),
         "node_rank_by_rank": [r["node"] for r in by_rank],
+        **cell_facts(workload, layout, context, trainer, parameters),
+        **memory_figures(context, [r["memory"] for r in by_rank]),
     }
-    if context.device.type == "cuda":
-        figures["peak_allocated_bytes_by_rank"] = [m[1] for m in memory_by_rank]
-        figures["peak_reserved_bytes_by_rank"] = [m[2] for m in memory_by_rank]
-        # Whether fp32 convolutions / matmuls ran on the TF32 tensor cores: MFU's peak depends on it.
-        figures["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
-        figures["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
-        figures["matmul_precision"] = torch.get_float32_matmul_precision()
-        figures["nvidia_tf32_override"] = os.environ.get("NVIDIA_TF32_OVERRIDE")
     return figures
-
-
-def _common_or_mixed(values: list[str]) -> str:
-    """The value every rank reported, or "mixed: ..." naming each rank's."""
-    return values[0] if len(set(values)) == 1 else "mixed: " + ", ".join(values)
 
 
 def _phase(rank: int, what: str) -> None:
     """Log seconds since this process started, so a cell's log shows where its launch time goes."""
     started = psutil.Process().create_time()
     print(f"[parbench rank {rank}] +{time.time() - started:.1f}s {what}", file=sys.stderr, flush=True)
-
-
-def _memory_figures(context: RankContext, peak_rss_since: PeakRssSince) -> list[Any]:
-    """[peak RSS, peak CUDA allocated, peak CUDA reserved, where the peak RSS starts] of this process, in
-    bytes, since the reset before the first timed step (harness.rank.memory_model)."""
-    peaks = peak_memory(context.device, peak_rss_since)
-    return [peaks["peak_rss"], peaks.get("peak_allocated", 0.0), peaks.get("peak_reserved", 0.0),
-            peak_rss_since.value]
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu"
 
 
 def _is_out_of_memory(error: BaseException) -> bool:

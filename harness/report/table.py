@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from harness.derive.exposed import BOUND_PREFIX
+from harness.derive.harness_overhead import OVERHEAD_LIMIT
 from harness.derive.throughput import Basis
 from harness.report.verdicts import shown_name
 
@@ -26,6 +27,7 @@ NO_INTERVAL = "-"
 EXPOSED_TITLE = "exposed comm (vs compute-only)"
 BEYOND_WS1_TITLE = "beyond own ws1 step"
 OVERHEAD_TITLE = "framework overhead (ws1)"
+HARNESS_TITLE = "harness overhead (plain vs bare)"
 MIB = float(1 << 20)
 
 Line = Mapping[str, Any]
@@ -84,6 +86,15 @@ def _beyond_compute_only(key: str) -> Callable[[Line], str]:
     return render
 
 
+def _harness_overhead(line: Line) -> str:
+    """On the plain and bare cells of the same work: the plain loop's step over the bare loop's, marked where it
+    passes the limit the report holds it to."""
+    share = line.get("harness_overhead_share")
+    if not _present(share):
+        return ""
+    return f"{float(share):+.1%}" + (" (over limit)" if float(share) > OVERHEAD_LIMIT else "")
+
+
 def _stalled(line: Line) -> str:
     stalled = line.get("host_stalled_steps")
     return str(int(stalled)) if _present(stalled) else ""
@@ -136,6 +147,8 @@ COLUMNS = [
     Column(EXPOSED_TITLE, _beyond_compute_only("exposed_comm_share")),
     Column(BEYOND_WS1_TITLE, _share("step_beyond_ws1_share")),
     Column(OVERHEAD_TITLE, _beyond_compute_only("framework_overhead_share")),
+    # The plain loop's step over the bare loop's, timed whole (harness.derive.harness_overhead): the harness's cost.
+    Column(HARNESS_TITLE, _harness_overhead),
     Column("wire MiB/step", _scaled("comm_wire_bytes_per_step", 1 / MIB)),
     Column("expected wire MiB/step", _scaled("comm_expected_wire_bytes_per_step", 1 / MIB)),
     Column("wire MiB/step by group", _wire_by_group),

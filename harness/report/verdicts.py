@@ -23,6 +23,8 @@ from typing import Any, Mapping
 import pandas as pd
 
 from harness.derive.exposed import BOUND_PREFIX
+from harness.derive.harness_overhead import BARE_STRATEGY, OVERHEAD_LIMIT, beyond_spread
+from harness.derive.parity import REFERENCE_STRATEGY
 from harness.report.checkpoint import checkpoint_lines
 from harness.report.parameter_server import parameter_server_lines
 from harness.report.techniques import technique_lines
@@ -140,13 +142,16 @@ def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
                  f"{_plural(int(nnodes), 'node')}; where the ranks outnumber the cores, their compute is "
                  "time-sliced."] if emulation and nnodes and nnodes > 1 else [])
     ok = group[group["status"].isin(["ok", "partial"])]
+    # The bare loop is a yardstick, not a way to train: its figure enters the harness's line alone.
+    harness_lines = _harness(ok)
+    ok = ok[ok["strategy"] != BARE_STRATEGY]
     if ok.empty:
         return GroupVerdict(heading=heading, lines=emulated + ["No cell here ran (see 'Failed or skipped cells')."])
     lines, fastest = _fastest(ok)
     lines = emulated + lines
     memory_line, lowest = _memory(ok, device)
     exposed_line, dominated = _exposed(ok, int(world_size))
-    lines += [memory_line, exposed_line]
+    lines += [memory_line, exposed_line, *harness_lines]
     return GroupVerdict(heading=heading, lines=[line for line in lines if line], fastest=fastest,
                         lowest_memory=lowest, dominated=dominated)
 
@@ -270,6 +275,38 @@ def _overhead(timed: pd.DataFrame) -> str:
             f"the strategy's own work): {', '.join(described)}.")
 
 
+def _harness(ok: pd.DataFrame) -> list[str]:
+    """The harness's own cost on the plain loop, held to OVERHEAD_LIMIT (harness.derive.harness_overhead)."""
+    if "harness_overhead_share" not in ok:
+        return []
+    lines = []
+    for line in ok[ok["strategy"] == REFERENCE_STRATEGY].to_dict("records"):
+        share = line.get("harness_overhead_share")
+        if not _present(share):
+            continue
+        share = float(share)
+        plain, bare = int(line["harness_plain_launches"]), int(line["harness_bare_launches"])
+        text = (f"Harness overhead: {share:+.1%} ({cell_name(line)}'s mean step, {line['harness_plain_step_s'] * 1e3:.4g}"
+                f" ms over {_launches(plain)}, against the bare loop's {line['harness_bare_step_s'] * 1e3:.4g} "
+                f"ms over {_launches(bare)}, timed whole)")
+        apart = beyond_spread(line)
+        if share <= OVERHEAD_LIMIT:
+            text += f": within the {OVERHEAD_LIMIT:.0%} every step time here allows for it."
+        elif apart:
+            text += (f": OVER the {OVERHEAD_LIMIT:.0%} limit and beyond the launches' spread: every step time here "
+                     "carries that much of the harness's own cost.")
+        elif apart is None:
+            text += (f": over the {OVERHEAD_LIMIT:.0%} limit, with one launch on a side and so no spread to judge it "
+                     "against (--repeats 5 would tell).")
+        else:
+            text += (f": over the {OVERHEAD_LIMIT:.0%} limit but within the launches' spread (plain "
+                     f"{line['harness_plain_step_low_s'] * 1e3:.4g}-{line['harness_plain_step_high_s'] * 1e3:.4g} ms, "
+                     f"bare {line['harness_bare_step_low_s'] * 1e3:.4g}-{line['harness_bare_step_high_s'] * 1e3:.4g} "
+                     "ms): not evidence of a cost.")
+        lines.append(text)
+    return lines
+
+
 def _bound(line: Mapping[str, Any]) -> str:
     kind = line.get("compute_only_kind") or ""
     return " (a bound: the baseline was not the rank's same work)" if str(kind).startswith(BOUND_PREFIX) else ""
@@ -300,6 +337,10 @@ def _not_run(cells: pd.DataFrame, launches: pd.DataFrame | None) -> list[str]:
         else:
             lines.append(f"{line['label']}: {line['status']}: {line.get('message') or 'no message recorded'}.")
     return lines or [f"None: every one of the {_plural(len(cells), 'cell')} ran."]
+
+
+def _launches(count: int) -> str:
+    return f"{count} launch" + ("" if count == 1 else "es")
 
 
 def _mib(value: float) -> str:

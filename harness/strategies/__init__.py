@@ -19,6 +19,7 @@ from typing import Mapping
 
 from harness.launch.launcher import LAUNCHERS
 from harness.strategies.autotp import AutoTP
+from harness.strategies.bare import Bare
 from harness.spec import Layout, OptionValue, RunSpec, SpecError
 from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strategy, Trainer
 from harness.strategies.dataparallel import DataParallel
@@ -39,6 +40,7 @@ from workloads import get_workload
 
 STRATEGIES: dict[str, Strategy] = {
     "plain": Plain(),
+    "bare": Bare(),
     "dataparallel": DataParallel(),
     "ddp": DDP(),
     "horovod": Horovod(),

@@ -319,6 +319,9 @@ class Strategy(abc.ABC):
     # horovod rank 0, torch.save), with the `checkpoint` option (harness.strategies.state_checkpoint) in its
     # options; "" where it has none.
     checkpoint_method: ClassVar[str] = ""
+    # True for the bare loop alone (harness.strategies.bare): the worker runs harness.rank.bare_loop, one clock
+    # around all its timed steps, instead of its measured steps.
+    times_whole_loop: ClassVar[bool] = False
 
     # ---- before launch -------------------------------------------------------------------------
 

@@ -89,7 +89,7 @@ class Plain(Strategy):
 
     def validate(self, spec: RunSpec) -> None:
         if spec.world_size != 1:
-            raise SpecError(f"strategy plain runs on one device: world_size must be 1, got {spec.world_size}")
+            raise SpecError(f"strategy {self.name} runs on one device: world_size must be 1, got {spec.world_size}")
 
     def start(self, spec: RunSpec) -> RankContext:
         device, _, _ = place_rank(spec.device, 0, 1)

@@ -1,0 +1,66 @@
+"""The bare loop's rank program (harness.strategies.bare): the plain loop's steps with nothing of the harness's among
+them, timed as a whole.
+
+    python -m harness run --matrix full --strategy plain,bare --world-sizes 1
+
+The model, optimizer and step are the plain loop's (`Strategy.wrap` of the bare strategy, a Plain); so are the data,
+made by the same function for the same steps. The warm-up steps run first. Then every timed step's micro-batches are
+made, the device synchronised and the peak memory reset, one clock read, the timed steps run back to back with no
+barrier, probe, counter, census or synchronisation between them, the device synchronised once and the clock read
+again. The losses stay on the device until the end. What the worker's measured steps add to this is the harness's
+cost on a step (harness.derive.harness_overhead).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import torch
+
+from harness.rank.facts import cell_facts, host_load, host_load_figures, memory_figures, rank_memory
+from harness.rank.memory_model import reset_peak_memory
+from harness.spec import RunSpec
+from harness.strategies import Strategy
+from harness.strategies.base import RankContext
+from workloads import count_parameters, get_workload
+
+
+def run_bare_loop(spec: RunSpec, strategy: Strategy, context: RankContext) -> dict[str, Any]:
+    """The row's measurements of one bare launch: every step's loss, the timed loop's time and steps, peak memory
+    over the timed steps and the facts every row holds."""
+    workload = get_workload(spec.workload)
+    layout = strategy.layout(spec)
+    torch.manual_seed(spec.seed)
+    layers = workload.build_layers()            # on CPU from the seed, as the worker builds them
+    parameters = count_parameters(torch.nn.Sequential(*layers))
+    trainer = strategy.wrap(spec, context, workload, layers)
+
+    def micro_batches(step: int) -> list:
+        return [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index), context.device)
+                for index in range(layout.micro_batches)]
+
+    losses = [trainer.train_step(micro_batches(step)) for step in range(spec.warmup_steps)]
+    timed = [micro_batches(step) for step in range(spec.warmup_steps, spec.warmup_steps + spec.timed_steps)]
+    _synchronize(context.device)
+    peak_rss_since = reset_peak_memory(context.device)
+    started = time.perf_counter()
+    for batches in timed:
+        losses.append(trainer.train_step(batches))
+    _synchronize(context.device)
+    loop_time_s = time.perf_counter() - started
+    memory = rank_memory(context, peak_rss_since)
+    figures = {"loss_per_step": torch.stack(losses).float().tolist(), "loop_time_s": loop_time_s,
+               "loop_steps": spec.timed_steps, "hosts": [socket.gethostname()],
+               **cell_facts(workload, layout, context, trainer, parameters),
+               **memory_figures(context, [memory]), **host_load_figures([host_load(context)]),
+               "compute_only_unavailable_because": strategy.compute_only_unavailable(spec),
+               "norms_unavailable_because": "the bare loop reads nothing between its steps"}
+    trainer.close()
+    return figures
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
