@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="results JSONL (default: results/<matrix>-<time>.jsonl); with "
                      "--placement k8s, the folder the manifests are written to")
     run.add_argument("--timeout", type=_seconds, default=900.0, help="seconds per launch before its ranks are killed")
+    run.add_argument("--budget", type=_seconds, help="seconds the whole run may take: no launch starts with under "
+                     "30 s of it left, each times out at what is left, and those not started are recorded skipped "
+                     "(a lent GPU's or an allocation's time)")
     run.add_argument("--resume", action="store_true", help="with --out: skip launches already recorded ok there, and "
                      "record those whose measurements reached their cell folder without their row")
     run.add_argument("--dry-run", action="store_true", help="print the cells and exit (with --placement k8s, "
@@ -423,7 +426,7 @@ def command_run(args: argparse.Namespace) -> int:
     check_results_file(out, "--out" if args.out else "results file")
     peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
     options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume,
-                         placement=placement)
+                         placement=placement, budget_s=args.budget)
     # The bar shows the cell being launched and tqdm's ETA (mean time per launch so far x launches left);
     # off when stderr is not a terminal, where the per-launch lines below are the log.
     with tqdm(total=sum(spec.repeats for spec in specs), unit="launch", file=sys.stderr, disable=None,

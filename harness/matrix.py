@@ -510,6 +510,38 @@ def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# The reference set (scripts/gpu-reference.sh): what one lent GPU shows at world size 1, in the order it is worth
+# having when time runs short. Every data-parallel strategy and the references beside the plain loop in bf16 on both
+# families; the transformer in fp16 where the loss scalers differ (torch's GradScaler: plain, DDP; DeepSpeed's fp16
+# section: ZeRO-2, ZeRO-3); then each state-offload option on it.
+REFERENCE_BF16 = ("plain", BARE_STRATEGY, "ddp", "fsdp2", "zero1", "zero2", "zero3", "horovod")
+REFERENCE_FP16 = ("plain", "ddp", "zero2", "zero3")
+REFERENCE_OFFLOAD = (("zero1", {"offload_optimizer": "cpu"}), ("zero2", {"offload_optimizer": "cpu"}),
+                     ("zero3", {"offload_optimizer": "cpu"}), ("zero3", {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+                     ("fsdp2", {"offload_policy": "cpu"}))
+
+
+def reference(machine: Machine, select: Selection) -> list[RunSpec]:
+    """The GPU reference set at world size 1, one launch a cell (the plain loop twice on a GPU, parity's noise floor):
+    plain, bare, DDP, FSDP2, ZeRO-1/2/3 and Horovod on GPT-2 small and ResNet-50 in bf16; plain, DDP, ZeRO-2/3 in fp16
+    on GPT-2 small; ZeRO-1/2/3 with offload_optimizer, ZeRO-3 with offload_param too and FSDP2 with offload_policy on
+    GPT-2 small in bf16. full's batch plans; on CPU the same cells on gpt-tiny and ResNet-20 (the offload cells that
+    only move bytes skipped, with the reason). scripts/gpu-reference.sh runs it on a lent GPU."""
+    cells = Cells(machine, select, Plan(REFERENCE_BF16[1:], (1,), repeats=1, precision=Precision.BF16))
+    plans = _plans(machine, select, PLANS)
+    transformers = [w for w in plans if get_workload(w).family is Family.GPT]
+    for workload, plan in sorted(plans.items(), key=lambda item: item[0] not in transformers):
+        for strategy in REFERENCE_BF16:
+            cells.add(workload, plan, strategy, 1, plan.micro_batch)
+    for workload in transformers:
+        plan = plans[workload]
+        for strategy in REFERENCE_FP16:
+            cells.add(workload, plan, strategy, 1, plan.micro_batch, precision=Precision.FP16)
+        for strategy, options in REFERENCE_OFFLOAD:
+            cells.add(workload, plan, strategy, 1, plan.micro_batch, options=dict(options))
+    return cells.specs
+
+
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
@@ -520,6 +552,7 @@ MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "memory-techniques": memory_techniques,
     "parameter-server": parameter_server,
     "fault-tolerance": fault_tolerance,
+    "reference": reference,
 }
 
 

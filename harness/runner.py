@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import shlex
+import time
 import uuid
 from datetime import datetime, timezone
 from dataclasses import dataclass
@@ -46,10 +47,16 @@ class RunOptions:
     resume: bool = False          # skip launches (cell and repeat) already recorded ok in `results`, and
                                   # record those with measurements in their cell folder but no row
     emulated_network: dict[str, Any] | None = None   # harness.emulate's record, kept in every row's environment
+    # Seconds the whole run may take (a lent GPU's time, a Slurm allocation's): no launch starts with less than
+    # BUDGET_FLOOR_S of it left, each is timed out at what is left, and the launches never started are recorded
+    # `skipped`, saying so. None: no limit.
+    budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise SpecError(f"timeout_s must be a positive, finite number of seconds, got {self.timeout_s!r}")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise SpecError(f"budget_s must be a positive, finite number of seconds, got {self.budget_s!r}")
 
 
 @dataclass(frozen=True)
@@ -104,15 +111,20 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
                         recorded=sum(r is not None for *_, r, _ in steps),
                         recovered=sum(v is not None for *_, v in steps)))
     results = []
+    budget = Budget(options.budget_s)
     for spec, repeat, cell_dir, recorded, result in steps:
         if recorded is not None:
             results.append(recorded)
             continue
+        if result is None and budget.spent():
+            result = RunResult(spec=spec, status=Status.SKIPPED, run_id=uuid.uuid4().hex, repeat=repeat,
+                               environment=environment, message=budget.spent(),
+                               started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         if result is None:
             if on_start is not None:
                 on_start(spec, repeat)
             _clear_outcome(cell_dir)
-            result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=options.timeout_s,
+            result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=budget.timeout(options.timeout_s),
                               environment=environment, placement=options.placement)
         result = _with_user_peak(result, options.peak_flops_per_s)
         try:
@@ -123,6 +135,32 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
         if on_result is not None:
             on_result(result)
     return results
+
+
+# Less than this left of a run's budget starts no launch: a launch's start-up alone (interpreters, a launcher, CUDA)
+# takes 12-38 s on a GPU machine (results/reference/h200), and one killed half-way measures nothing.
+BUDGET_FLOOR_S = 30.0
+
+
+class Budget:
+    """A run's time budget (RunOptions.budget_s), counted from when the run's first launch is due."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds, self.started = seconds, time.monotonic()
+
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - (time.monotonic() - self.started)
+
+    def spent(self) -> str:
+        """Why no launch may start now ("" while one may)."""
+        if self.left() >= BUDGET_FLOOR_S:
+            return ""
+        return (f"not launched: {max(self.left(), 0):.0f} s were left of the run's budget of {self.seconds:g} s "
+                f"(--budget), under the {BUDGET_FLOOR_S:g} s a launch needs")
+
+    def timeout(self, per_launch: float) -> float:
+        """A launch's time-out: its own, or what is left of the budget where that is less."""
+        return min(per_launch, self.left())
 
 
 def _identity(spec: RunSpec, environment: dict[str, Any]) -> str:

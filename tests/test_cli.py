@@ -66,7 +66,7 @@ def test_the_module_entry_point_reports_errors_the_same_way(tmp_path):
                           text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["parbench: error: unknown strategy 'mpi'; known: "
-                                                "plain, dataparallel, ddp, horovod, zero1, zero2, zero3, fsdp2, "
+                                                "plain, bare, dataparallel, ddp, horovod, zero1, zero2, zero3, fsdp2, "
                                                 "pipeline, tp, fsdp2-tp, autotp, ps, ps-async"]
 
 
