@@ -132,6 +132,9 @@ class Plan:
     world_sizes: tuple[int, ...]
     repeats: int
     precision: Precision
+    # Launches of the plain and bare loops where the user gave no --repeats (at least `repeats`): the harness's cost
+    # is their ratio, which one launch a side leaves to the machine's noise (harness.derive.harness_overhead).
+    reference_repeats: int = 1
 
 
 def holds_evenly(machine: Machine, ranks: int) -> bool:
@@ -197,6 +200,8 @@ class Cells:
             options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)},
                        "autotp": {"tp": min(2, world_size)}, "ps": {"placement": "colocated"}}.get(strategy, {})
         repeats = self.repeats
+        if strategy in REFERENCES and self.select.repeats is None:
+            repeats = max(repeats, self.plan.reference_repeats)
         if strategy == REFERENCE_STRATEGY and self.machine.device.value not in DETERMINISTIC_DEVICES:
             # Parity's tolerances there follow the plain loop's own launch-to-launch noise (harness.derive.parity).
             repeats = max(repeats, NOISE_FLOOR_LAUNCHES)
@@ -252,14 +257,18 @@ def smoke(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+HARNESS_OVERHEAD_LAUNCHES = 5
+
+
 def full(machine: Machine, select: Selection) -> list[RunSpec]:
     """Every strategy on both workload families at world sizes 1, 2, 4, ... up to the devices x nodes
     (DataParallel up to one node's devices; fp32 on CPU, bf16 and 3 repeats on GPU), with the plain loop and the bare
-    loop beside it (the harness's own cost) at world size 1."""
+    loop beside it (the harness's own cost) at world size 1, 5 launches each unless --repeats says otherwise (the
+    5 a bootstrap interval of their medians needs: one launch a side is a draw of the machine's noise)."""
     repeats = 3 if machine.device is DeviceKind.CUDA else 1
     sizes = _powers_of_two_up_to(machine.devices)
     cells = Cells(machine, select, Plan((BARE_STRATEGY, *ALL_BUT_REFERENCES), sizes, repeats=repeats,
-                                        precision=_precision(machine)))
+                                        precision=_precision(machine), reference_repeats=HARNESS_OVERHEAD_LAUNCHES))
     for workload, plan in _plans(machine, select, PLANS).items():
         cells.strong(workload, plan)
     return cells.specs

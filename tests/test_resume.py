@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.record import read_results
 from harness.spec import RunResult, Status
 
-MATRIX = ["run", "--matrix", "full", "--workload", "gpt-tiny", "--warmup-steps", "1", "--timed-steps", "2"]
+MATRIX = ["run", "--matrix", "full", "--workload", "gpt-tiny", "--warmup-steps", "1", "--timed-steps", "2", "--repeats", "1"]
 MEASURED = {"loss_per_step": [6.25, 6.2, 6.1], "step_time_s": [0.05, 0.05], "host_stalled_step_indices": [],
             "shared_device": False}
 
