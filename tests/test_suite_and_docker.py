@@ -2,8 +2,10 @@
 
 import importlib
 import inspect
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,18 @@ def test_the_image_checks_torchs_cuda_before_anything_compiles_against_it():
     install_line = next(i for i, line in enumerate(lines) if line.startswith("RUN") and "scripts/install.sh" in line)
     assert "&& python scripts/check_torch_cuda.py" in lines[torch_line] and torch_line < install_line
     assert lines[next(i for i, line in enumerate(lines) if line.startswith("FROM"))] == "FROM ${BASE_IMAGE}"
+
+
+@pytest.mark.launch
+def test_the_gpu_reference_script_parses_and_plans_the_reference_set_on_cpu():
+    script = ROOT / "scripts" / "gpu-reference.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    done = subprocess.run([str(script), "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    plan = done.stdout
+    assert "nothing is installed or launched" in plan and "parbench dry run: 25 cells, 28 launches" in plan
+    assert "gpt2-small/plain/ws1/gb16/mb16/bf16/cuda x2" in plan       # twice: parity's noise floor
+    assert "resnet50/bare/ws1/gb256/mb256/bf16/cuda x1" in plan and "  inputs: channels_last" in plan
+    assert "gpt2-small/zero3[offload_optimizer=cpu,offload_param=cpu]/ws1/gb16/mb16/bf16/cuda" in plan
+    assert subprocess.run([str(script), "--budget", "100"], capture_output=True).returncode == 2

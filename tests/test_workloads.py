@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +118,51 @@ def test_gpt2_small_flops_per_token_follow_palm_appendix_b():
     expected = 6 * n + 12 * 12 * 12 * 64 * 1024
     assert palm_train_flops_per_token(n, 12, 12, 64, 1024) == expected
     assert math.isclose(WORKLOADS["gpt2-small"].train_flops_per_sample, expected * 1024)
+
+
+def test_a_gpt2_small_row_records_the_padded_vocabulary_and_both_parameter_counts():
+    # What the worker writes into a row about its cell (harness.rank.facts.cell_facts), for GPT-2 small on this CPU.
+    from torch import nn
+
+    from harness.rank.facts import cell_facts
+    from harness.spec import RunSpec
+    from harness.strategies import get_strategy
+
+    spec = RunSpec(workload="gpt2-small", strategy="plain", world_size=1, global_batch=1, micro_batch=1)
+    strategy = get_strategy("plain")
+    context = strategy.start(spec)
+    workload = WORKLOADS["gpt2-small"]
+    torch.manual_seed(0)
+    layers = workload.build_layers()
+    trainer = strategy.wrap(spec, context, workload, layers)
+    facts = cell_facts(workload, strategy.layout(spec), context, trainer, count_parameters(nn.Sequential(*layers)))
+    assert facts["parameters"] == 124_439_808 + 47 * 768
+    described = facts["workload_description"]
+    assert (described["vocab_size"], described["padded_vocab_size"]) == (50_257, 50_304)
+    assert described["published_parameters"] == 124_439_808
+    assert facts["input_memory_format"] == "contiguous_format"
+    assert layers[0].wte.weight.shape == (50_304, 768)
+
+
+def test_the_resnet50_gpu_plan_builds_channels_last_inputs():
+    # The spec the full matrix plans for one GPU, as the worker turns it into inputs (workloads.base.input_memory_format),
+    # and what its dry run prints for it.
+    from harness.launch.dry_run import describe_plan
+    from harness.launch.placement import LocalPlacement
+    from harness.matrix import Machine, Selection, build_matrix
+    from harness.spec import DeviceKind
+
+    specs = build_matrix("full", Machine(device=DeviceKind.CUDA, devices_per_node=1), Selection(workloads=("resnet50",)))
+    plain = next(spec for spec in specs if spec.strategy == "plain")
+    assert WORKLOADS[plain.workload].input_memory_format(plain.device.value) == torch.channels_last
+    plan = describe_plan([plain], LocalPlacement(), results=Path("results/x.jsonl"), timeout_s=60)
+    assert "resnet50/plain/ws1/gb256/mb256/bf16/cuda x" in plan and "\n  inputs: channels_last\n" in plan
+
+
+def test_a_resnet_batch_is_laid_out_as_its_device_type_asks(monkeypatch):
+    # No GPU here: the CPU stands in for one, and the batch the worker makes follows the layout asked for.
+    workload = WORKLOADS["resnet20-cifar"]
+    monkeypatch.setattr(type(workload), "input_memory_format",
+                        lambda self, device_type: torch.channels_last if device_type == "cpu" else torch.contiguous_format)
+    images, _ = workload.batch(0, 0, torch.arange(2), torch.device("cpu"))
+    assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
