@@ -15,6 +15,7 @@ import pytest
 
 from harness.derive.cells import cell_table
 from harness.derive.harness_overhead import OVERHEAD_LIMIT, harness_overhead
+from harness.derive.identity import cell_identity
 from harness.derive.parity import Verdict, judge
 from harness.matrix import Machine, Selection, build_matrix
 from harness.rank.faults import FAULT_ENV
@@ -112,6 +113,26 @@ def test_an_overhead_within_the_limit_says_so():
 def test_an_overhead_beyond_the_limit_and_the_spread_says_every_step_time_carries_it():
     line = _harness_line(_rows([0.0110, 0.0111, 0.0112], [0.0100, 0.0101, 0.0102]))
     assert "+9.9%" in line and "OVER the 3% limit and beyond the launches' spread" in line     # medians 11.1, 10.1
+
+
+def test_an_overhead_over_the_limit_is_beyond_the_spread_only_where_the_intervals_lie_the_limit_apart():
+    # Medians 10.35 and 9.85 ms: +5.1%; but the plain loop's lowest launch (10.0) is only 0.1% over the bare loop's
+    # highest (9.99): the intervals show a cost above 0, not above 3%.
+    line = _harness_line(_rows([0.0100, 0.0103, 0.01035, 0.0104, 0.0105], [0.0097, 0.0098, 0.00985, 0.0099, 0.00999]))
+    assert "+5.1%" in line and "within the launches' spread" in line
+
+
+def test_the_plain_loop_is_paired_with_the_bare_loop_of_its_own_cell_alone():
+    # A bare cell of other steps (8 warm-up + 5 timed, 13 in all, as the plain loop's 3 + 10) is another cell: no
+    # figure for it, and the plain loop's is its own bare loop's.
+    rows = _rows([0.0100], [0.0100])
+    other = copy.deepcopy(rows[-1])
+    other["spec"].update(warmup_steps=8, timed_steps=5)
+    other["run_id"] = "bare-other"
+    other["measurements"].update(loop_time_s=0.0050 * 5, loop_steps=5)
+    cells = cell_table(rows + [other]).set_index("cell_id")["harness_overhead_share"]
+    assert cells[cell_identity(rows[0])] == cells[cell_identity(rows[1])] == 0.0      # 10 ms and 10 ms
+    assert cells[cell_identity(other)] != cells[cell_identity(other)]                 # NaN: no plain loop of its own
 
 
 def test_an_overhead_beyond_the_limit_within_the_spread_is_not_called_a_cost():

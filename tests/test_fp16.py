@@ -307,3 +307,41 @@ def test_zero_under_torch_autocast_skips_every_step_where_its_scale_is_too_high_
 def test_the_pipeline_row_is_skipped_with_its_reason(fp16_rows):
     row = fp16_rows["pipeline"]
     assert row.status is Status.SKIPPED and "the first stage fails" in row.message
+
+
+def test_autotp_reads_its_fp16_gradients_divided_by_the_loss_scale_as_zero_does():
+    # AutoTP's trainer takes its parts of the reduced gradients itself (and its whole-model norm from them): under the
+    # fp16 section they carry ZeRO's scale too. A stage-1 stand-in whose wte fragment has norm 267.85 at scale 2^10.
+    from types import SimpleNamespace
+
+    from harness.strategies.autotp import AutoTPTrainer
+    from harness.strategies.base import PrecisionRecipe, RankContext
+
+    wte = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float16))
+    fragment = torch.full((16,), 267.85 / 4, dtype=torch.float16)
+    wte._hp_mapping = SimpleNamespace(get_lp_grad_fragment=lambda index: fragment)
+    wte._index_in_param_group = 0
+    embedding, module = torch.nn.Module(), torch.nn.Module()
+    embedding.register_parameter("weight", wte)
+    module.add_module("wte", embedding)           # named wte.weight, as AutoTP's name rules expect
+    engine = SimpleNamespace(zero_optimization_stage=lambda: 1, optimizer=SimpleNamespace(cur_scale=1024.0), module=module)
+    context = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"),
+                          backend="gloo", shared_device=False)
+    trainer = AutoTPTrainer(context=context, engine=engine, precision_recipe=PrecisionRecipe.DEEPSPEED_FP16)
+    (norm,) = trainer.tensor_norms(*trainer.local_gradients())
+    assert abs(norm / 0.26157 - 1) < 1e-3 and abs(trainer.gradient_norm() / 0.26157 - 1) < 1e-3
+
+
+def test_the_bare_loop_records_what_the_loss_scaler_did_as_the_plain_loop_does():
+    # fp16 on this CPU, in this process: its steps' outcomes are in its row, so parity compares its skipped steps with
+    # the plain loop's instead of taking it for a loop that applied every step.
+    from harness.rank.bare_loop import run_bare_loop
+
+    spec = RunSpec(workload="gpt-tiny", strategy="bare", world_size=1, global_batch=4, micro_batch=4,
+                   precision=Precision.FP16, warmup_steps=1, timed_steps=2)
+    strategy = STRATEGIES["bare"]
+    figures = run_bare_loop(spec, strategy, strategy.start(spec))
+    assert figures["optimizer_step_applied"] == [True, True, True]
+    assert figures["optimizer_step_applied_by_rank"] == [[True, True, True]]
+    assert figures["loss_scale_per_step"] == [1024.0] * 3           # harness.strategies.loss_scaling.INITIAL_SCALE
+    assert figures["gradient_reduce_dtypes"] == [] and figures["loop_steps"] == 2

@@ -34,11 +34,11 @@ from harness.derive.comm import comm_columns
 from harness.derive.exposed import exposed_columns
 from harness.derive.hosts import cell_host_load, row_host_load
 from harness.derive.identity import (cell_identity, conditions_id, distinguishing_suffixes, emulation_text,
-                                     network_of, row_conditions)
+                                     identity_of, network_of, row_conditions)
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
 from harness.derive.harness_overhead import BARE_STRATEGY, harness_overhead
-from harness.derive.parity import REFERENCE_STRATEGY, judge, reference_key
+from harness.derive.parity import REFERENCE_STRATEGY, judge
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
 from harness.derive.scaling import scaling_efficiency
@@ -218,15 +218,18 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
 
 
 def _harness_overheads(lines: list[dict[str, Any]], ok_rows: dict[str, list[Row]]) -> None:
-    """On each plain cell and the bare cell of the same work (options included) under the same conditions: the
-    harness's own cost on the plain loop's step (harness.derive.harness_overhead), both lines carrying it."""
-    def work(line: dict[str, Any]) -> tuple | None:
+    """On each plain cell and the bare cell that is the same cell with the strategy swapped (the same spec, steps and
+    options, under the same conditions): the harness's own cost on the plain loop's step
+    (harness.derive.harness_overhead), both lines carrying it."""
+    def as_plain(line: dict[str, Any]) -> str | None:
         rows = ok_rows[line["cell_id"]]
-        return (reference_key(spec(rows[0])), line["conditions_id"], line["options"]) if rows else None
+        if not rows:
+            return None
+        return identity_of({**spec(rows[0]), "strategy": REFERENCE_STRATEGY}, rows[0].get("environment"))
 
-    bare = {work(line): line for line in lines if line["strategy"] == BARE_STRATEGY and work(line)}
+    bare = {as_plain(line): line for line in lines if line["strategy"] == BARE_STRATEGY and ok_rows[line["cell_id"]]}
     for line in lines:
-        partner = bare.get(work(line)) if line["strategy"] == REFERENCE_STRATEGY else None
+        partner = bare.get(line["cell_id"]) if line["strategy"] == REFERENCE_STRATEGY else None
         if partner is None:
             continue
         figures = harness_overhead(ok_rows[line["cell_id"]], ok_rows[partner["cell_id"]])

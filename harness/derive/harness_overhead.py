@@ -64,9 +64,10 @@ def harness_overhead(plain: Iterable[Mapping[str, Any]], bare: Iterable[Mapping[
 
 
 def beyond_spread(figures: Mapping[str, Any]) -> bool | None:
-    """Whether the plain loop's launches all lie above the bare loop's spread (their intervals apart), None where a
-    side has a single launch and so no spread."""
+    """Whether the overhead is over OVERHEAD_LIMIT beyond the launches' spread: the plain loop's interval lies more
+    than the limit above the bare loop's (low end over high end); None where a side has a single launch and so no
+    spread."""
     plain_low, bare_high = figures.get("harness_plain_step_low_s"), figures.get("harness_bare_step_high_s")
     if plain_low is None or bare_high is None or plain_low != plain_low or bare_high != bare_high:
         return None
-    return plain_low > bare_high
+    return plain_low / bare_high - 1 > OVERHEAD_LIMIT

@@ -261,17 +261,23 @@ class NoiseFloor:
     deviations: dict[Quantity, float] = field(default_factory=dict)
 
     def raised(self, tolerance: Mapping[Quantity, float]) -> dict[Quantity, float]:
-        """Each of `tolerance` raised to NOISE_FLOOR_FACTOR x this floor, those past their ceiling (`too_high`) left
-        out."""
-        too_high = self.too_high()
-        return {q: max(t, NOISE_FLOOR_FACTOR * self.deviations.get(q, 0.0)) for q, t in tolerance.items()
-                if q not in too_high}
+        """Each of `tolerance` raised to NOISE_FLOOR_FACTOR x this floor; those `left_out` are not in it."""
+        left_out = self.left_out(tolerance)
+        return {q: max(t, NOISE_FLOOR_FACTOR * self.deviations[q]) for q, t in tolerance.items() if q not in left_out}
 
-    def too_high(self) -> dict[Quantity, float]:
-        """{quantity: floor} of the quantities whose floor a tolerance could not follow without passing a planted
-        error (`FLOOR_CEILING`): not judged against this reference."""
-        return {q: deviation for q, deviation in self.deviations.items()
-                if not NOISE_FLOOR_FACTOR * deviation <= FLOOR_CEILING[q]}
+    def left_out(self, tolerance: Mapping[Quantity, float]) -> dict[Quantity, str]:
+        """{quantity of `tolerance`: why it cannot be judged against this reference}: no launch of the plain loop
+        beside the reference read it (its noise unknown here), or its floor is one a tolerance could not follow
+        without passing a planted error (`FLOOR_CEILING`)."""
+        why = {}
+        for quantity in tolerance:
+            deviation = self.deviations.get(quantity)
+            if deviation is None:
+                why[quantity] = "no second launch of the plain loop read it"
+            elif not NOISE_FLOOR_FACTOR * deviation <= FLOOR_CEILING[quantity]:
+                why[quantity] = (f"the plain loop's own launches differ by {deviation:.3g}, and {NOISE_FLOOR_FACTOR} "
+                                 "times that would pass a planted error")
+        return why
 
 
 @dataclass(frozen=True)
@@ -294,6 +300,17 @@ def reference_key(spec: Mapping[str, Any]) -> tuple:
             spec.get("seed", 0), spec.get("device", "cpu"), spec["warmup_steps"] + spec["timed_steps"])
 
 
+def held_key(row: Mapping[str, Any]) -> tuple:
+    """The reference key of a row as parity holds it: its spec's, and on a device that does not repeat itself the
+    device's name too. Two GPU models run other kernels (an H100 and an H200 differ by more than either's
+    launch-to-launch noise), so a GPU row is held to the plain loop, and to the noise floor, of its own model; rows
+    from machines of one model read together pool their plain launches. CPUs are one key, as they always were."""
+    spec = row["spec"]
+    if spec.get("device", "cpu") in DETERMINISTIC_DEVICES:
+        return reference_key(spec)
+    return (*reference_key(spec), row.get("measurements", {}).get("device_name"))
+
+
 def references(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
     """{reference key: the plain row the rows of that key are held against}: the earliest ok plain launch
     with losses of each key, whatever the order rows are read in, one with no options first."""
@@ -302,7 +319,7 @@ def references(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, An
     # a technique is held against the loop without it.
     for row in sorted((r for r in rows if _is_reference(r)),
                       key=lambda r: (bool(techniques_on(r["measurements"])), *_launch_order(r))):
-        found.setdefault(reference_key(row["spec"]), row)
+        found.setdefault(held_key(row), row)
     return found
 
 
@@ -314,7 +331,7 @@ def noise_floors(rows: Iterable[Mapping[str, Any]],
     held_against = references(rows) if held_against is None else held_against
     floors: dict[tuple, NoiseFloor] = {}
     for key, reference in held_against.items():
-        launches = [row for row in rows if _is_reference(row) and reference_key(row["spec"]) == key
+        launches = [row for row in rows if _is_reference(row) and held_key(row) == key
                     and techniques_on(row["measurements"]) == techniques_on(reference["measurements"])]
         found: dict[Quantity, float] = {}
         for launch in launches:
@@ -424,7 +441,7 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
                floors: Mapping[tuple, NoiseFloor]) -> Parity:
     if row.get("status") != "ok" or not row.get("measurements", {}).get("loss_per_step"):
         return Parity(Verdict.NOT_JUDGED, note="not an ok row with losses")
-    reference = references.get(reference_key(row["spec"]))
+    reference = references.get(held_key(row))
     # The plain loop is the reference, its repeats too; with a technique on (an option) it is judged against the
     # loop without it, where one ran.
     if _is_reference(row) and (reference is row or reference is None or not techniques_on(row["measurements"])
@@ -443,18 +460,20 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     floor_note = ""
     device = row["spec"].get("device", "cpu")
     if device not in DETERMINISTIC_DEVICES:
-        floor = floors.get(reference_key(row["spec"]), NoiseFloor(launches=1))
+        floor = floors.get(held_key(row), NoiseFloor(launches=1))
         if floor.launches < 2:
             return Parity(Verdict.NOT_JUDGED, note=(
                 f"on {device} the tolerances follow the plain loop's own launch-to-launch noise, and it ran once among "
                 "these rows: launch it at least twice (--repeats 2)"))
         raised = floor.raised(tolerance)
-        if not raised:
-            return Parity(Verdict.NOT_JUDGED, note=_floor_note(floor, tolerance, raised, device))
         floor_note = _floor_note(floor, tolerance, raised, device)
         tolerance = raised
     compared = _deviations(row, reference)
     found = {q: deviation for q, (deviation, _) in compared.items() if q in tolerance}
+    if floor_note and not set(found) - {Quantity.FIRST_LOSS}:
+        # A first loss alone says nothing of the updates: weights that never change match on it.
+        return Parity(Verdict.NOT_JUDGED, note=f"nothing beyond step 0's loss could be held against the plain loop on "
+                                               f"{device}: {floor_note}", deviations=found)
     failed = tuple(q for q, deviation in found.items() if not deviation <= tolerance[q])
     tensors = {q: tensor for q, (_, tensor) in compared.items() if tensor and q in found}
     notes = [f"{q.value}: {tensors[q]} off by {found[q]:.3g}" for q in failed if q in tensors]
@@ -478,10 +497,9 @@ def _floor_note(floor: NoiseFloor, base: Mapping[Quantity, float], raised: Mappi
     notes = [f"tolerances raised to {NOISE_FLOOR_FACTOR} x the plain loop's own deviation over its {floor.launches} "
              f"launches on {device}: {', '.join(changed)}" if changed else
              f"the plain loop's {floor.launches} launches on {device} repeat within these tolerances"]
-    left_out = [f"{q.value} ({deviation:.3g})" for q, deviation in floor.too_high().items() if q in base]
+    left_out = [f"{q.value} ({why})" for q, why in floor.left_out(base).items()]
     if left_out:
-        notes.append(f"not judged, the plain loop's own launches differing by more than {NOISE_FLOOR_FACTOR} times would "
-                     f"pass a planted error: {', '.join(left_out)}")
+        notes.append(f"not judged: {', '.join(left_out)}")
     return "; ".join(notes)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from harness.rank.facts import cell_facts, host_load, host_load_figures, memory_figures, rank_memory
 from harness.rank.memory_model import reset_peak_memory
-from harness.spec import RunSpec
+from harness.spec import Precision, RunSpec
 from harness.strategies import Strategy
 from harness.strategies.base import RankContext
 from workloads import count_parameters, get_workload
@@ -41,13 +41,21 @@ def run_bare_loop(spec: RunSpec, strategy: Strategy, context: RankContext) -> di
         return [workload.batch(spec.seed, step, strategy.sample_indices(spec, context, index), context.device)
                 for index in range(layout.micro_batches)]
 
-    losses = [trainer.train_step(micro_batches(step)) for step in range(spec.warmup_steps)]
-    timed = [micro_batches(step) for step in range(spec.warmup_steps, spec.warmup_steps + spec.timed_steps)]
+    losses, outcomes = [], []
+
+    def step(batches: list) -> None:
+        losses.append(trainer.train_step(batches))
+        # fp16: what the loss scaler did, which the step has read already (an attribute, no synchronisation).
+        outcomes.append(trainer.step_outcome)
+
+    for index in range(spec.warmup_steps):
+        step(micro_batches(index))
+    timed = [micro_batches(index) for index in range(spec.warmup_steps, spec.warmup_steps + spec.timed_steps)]
     _synchronize(context.device)
     peak_rss_since = reset_peak_memory(context.device)
     started = time.perf_counter()
     for batches in timed:
-        losses.append(trainer.train_step(batches))
+        step(batches)
     _synchronize(context.device)
     loop_time_s = time.perf_counter() - started
     memory = rank_memory(context, peak_rss_since)
@@ -56,7 +64,13 @@ def run_bare_loop(spec: RunSpec, strategy: Strategy, context: RankContext) -> di
                **cell_facts(workload, layout, context, trainer, parameters),
                **memory_figures(context, [memory]), **host_load_figures([host_load(context)]),
                "compute_only_unavailable_because": strategy.compute_only_unavailable(spec),
-               "norms_unavailable_because": "the bare loop reads nothing between its steps"}
+               "norms_unavailable_because": "the bare loop reads nothing between its steps",
+               # The plain loop's, which parity's arithmetic follows (harness.derive.parity `arithmetic`).
+               "gradient_reduce_dtypes": list(strategy.gradient_reduce_dtypes(spec, torch.nn.Sequential(*layers)))}
+    if spec.precision is Precision.FP16:     # each step applied or skipped, and its scale, as the worker records
+        applied = [outcome.applied for outcome in outcomes]
+        figures.update(optimizer_step_applied=applied, optimizer_step_applied_by_rank=[applied],
+                       loss_scale_per_step=[outcome.loss_scale for outcome in outcomes])
     trainer.close()
     return figures
 

@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 from harness.commbench import MAX_RANK_ONLY, rank_time_reduction, with_bandwidth  # noqa: E402
 from harness.derive.exposed import BOUND_PREFIX  # noqa: E402
 from harness.derive.loss_deviation import deviations_in_tolerances  # noqa: E402
-from harness.derive.parity import PARITY_STEPS, REFERENCE_STRATEGY, reference_key, references  # noqa: E402
+from harness.derive.parity import PARITY_STEPS, REFERENCE_STRATEGY, held_key, references  # noqa: E402
 from harness.derive.rows import Row, is_ok, measurements, spec  # noqa: E402
 from harness.report.verdicts import EXPOSED_DOMINATES, cell_name, shown_name  # noqa: E402
 from harness.spec import DeviceKind  # noqa: E402
@@ -369,8 +369,8 @@ def plot_losses(rows: Sequence[Row], workload: str) -> str | None:
     if not chosen:
         return None
     found = references(rows)
-    held = [(row, found[reference_key(spec(row))]) for row in chosen
-            if spec(row)["strategy"] != REFERENCE_STRATEGY and reference_key(spec(row)) in found]
+    held = [(row, found[held_key(row)]) for row in chosen
+            if spec(row)["strategy"] != REFERENCE_STRATEGY and held_key(row) in found]
     plain = [row for row in chosen if spec(row)["strategy"] == REFERENCE_STRATEGY]
     fig, [[loss_axis, deviation_axis]] = figure(2)
     batches = {spec(row)["global_batch"] for row in plain}

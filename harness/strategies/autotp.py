@@ -30,7 +30,7 @@ from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, 
 from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (COLUMN_PARALLEL, ROW_PARALLEL, activation_all_reduces,
                                                 split_parameter_count)
-from harness.strategies.zero import DeepSpeedTrainer, ZeRO
+from harness.strategies.zero import DeepSpeedTrainer, ZeRO, unscaled
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import get_workload
@@ -83,7 +83,8 @@ class AutoTPTrainer(DeepSpeedTrainer):
             else:
                 part = p.grad
             parts.append(part if self._keep(name, not sharded) else p.new_empty(0))
-        return parts, True
+        # As DeepSpeedTrainer's: under the fp16 section they still carry the loss scale its step divides out.
+        return unscaled(parts, self.loss_scale_in_gradients()), True
 
     def gradient_norm(self) -> float:
         return Trainer.gradient_norm(self)
