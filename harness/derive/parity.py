@@ -3,7 +3,8 @@
     python -m harness report results/full-*.jsonl --out report/     # the cell summary's `parity` column
 
 Every ok row is held against the ok `plain` row with the same workload, global batch, micro-batch,
-precision, seed, device and step count found anywhere among the rows read (`judge`), whatever their order:
+precision, seed, device and step count (on a GPU, the same GPU model: `held_key`) found anywhere among the rows read
+(`judge`), whatever their order:
 the same model, data and arithmetic, only distributed differently. Verdicts are computed here each time;
 the `parity_*` fields old rows stored when they were written are ignored. Compared:
 - the loss of step 0, from the initial weights on the same micro-batches, where only the order of the sum
@@ -135,9 +136,10 @@ exceeded 4 times in 0.006%. 20 x the H200's floors
 (3.2e-3 gradient by tensor, 7.6e-2 update by tensor) stays 150 and 13 times under the planted errors those catch (a
 tensor's gradient halved, a tensor that never moves). A row is not judged where the plain loop ran once among the
 rows (every GPU matrix launches it twice: harness.matrix); a quantity is left out of the verdict, which says so, where
-the plain loop's own launches differ so much in it that 20 times that would pass a planted error (a tolerance raised
-over `FLOOR_CEILING`, a quarter of the smallest planted error of that quantity): nothing can be held against a
-reference that does not repeat itself. tests/test_derive_parity.py judges synthetic GPU-like noise both ways.
+no second plain launch read it (its noise there unknown) or where the plain loop's own launches differ so much in it
+that 20 times that would pass a planted error (a tolerance raised over `FLOOR_CEILING`, a quarter of the smallest
+planted error of that quantity): nothing can be held against a reference that does not repeat itself. A row left with
+step 0's loss alone is not judged: weights that never change match on it. tests/test_derive_parity.py judges synthetic GPU-like noise both ways.
 """
 
 from __future__ import annotations
