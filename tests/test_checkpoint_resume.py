@@ -290,3 +290,36 @@ def test_the_report_line_gives_the_save_the_tensor_bytes_against_the_plan_and_th
     assert "loaded in 0.250 s; resumed steps: match" in ddp
     assert "recovered in 3.1 s with 2 steps recomputed" in ddp
     assert zero1.endswith("failed: rank 1 was killed (SIGKILL, planted)")
+
+
+def test_a_cells_resume_verdict_is_its_worst_launchs_in_either_file_order():
+    # Two launches of one checkpoint cell: one resumed exactly, one without AdamW's state (the planted
+    # `checkpoint-without-optimizer`). The cell resumes wrong whichever launch is read first.
+    from harness.derive.cells import cell_table
+    from harness.report.checkpoint import checkpoint_lines
+
+    def launch(run_id, probe):
+        row = resumed_row(probe=probe)
+        row.update(status="ok", run_id=run_id, repeat=int(run_id[-1]), message="")
+        row["measurements"]["checkpoint"].update(method="dcp", save_s_by_rank=[0.1, 0.1], bytes_by_rank=[10, 10],
+                                                 files_by_rank=[1, 1])
+        return row
+
+    good = launch("good-0", PROBE)
+    planted = launch("planted-1", {**PROBE, "update_norm_first_step": 0.48,
+                                   "update_norm_by_tensor_first_step": {"a": 0.34, "b": 0.34}})
+    for rows in ([good, planted], [planted, good]):
+        cell = cell_table(rows).iloc[0]
+        assert cell["resume"] == "mismatch" and "update_norm_first_step" in cell["resume_failed"]
+        assert "resumed steps: mismatch (" in checkpoint_lines(cell_table(rows))[0]
+
+
+def test_a_cells_size_check_is_its_launch_furthest_off_the_plan_with_that_launchs_own_verdict():
+    # The figures and the verdict beside them come from one launch: a size 31.86% short is never "within 5%".
+    from harness.derive.cells import _worst_checkpoint
+
+    near = {"checkpoint_tensor_bytes": 1_000_100, "checkpoint_bytes_expected": 1_000_000, "checkpoint_size_holds": True}
+    short = {"checkpoint_tensor_bytes": 681_400, "checkpoint_bytes_expected": 1_000_000, "checkpoint_size_holds": False}
+    for launches in ([near, short], [short, near]):
+        worst = _worst_checkpoint(launches)
+        assert (worst["checkpoint_tensor_bytes"], worst["checkpoint_size_holds"]) == (681_400, False)

@@ -160,12 +160,14 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "exposed_comm_share", "framework_overhead_share", "mfu", "worker_link_bytes_per_step",
                   "busiest_link_bytes_per_step", "busiest_over_worker", "staleness_median", "staleness_max",
                   "checkpoint_save_s", "checkpoint_load_s", "checkpoint_save_GBps", "checkpoint_bytes",
-                  "checkpoint_bytes_expected", "checkpoint_tensor_bytes", "recovery_s", "steps_recomputed", "restarts",
+                  "recovery_s", "steps_recomputed", "restarts",
                   "checkpoint_async_blocked_s", "checkpoint_async_write_s")
 FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
                  "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source", "workers", "servers",
-                 "busiest_link", "link_rate_bits_per_s", "checkpoint_method", "checkpoint_files", "resume",
-                 "resume_failed", "checkpoint_size_holds")
+                 "busiest_link", "link_rate_bits_per_s", "checkpoint_method", "checkpoint_files")
+# A cell's resume verdict and size check are its worst launch's, as its parity is: one launch that resumed wrong is a
+# cell that resumes wrong, whatever order the rows were read in.
+RESUME_ORDER = ("mismatch", "not judged", "match")
 # A cell's parity is its worst launch's: one mismatching repeat is a mismatch of the cell.
 PARITY_ORDER = ("mismatch", "not comparable: asynchronous", "not-judged", "no-reference", "match", "reference")
 
@@ -199,6 +201,7 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
         line["parity"] = worst
         line["parity_failed"] = next((f for v, f in zip(ok["parity_verdict"], ok["parity_failed"]) if v == worst
                                       and f), "") if verdicts else ""
+        line.update(_worst_checkpoint(ok.to_dict("records")))
         throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
         line["step_time_on_basis_s"] = _step_of(line["global_batch"], line["samples_per_s"])
         line.update(_interval(throughputs))
@@ -215,6 +218,22 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
     cells = pd.DataFrame(lines)
     cells["samples_per_s"] = cells["samples_per_s"].astype(float)
     return scaling_efficiency(cells)
+
+
+def _worst_checkpoint(launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """A checkpoint cell's resume verdict (and what failed) and size check from its worst launch (RESUME_ORDER; the
+    size furthest off the plan), whatever order its launches are read in; Nones where none was checkpointed."""
+    resumed = [launch for launch in launches if _present(launch.get("resume"))]
+    worst = min(resumed, key=lambda launch: RESUME_ORDER.index(launch["resume"])
+                if launch["resume"] in RESUME_ORDER else -1, default=None)
+    sized = [launch for launch in launches if _present(launch.get("checkpoint_tensor_bytes"))
+             and _present(launch.get("checkpoint_bytes_expected")) and launch["checkpoint_bytes_expected"]]
+    furthest = max(sized, key=lambda launch: abs(launch["checkpoint_tensor_bytes"] / launch["checkpoint_bytes_expected"]
+                                                 - 1), default=None)
+    return {"resume": worst["resume"] if worst else None, "resume_failed": worst.get("resume_failed") if worst else None,
+            "checkpoint_tensor_bytes": furthest["checkpoint_tensor_bytes"] if furthest else None,
+            "checkpoint_bytes_expected": furthest["checkpoint_bytes_expected"] if furthest else None,
+            "checkpoint_size_holds": furthest.get("checkpoint_size_holds") if furthest else None}
 
 
 def _harness_overheads(lines: list[dict[str, Any]], ok_rows: dict[str, list[Row]]) -> None:
