@@ -14,10 +14,17 @@
     python -m harness ab
     python -m harness reproduce 3f2a9c
 
-Bad input ends with one line `parbench: error: ...` and exit status 2, before any process is launched.
-A row that cannot be appended (a full disk) ends the run with one such line and exit status 1. A `run` whose
-launches all ended `ok` or `skipped` exits 0; one where any ended `failed`, `oom` or `timeout` exits 4
-(EXIT_CELLS_FAILED) after every other cell has run and every row is written, unless `--allow-failed-cells`.
+Exit statuses, the same for every command:
+  0  done, and what was judged passed
+  1  a regression (`compare`, `ab`), a difference (`expect`), or a row that could not be appended (a full disk)
+  2  bad input, in one line `parbench: error: ...`, before any process is launched
+  3  `expect`: rows of other versions than the expectations' (an upgrade, whose figures must be re-recorded)
+  4  `run`: a launch ended `failed`, `oom` or `timeout` (EXIT_CELLS_FAILED), after every other cell has run and
+     every row is written
+  5  `run`: a launch's rows failed a check, parity or a resume `mismatch` (EXIT_CHECK_FAILED), likewise
+  6  `compare`, `ab`: nothing could be judged (EXIT_NOTHING_JUDGED), with one line saying why and how many launches
+     a side would judge; `--allow-unjudged` exits 0 instead
+`run --allow-failed-cells` exits 0 instead of 4 or 5, for runs whose rows are judged afterwards.
 """
 
 from __future__ import annotations
@@ -55,6 +62,11 @@ if TYPE_CHECKING:
 # not a failure: a strategy this environment cannot run says so in its row.
 EXIT_CELLS_FAILED = 4
 FAILED_STATUSES = frozenset({Status.FAILED, Status.OOM, Status.TIMEOUT})
+# `run`'s exit status when a launch ran but its rows failed a check: a parity or a resume mismatch is a wrong
+# result, as much a failure of the cell as a crash, and must not pass a script that reads only the status.
+EXIT_CHECK_FAILED = 5
+# `compare`'s and `ab`'s exit status where nothing could be judged: "0 metrics judged" is not a pass.
+EXIT_NOTHING_JUDGED = 6
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -317,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--metric", action="append", default=[], metavar="METRIC", help="judge only this metric "
                          "(repeatable; default: every one): a smaller family needs fewer launches a side")
     compare.add_argument("--all", action="store_true", help="also list unchanged metrics")
+    compare.add_argument("--allow-unjudged", action="store_true", help=f"exit 0 where nothing could be judged "
+                         f"(default: exit {EXIT_NOTHING_JUDGED}, saying why)")
 
     expect = commands.add_parser("expect", help="hold the figures that do not depend on the machine to committed "
                                  "expectations (exit 1 on a difference, 3 if recorded under other versions)")
@@ -340,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "alone, e.g. slow-step:factor=1.3:rank=all:step=0:strategy=ddp")
     ab.add_argument("--matrix", default="smoke", help=f"one of: {', '.join(MATRICES)} (default smoke)")
     ab.add_argument("--out", type=Path, help="folder for both sides' rows and launch logs (default results/ab-<time>)")
+    ab.add_argument("--allow-unjudged", action="store_true", help=f"exit 0 where the tier judged nothing (a shallow "
+                    f"clone, a base that does not launch; default: exit {EXIT_NOTHING_JUDGED}, saying why)")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
     reproduce.add_argument("run_id", help="a row's run_id (a unique prefix is enough)")
@@ -448,23 +464,51 @@ def command_run(args: argparse.Namespace) -> int:
         results = run_placed(specs, options, on_result=finished, on_start=started, on_plan=planned)
     print(summary_table([result.to_dict() for result in results], results_file=out))
     print(f"\nrows appended to {out}")
-    return run_exit_status(results, allow_failed=args.allow_failed_cells)
+    return run_exit_status(results, allow_failed=args.allow_failed_cells,
+                           checks_failed=failed_checks([result.to_dict() for result in results], out))
 
 
-def run_exit_status(results: Sequence[RunResult], *, allow_failed: bool) -> int:
-    """0, or EXIT_CELLS_FAILED with one line on stderr naming how many launches failed and how."""
+def failed_checks(rows: Sequence[dict], results_file: Path | None = None) -> list[str]:
+    """"label: what failed" for each of `rows` that is a parity or a resume mismatch, judged as the summary judges
+    them: beside every row of `results_file` (a reference recorded earlier counts)."""
+    from harness.derive.parity import Verdict, judge
+    from harness.derive.resume import resume_check
+    from harness.derive.rows import label
+
+    shown = {row.get("run_id") for row in rows}
+    earlier = [row for row in read_rows([results_file]) if row.get("run_id") not in shown] \
+        if results_file is not None and results_file.exists() else []
+    failed = []
+    for row, parity in zip(rows, judge(list(rows) + earlier)):
+        if parity.verdict is Verdict.MISMATCH:
+            failed.append(f"{label(row)}: parity mismatch ({', '.join(parity.failed) or parity.note[:80]})")
+        if row.get("status") == "ok" and (row.get("measurements") or {}).get("checkpoint"):
+            check = resume_check(row)
+            if check["verdict"] == "mismatch":
+                failed.append(f"{label(row)}: resume mismatch ({', '.join(check['failed'])})")
+    return failed
+
+
+def run_exit_status(results: Sequence[RunResult], *, allow_failed: bool, checks_failed: Sequence[str] = ()) -> int:
+    """0; or EXIT_CELLS_FAILED with one line on stderr naming how many launches failed and how; or, where every
+    launch ran, EXIT_CHECK_FAILED with a line per row that failed a check (`failed_checks`)."""
     failed = [result for result in results if result.status in FAILED_STATUSES]
-    if not failed:
+    if not failed and not checks_failed:
         return 0
-    kinds = ", ".join(f"{sum(r.status is status for r in failed)} {status.value}"
-                      for status in sorted(FAILED_STATUSES) if any(r.status is status for r in failed))
+    status = EXIT_CELLS_FAILED if failed else EXIT_CHECK_FAILED
+    lines = []
+    if failed:
+        kinds = ", ".join(f"{sum(r.status is status for r in failed)} {status.value}"
+                          for status in sorted(FAILED_STATUSES) if any(r.status is status for r in failed))
+        lines.append(f"{len(failed)} of {len(results)} launches did not end ok ({kinds})")
+    if checks_failed:
+        lines.append(f"{len(checks_failed)} launches failed a check: " + "; ".join(checks_failed))
+    outcome = "; ".join(lines)
     if allow_failed:
-        print(f"parbench: {len(failed)} of {len(results)} launches did not end ok ({kinds}); exit 0 as "
-              "--allow-failed-cells asks", file=sys.stderr)
+        print(f"parbench: {outcome}; exit 0 as --allow-failed-cells asks", file=sys.stderr)
         return 0
-    print(f"parbench: {len(failed)} of {len(results)} launches did not end ok ({kinds}); exit "
-          f"{EXIT_CELLS_FAILED} (--allow-failed-cells: exit 0)", file=sys.stderr)
-    return EXIT_CELLS_FAILED
+    print(f"parbench: {outcome}; exit {status} (--allow-failed-cells: exit 0)", file=sys.stderr)
+    return status
 
 
 def write_manifests(specs: list[RunSpec], placement: KubernetesPlacement, out: Path, timeout_s: float) -> int:
@@ -671,7 +715,31 @@ def command_compare(args: argparse.Namespace) -> int:
             raise SpecError(f"{path} holds no cell rows: nothing to compare")
     result = compare_files(args.base, args.new, thresholds, args.alpha, args.metric)
     print(format_result(result, show_all=args.all))
-    return 1 if result.regressed else 0
+    if result.regressed:
+        return 1
+    return nothing_judged_status(nothing_judged(result), allow=args.allow_unjudged)
+
+
+def nothing_judged(result) -> str:
+    """Why a gate result judged no metric, with the launches a side that would judge them; "" where it judged one."""
+    from harness.derive.gate import Verdict
+
+    if result.judgements and result.count(Verdict.NOT_JUDGED) < len(result.judgements):
+        return ""
+    launches = sorted({(len(j.base), len(j.new)) for j in result.judgements})
+    had = ", ".join(f"{base} v {new}" for base, new in launches) or "none"
+    return (f"nothing judged: {len(result.judgements)} metrics with too few launches (had {had}; "
+            f"{result.launches_needed_a_side} a side judge this family of {result.family}), "
+            f"{len(result.not_compared)} cells not compared (no ok launch, or not in both files)")
+
+
+def nothing_judged_status(why: str, *, allow: bool) -> int:
+    """0 where something was judged; else one line saying why and EXIT_NOTHING_JUDGED (0 where `allow`)."""
+    if not why:
+        return 0
+    status = 0 if allow else EXIT_NOTHING_JUDGED
+    print(f"parbench: {why}; exit {status}" + ("" if allow else " (--allow-unjudged: exit 0)"), file=sys.stderr)
+    return status
 
 
 def command_expect(args: argparse.Namespace) -> int:
@@ -716,8 +784,13 @@ def command_ab(args: argparse.Namespace) -> int:
                              matrix=args.matrix)
     except ab.Unavailable as why:
         print(f"A/B run: {ab.Outcome.SKIPPED.value}: {why}")
-        return 0
-    return max(result.exit_status for result in results)
+        return nothing_judged_status(f"nothing judged: {why}", allow=args.allow_unjudged)
+    worst = max(result.exit_status for result in results)
+    skipped = [result for result in results if result.outcome is ab.Outcome.SKIPPED]
+    if worst == 0 and skipped:
+        return nothing_judged_status(f"nothing judged in {len(skipped)} of {len(results)} runs: {skipped[0].reason}",
+                                     allow=args.allow_unjudged)
+    return worst
 
 
 def command_reproduce(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from harness.derive.gate import DEFAULT_ALPHA, METRIC_NAMES, launches_needed_a_side
 from harness.derive.harness_overhead import BARE_STRATEGY
 from harness.derive.parity import DETERMINISTIC_DEVICES, NOISE_FLOOR_LAUNCHES, REFERENCE_STRATEGY
 from harness.machine import Machine
@@ -258,14 +259,18 @@ def smoke(machine: Machine, select: Selection) -> list[RunSpec]:
 
 
 HARNESS_OVERHEAD_LAUNCHES = 5
+# A GPU matrix's launches a cell by default: the fewest with which `harness compare` can judge every metric of one
+# cell (harness.derive.gate: 1 / C(2k, k) <= alpha / its metrics; 5 at alpha 0.05 and 5 metrics). At 3 it judged
+# none of them, so two GPU runs could never be compared at the matrix's own defaults.
+GATE_REPEATS = launches_needed_a_side(DEFAULT_ALPHA / len(METRIC_NAMES))
 
 
 def full(machine: Machine, select: Selection) -> list[RunSpec]:
     """Every strategy on both workload families at world sizes 1, 2, 4, ... up to the devices x nodes
-    (DataParallel up to one node's devices; fp32 on CPU, bf16 and 3 repeats on GPU), with the plain loop and the bare
+    (DataParallel up to one node's devices; fp32 on CPU, bf16 and GATE_REPEATS launches on GPU), with the plain loop and the bare
     loop beside it (the harness's own cost) at world size 1, 5 launches each unless --repeats says otherwise (the
     5 a bootstrap interval of their medians needs: one launch a side is a draw of the machine's noise)."""
-    repeats = 3 if machine.device is DeviceKind.CUDA else 1
+    repeats = GATE_REPEATS if machine.device is DeviceKind.CUDA else 1
     sizes = _powers_of_two_up_to(machine.devices)
     cells = Cells(machine, select, Plan((BARE_STRATEGY, *ALL_BUT_REFERENCES), sizes, repeats=repeats,
                                         precision=_precision(machine), reference_repeats=HARNESS_OVERHEAD_LAUNCHES))
@@ -285,7 +290,8 @@ def scaling(machine: Machine, select: Selection) -> list[RunSpec]:
     devices x nodes: strong keeps the global batch of the largest size, weak keeps the per-device batch;
     the plain loop at each global batch is the reference (harness.derive.scaling)."""
     sizes = _powers_of_two_up_to(machine.devices)
-    cells = Cells(machine, select, Plan(SCALING_STRATEGIES, sizes, repeats=3, precision=_precision(machine)))
+    repeats = GATE_REPEATS if machine.device is DeviceKind.CUDA else 3
+    cells = Cells(machine, select, Plan(SCALING_STRATEGIES, sizes, repeats=repeats, precision=_precision(machine)))
     for workload, plan in _plans(machine, select, PLANS).items():
         cells.strong(workload, plan)
         if "global_batch" not in dict(select.overrides):    # a global batch the user fixed has no weak series

@@ -323,3 +323,17 @@ def test_a_cells_size_check_is_its_launch_furthest_off_the_plan_with_that_launch
     for launches in ([near, short], [short, near]):
         worst = _worst_checkpoint(launches)
         assert (worst["checkpoint_tensor_bytes"], worst["checkpoint_size_holds"]) == (681_400, False)
+
+
+def test_a_resume_or_parity_mismatch_makes_run_exit_with_the_check_failed_status(capsys):
+    from harness.cli import EXIT_CHECK_FAILED, failed_checks, run_exit_status
+    from harness.spec import RunResult, Status
+
+    planted = {**resumed_row(probe={**PROBE, "update_norm_first_step": 0.48}), "status": "ok", "run_id": "p"}
+    found = failed_checks([planted])
+    assert len(found) == 1 and found[0].endswith("resume mismatch (update_norm_first_step)")
+    ran = [RunResult(spec=checked(spec()), status=Status.OK, run_id="p")]
+    assert run_exit_status(ran, allow_failed=False, checks_failed=found) == EXIT_CHECK_FAILED == 5
+    assert "1 launches failed a check: " in capsys.readouterr().err
+    assert run_exit_status(ran, allow_failed=True, checks_failed=found) == 0
+    assert failed_checks([{**resumed_row(), "status": "ok", "run_id": "g"}]) == []      # an exact resume passes

@@ -138,8 +138,12 @@ def test_the_smoke_matrix_at_three_launches_a_side_cannot_fail_the_gate_and_says
     # 1 / C(n + m, n) <= 0.05 / 5 = 0.01: 3 vs 3 gives 1/20, 5 vs 5 gives 1/252.
     base = _write(tmp_path / "base.jsonl", _smoke(3))
     new = _write(tmp_path / "new.jsonl", _smoke(3, plain_slower=1.3))
-    assert main(["compare", str(base), str(new)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    assert main(["compare", str(base), str(new)]) == 6            # nothing judged: not a pass
+    captured = capsys.readouterr()
+    assert captured.err.strip() == ("parbench: nothing judged: 5 metrics with too few launches (had 3 v 3; 5 a side "
+                                    "judge this family of 5), 0 cells not compared (no ok launch, or not in both "
+                                    "files); exit 6 (--allow-unjudged: exit 0)")
+    lines = captured.out.splitlines()
     step = next(line for line in lines if "plain" in line and "step_time" in line)
     assert step.endswith("not judged: 3 vs 3 launches apart beyond the threshold, not evidence (chance 0.05 > "
                          "alpha 0.05 / 5 metrics; needs 5 a side)")
@@ -338,7 +342,7 @@ def test_too_few_launches_are_named_with_what_they_need_and_do_not_fail(tmp_path
     # One launch against four, twice as slow: 1 / C(5, 1) = 0.2 > 0.05 / 2, not evidence.
     base = _write(tmp_path / "base.jsonl", _plain()[:1])
     new = _write(tmp_path / "new.jsonl", _plain(step_ms=(80.0, 82.0, 84.0, 83.0)))
-    assert main(["compare", str(base), str(new)]) == 0
+    assert main(["compare", str(base), str(new)]) == 6
     lines = capsys.readouterr().out.splitlines()
     assert sum("not judged: 1 vs 4 launches apart beyond the threshold, not evidence (chance 0.2 > alpha 0.05 / 2 "
                "metrics; needs 4 a side)" in l for l in lines) == 1
@@ -403,7 +407,7 @@ def test_judging_chosen_metrics_makes_a_smaller_family_that_fewer_launches_judge
     # 0.025 >= 1/70, so 4 a side judge it.
     base = _write(tmp_path / "base.jsonl", _smoke(4))
     new = _write(tmp_path / "new.jsonl", _smoke(4, plain_slower=1.3))
-    assert main(["compare", str(base), str(new)]) == 0
+    assert main(["compare", str(base), str(new), "--allow-unjudged"]) == 0
     assert capsys.readouterr().out.splitlines()[-2].endswith("5 not judged; 0 cells not compared")
     assert main(["compare", str(base), str(new), "--metric", "step_time_unstalled_median_s"]) == 1
     lines = capsys.readouterr().out.splitlines()
@@ -465,3 +469,11 @@ def test_the_ab_tiers_family_false_alarms_at_most_alpha_though_overlapping_launc
     assert rates["regression"] <= ALPHA + _margin(5_000)
     assert rates["improvement"] <= ALPHA + _margin(5_000)
     assert rates["regression"] > 0.02     # the test does call overlapping launches: not the all-beyond rule's ~0
+
+
+def test_a_one_launch_file_against_itself_judges_nothing_and_says_so_with_its_own_status(tmp_path, capsys):
+    rows = _write(tmp_path / "rows.jsonl", _smoke(1))
+    assert main(["compare", str(rows), str(rows)]) == 6
+    err = capsys.readouterr().err
+    assert "nothing judged: 5 metrics with too few launches (had 1 v 1; 5 a side judge this family of 5)" in err
+    assert main(["compare", str(rows), str(rows), "--allow-unjudged"]) == 0
