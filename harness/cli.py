@@ -786,9 +786,11 @@ def command_ab(args: argparse.Namespace) -> int:
         print(f"A/B run: {ab.Outcome.SKIPPED.value}: {why}")
         return nothing_judged_status(f"nothing judged: {why}", allow=args.allow_unjudged)
     worst = max(result.exit_status for result in results)
-    skipped = [result for result in results if result.outcome is ab.Outcome.SKIPPED]
-    if worst == 0 and skipped:
-        return nothing_judged_status(f"nothing judged in {len(skipped)} of {len(results)} runs: {skipped[0].reason}",
+    # A run whose gate judged no metric at all (its base failed to launch, no cell on both sides); one that judged
+    # some and left others has its verdict on those.
+    empty = [result for result in results if result.gate is None or nothing_judged(result.gate)]
+    if worst == 0 and empty:
+        return nothing_judged_status(f"nothing judged in {len(empty)} of {len(results)} runs: {empty[0].reason}",
                                      allow=args.allow_unjudged)
     return worst
 

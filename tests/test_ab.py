@@ -287,6 +287,26 @@ def test_a_root_commit_or_a_shallow_clone_skips_with_the_reason_and_a_bad_ref_is
 
 
 @pytest.mark.launch
+def test_harness_ab_in_a_clone_of_depth_1_exits_with_the_nothing_judged_status(tmp_path):
+    # This project, cloned as a CI job might clone it: `harness ab` there has no base to measure against, which is
+    # not a pass (exit 6), and says so; --allow-unjudged keeps 0 for those who want it.
+    import os
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    shallow = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{root}", str(shallow)], check=True)
+    env = {**os.environ, "PYTHONPATH": str(shallow)}
+    done = subprocess.run([sys.executable, "-m", "harness", "ab", "--out", str(tmp_path / "ab")], cwd=shallow, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert "shallow clone" in done.stdout and "parbench: nothing judged: shallow clone" in done.stderr
+    allowed = subprocess.run([sys.executable, "-m", "harness", "ab", "--out", str(tmp_path / "ab2"), "--allow-unjudged"],
+                             cwd=shallow, env=env, capture_output=True, text=True, timeout=120)
+    assert allowed.returncode == 0, allowed.stderr
+
+
+@pytest.mark.launch
 def test_the_base_checkout_is_its_commit_and_is_removed_even_on_an_error(repo):
     first = _commit(repo, "one")
     _commit(repo, "two")
