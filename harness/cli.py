@@ -434,8 +434,14 @@ def command_run(args: argparse.Namespace) -> int:
         return write_manifests(specs, placement, args.out, args.timeout)
     if args.dry_run:   # the plan, with every node's command; launches nothing, writes nothing
         from harness.launch.dry_run import describe_plan
+        from harness.runner import resume_plan
 
         planned_out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+        if args.resume:     # what a resume would launch, not the whole matrix
+            specs, counts = resume_plan(specs, RunOptions(results=planned_out, placement=placement, resume=True))
+            print(f"{run_header(counts, planned_out)} (a dry run of the resume: nothing is launched or written)")
+            if not specs:
+                return 0
         print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout))
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"

@@ -94,28 +94,9 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
     cell folder), never a row that was already recorded. Raises AppendError, naming where the launch's own
     record is kept, when its row cannot be appended."""
     environment = run_environment(options)
-    existing = read_results([options.results]) if options.results.exists() else []
-    # A cell is its spec under the run's conditions (harness.derive.identity): a row of the same spec at
-    # another link rate, placement or host type is another cell's, never reused.
-    with_row = {(_identity(r.spec, r.environment), r.repeat) for r in existing}
-    kept = _kept_on_resume(existing) if options.resume else {}
-    steps = []
-    for repeat in range(max((spec.repeats for spec in specs), default=0)):
-        for spec in (spec for spec in specs if repeat < spec.repeats):
-            identity = _identity(spec, environment)
-            cell_dir = launch_dir(options.results, spec, repeat, environment=environment)
-            recorded = kept.get((identity, repeat))
-            if recorded is not None and recorded.status is Status.SKIPPED and not _skip_reason(spec):
-                recorded = None            # what made it skip is gone (a library installed): run it now
-            recovered = None
-            # A launch with a row of any status keeps its verdict: only a missing row is recovered.
-            if recorded is None and options.resume and (identity, repeat) not in with_row:
-                recovered = recover_from_cell_dir(spec, repeat, cell_dir, environment)
-            steps.append((spec, repeat, cell_dir, recorded, recovered))
+    steps = planned_steps(specs, options, environment)
     if on_plan is not None:
-        on_plan(Planned(cells=len(specs), launches=sum(r is None and v is None for *_, r, v in steps),
-                        recorded=sum(r is not None for *_, r, _ in steps),
-                        recovered=sum(v is not None for *_, v in steps)))
+        on_plan(planned(specs, steps))
     results = []
     budget = Budget(options.budget_s)
     for spec, repeat, cell_dir, recorded, result in steps:
@@ -167,6 +148,50 @@ class Budget:
     def timeout(self, per_launch: float) -> float:
         """A launch's time-out: its own, or what is left of the budget where that is less."""
         return min(per_launch, self.left())
+
+
+Step = tuple[RunSpec, int, Path, RunResult | None, RunResult | None]   # spec, repeat, folder, recorded, recovered
+
+
+def planned_steps(specs: Sequence[RunSpec], options: RunOptions, environment: dict[str, Any]) -> list[Step]:
+    """Every launch of `specs`, repeat by repeat, with the row a resume keeps for it (`recorded`) or the one it
+    recovers from its cell folder (`recovered`); both None for a launch that will run. Reads, never writes."""
+    existing = read_results([options.results]) if options.results.exists() else []
+    # A cell is its spec under the run's conditions (harness.derive.identity): a row of the same spec at
+    # another link rate, placement or host type is another cell's, never reused.
+    with_row = {(_identity(r.spec, r.environment), r.repeat) for r in existing}
+    kept = _kept_on_resume(existing) if options.resume else {}
+    steps = []
+    for repeat in range(max((spec.repeats for spec in specs), default=0)):
+        for spec in (spec for spec in specs if repeat < spec.repeats):
+            identity = _identity(spec, environment)
+            cell_dir = launch_dir(options.results, spec, repeat, environment=environment)
+            recorded = kept.get((identity, repeat))
+            if recorded is not None and recorded.status is Status.SKIPPED and not _skip_reason(spec):
+                recorded = None            # what made it skip is gone (a library installed): run it now
+            recovered = None
+            # A launch with a row of any status keeps its verdict: only a missing row is recovered.
+            if recorded is None and options.resume and (identity, repeat) not in with_row:
+                recovered = recover_from_cell_dir(spec, repeat, cell_dir, environment)
+            steps.append((spec, repeat, cell_dir, recorded, recovered))
+    return steps
+
+
+def planned(specs: Sequence[RunSpec], steps: Sequence[Step]) -> Planned:
+    """The counts of `planned_steps`: cells, launches to run, recorded and recovered."""
+    return Planned(cells=len(specs), launches=sum(r is None and v is None for *_, r, v in steps),
+                   recorded=sum(r is not None for *_, r, _ in steps), recovered=sum(v is not None for *_, v in steps))
+
+
+def resume_plan(specs: Sequence[RunSpec], options: RunOptions) -> tuple[list[RunSpec], Planned]:
+    """What `run --resume` would launch: each cell with launches still to run, its repeats their number, and the
+    counts (harness.launch.dry_run prints the cells)."""
+    steps = planned_steps(specs, options, run_environment(options))
+    left: dict[int, int] = {}
+    for spec, _, _, recorded, recovered in steps:
+        if recorded is None and recovered is None:
+            left[id(spec)] = left.get(id(spec), 0) + 1
+    return [spec.replace(repeats=left[id(spec)]) for spec in specs if id(spec) in left], planned(specs, steps)
 
 
 def _identity(spec: RunSpec, environment: dict[str, Any]) -> str:

@@ -79,3 +79,21 @@ def test_resume_runs_a_skipped_cell_again_once_its_reason_is_gone(tmp_path, caps
         spec=spec, status=Status.FAILED, message="ran", run_id="again", repeat=kwargs["repeat"]))
     assert main([*command, "--resume"]) == 4          # it ran again (and the stand-in failed: exit 4)
     assert [row.message for row in read_results([out])][1:] == ["ran"]
+
+
+def test_a_dry_run_of_a_resume_prints_what_the_resume_would_launch_and_launches_nothing(tmp_path, capsys, launches):
+    out = tmp_path / "rows.jsonl"
+    assert main([*MATRIX, "--strategy", "plain", "--out", str(out)]) == 0        # the run cut short after plain
+    capsys.readouterr()
+    launches.clear()
+    assert main([*MATRIX, "--strategy", "plain,ddp", "--out", str(out), "--resume", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"parbench: 3 cells, 2 launches -> {out}; 1 launch already recorded there, not launched "
+                              "again (a dry run of the resume: nothing is launched or written)")
+    cells = [line for line in printed.splitlines() if "/ws" in line and " x" in line]
+    assert [line.split()[0] for line in cells] == ["gpt-tiny/ddp/ws1/gb16/mb4/fp32/cpu",
+                                                   "gpt-tiny/ddp/ws2/gb16/mb4/fp32/cpu"]
+    assert launches == [] and len(read_results([out])) == 1          # nothing launched, nothing appended
+    # Everything recorded: the resume would launch nothing, and its dry run says so.
+    assert main([*MATRIX, "--strategy", "plain", "--out", str(out), "--resume", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith(f"parbench: 1 cells, 0 launches -> {out}; 1 launch already recorded")
