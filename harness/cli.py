@@ -51,7 +51,7 @@ from harness.emulate.network import EmulatedNetwork
 from harness.emulate.session import check_emulation
 from harness.launch.placement import NAMED, EmulatedPlacement, KubernetesPlacement, Placement, make_placement
 from harness.launch.placement.k8s import DEFAULT_IMAGE, JobKind, manifests_left_over
-from harness.spec import RunResult, RunSpec, SpecError, Status
+from harness.spec import DeviceKind, RunResult, RunSpec, SpecError, Status
 
 
 if TYPE_CHECKING:
@@ -67,6 +67,10 @@ FAILED_STATUSES = frozenset({Status.FAILED, Status.OOM, Status.TIMEOUT})
 EXIT_CHECK_FAILED = 5
 # `compare`'s and `ab`'s exit status where nothing could be judged: "0 metrics judged" is not a pass.
 EXIT_NOTHING_JUDGED = 6
+# `comm` on CPU refuses more ranks a core than this without --oversubscribe: 64 ranks on this 2-core machine ran on for
+# 19 minutes after their parent was killed, timing nothing but the cores' sharing. 4 leaves the emulated clusters'
+# layouts (8 ranks on 8 namespace nodes of 2 cores) and a 2-rank check on one core.
+COMM_RANKS_PER_CORE = 4
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -262,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--emulate-link", metavar="RATE", help="across the nodes of an emulated cluster (root), "
                       "links shaped to RATE (e.g. 100mbit), the ranks spread evenly over the nodes")
     comm.add_argument("--emulate-nodes", type=int, default=2, help="with --emulate-link: nodes (default 2)")
+    comm.add_argument("--oversubscribe", action="store_true", help=f"on CPU, run more than {COMM_RANKS_PER_CORE} "
+                      "ranks a core (refused otherwise: their timings measure the cores' sharing)")
 
     project = commands.add_parser("project", help="predict step time, throughput, scaling efficiency and "
                                   "memory per rank at world sizes not measured (harness.project.projection)")
@@ -653,7 +659,9 @@ def command_comm(args: argparse.Namespace) -> int:
         commbench.sizes_between(args.min_bytes, args.max_bytes)
     except ValueError as error:
         raise SpecError(str(error)) from None
-    device = Machine.detect(args.device).device
+    machine = Machine.detect(args.device)
+    device = machine.device
+    check_comm_ranks(args.world_size, machine, oversubscribe=args.oversubscribe)
     emulated = EmulatedNetwork.planned(args.emulate_link, args.emulate_nodes) if args.emulate_link else None
     if emulated is not None:
         check_emulation(emulated, ())
@@ -678,6 +686,22 @@ def command_comm(args: argparse.Namespace) -> int:
     print(commbench.format_table(rows))
     print(f"\nrow appended to {out}")
     return 0
+
+
+def check_comm_ranks(world_size: int, machine: Machine, *, oversubscribe: bool) -> None:
+    """On CPU, where every rank of `comm` runs on this machine's cores (an emulated cluster's nodes too): a warning
+    where the ranks outnumber them, as `run` warns, and one line refusing more than COMM_RANKS_PER_CORE a core
+    unless `oversubscribe`, before anything starts."""
+    if machine.device is not DeviceKind.CPU:
+        return
+    cores = machine.devices_per_node
+    if world_size > COMM_RANKS_PER_CORE * cores and not oversubscribe:
+        raise SpecError(f"--world-size {world_size} puts {world_size / cores:.0f} ranks on each of this machine's "
+                        f"{cores} cores, over {COMM_RANKS_PER_CORE}: their timings would measure the cores' sharing; "
+                        "--oversubscribe runs it anyway")
+    if world_size > cores:
+        print(f"parbench: warning: {world_size} ranks on this machine's {cores} cores: the collectives' times measure "
+              "the cores' sharing, not the link", file=sys.stderr)
 
 
 def command_project(args: argparse.Namespace) -> int:

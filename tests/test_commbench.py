@@ -98,3 +98,22 @@ def test_comm_run_at_two_ranks_records_every_ranks_time_their_mean_and_the_slowe
         assert row["time_max_rank_s"] == max(row["time_by_rank_s"])
         assert row["algbw_bytes_per_s"] == pytest.approx(row["size_bytes"] / row["time_s"])
     assert "max-rank us" in capsys.readouterr().out
+
+
+def test_comm_on_cpu_warns_past_the_cores_and_refuses_past_four_ranks_a_core_unless_told(capsys):
+    import pytest
+
+    from harness.cli import check_comm_ranks
+    from harness.machine import Machine
+    from harness.spec import DeviceKind, SpecError
+
+    two_cores = Machine(device=DeviceKind.CPU, devices_per_node=2)
+    check_comm_ranks(2, two_cores, oversubscribe=False)
+    assert capsys.readouterr().err == ""
+    check_comm_ranks(8, two_cores, oversubscribe=False)             # 4 a core: warned, run
+    assert "warning: 8 ranks on this machine's 2 cores" in capsys.readouterr().err
+    with pytest.raises(SpecError, match="--world-size 64 puts 32 ranks on each of this machine's 2 cores, over 4"):
+        check_comm_ranks(64, two_cores, oversubscribe=False)
+    check_comm_ranks(64, two_cores, oversubscribe=True)
+    assert "warning: 64 ranks" in capsys.readouterr().err
+    check_comm_ranks(64, Machine(device=DeviceKind.CUDA, devices_per_node=8), oversubscribe=False)   # GPUs: not cores
