@@ -51,6 +51,7 @@ from harness.compare import format_result
 from harness.derive.gate import (DEFAULT_ALPHA, FASTEST_STEP_THRESHOLDS, GateResult, Judgement, Verdict,
                                  check_thresholds, gate)
 from harness.derive.rows import label as row_label
+from harness.launch.processes import stop_process_tree
 from harness.rank.faults import FAULT_ENV, Fault
 from harness.record import read_rows
 from harness.spec import DeviceKind, SpecError
@@ -82,6 +83,9 @@ STEP_TIME_THRESHOLD = 0.15
 # steps. In an A/A run at 40 the plain loop's launches made while the machine was otherwise idle agreed
 # within 2.5% (38.8-39.8 ms).
 LAUNCH_OPTIONS = ("--timed-steps", "40")
+# How long a side's `harness run` gets, on a stop signal, to stop its own launch (its process groups' 10 s grace,
+# then SIGKILL) before what is left of its tree is killed.
+STOP_GRACE_S = 30.0
 # The fastest-step threshold: the gate's for that metric (harness/derive/gate.py, FASTEST_STEP_THRESHOLDS),
 # set from this tier's A/A and planted-slowdown runs (docs/methodology.md, "Same-job A/B of timed figures").
 FASTEST_STEP_THRESHOLD = FASTEST_STEP_THRESHOLDS[DeviceKind.CPU]
@@ -187,12 +191,17 @@ def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None,
         env.update(side.env)
         log = (logs or side.results.parent) / f"{side.name}-{index}.log"
         with open(log, "w") as out:
-            done = subprocess.run([sys.executable, "-m", "harness", "run", "--matrix", matrix, *options,
-                                   "--out", str(side.results)], cwd=side.checkout, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT)
-        if done.returncode != 0:
+            run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--matrix", matrix, *options,
+                                    "--out", str(side.results)], cwd=side.checkout, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                returncode = run.wait()
+            except BaseException:      # a stop signal here (harness.launch.interrupt): its launch goes down with it
+                stop_process_tree(run, STOP_GRACE_S)
+                raise
+        if returncode != 0:
             tail = " | ".join(log.read_text().strip().splitlines()[-3:])
-            raise LaunchFailed(f"{side.name} launch {index} exited {done.returncode} (log {log}): {tail}")
+            raise LaunchFailed(f"{side.name} launch {index} exited {returncode} (log {log}): {tail}")
     return launch
 
 

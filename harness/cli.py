@@ -49,6 +49,7 @@ from harness.record import COMMBENCH_KIND, AppendError, ResultsError, read_rows
 from harness.rank.faults import fault_from_environment
 from harness.emulate.network import EmulatedNetwork
 from harness.emulate.session import check_emulation
+from harness.launch.interrupt import Interrupted, raising_on_stop_signals
 from harness.launch.placement import NAMED, EmulatedPlacement, KubernetesPlacement, Placement, make_placement
 from harness.launch.placement.k8s import DEFAULT_IMAGE, JobKind, manifests_left_over
 from harness.spec import DeviceKind, RunResult, RunSpec, SpecError, Status
@@ -798,16 +799,12 @@ def command_expect(args: argparse.Namespace) -> int:
     return outcome.exit_status
 
 def command_ab(args: argparse.Namespace) -> int:
-    import signal
-
     from harness import ab
     from harness.environment import PROJECT_ROOT
 
     if args.matrix not in MATRICES:
         raise SpecError(f"--matrix {args.matrix!r}: known: {', '.join(MATRICES)}")
     out = args.out or Path("results") / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
-    # A CI job's timeout sends SIGTERM: raised as SystemExit, it still removes the base's work tree.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         results = ab.measure(PROJECT_ROOT, out, base_ref=args.base, a_a=args.a_a, repeat=args.repeat,
                              min_launches=args.launches or ab.AB_LAUNCHES, thresholds=dict(args.threshold), plant_new=args.plant_new,
@@ -858,7 +855,12 @@ COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        with raising_on_stop_signals():      # SIGINT, SIGTERM, SIGHUP: stop what runs, clean up, exit 128 + signal
+            return COMMANDS[args.command](args)
+    except Interrupted as stop:
+        print(f"parbench: {stop.name}: what was running is stopped and cleaned up (a run's launch in flight recorded "
+              f"as interrupted); rows already written are kept; exit {stop.exit_status}", file=sys.stderr)
+        return stop.exit_status
     except (SpecError, ResultsError) as error:
         print(f"parbench: error: {error}", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ from harness.derive.identity import cell_identity, identity_of
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.environment import capture_environment
 from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
+from harness.launch.interrupt import Interrupted
 from harness.launch.placement import LocalPlacement, Placement
 from harness.record import AppendError, append_row, read_results, read_rows
 from harness.spec import RunResult, RunSpec, SpecError, Status
@@ -111,8 +112,20 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
             if on_start is not None:
                 on_start(spec, repeat)
             _clear_outcome(cell_dir)
-            result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=budget.timeout(options.timeout_s),
-                              environment=environment, placement=options.placement)
+            began = time.monotonic()
+            try:
+                result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=budget.timeout(options.timeout_s),
+                                  environment=environment, placement=options.placement)
+            except Interrupted as stop:      # its processes are stopped by now (harness.launch.processes)
+                row = RunResult(spec=spec, status=Status.INTERRUPTED, run_id=uuid.uuid4().hex, repeat=repeat,
+                                environment=environment, artifacts_dir=str(cell_dir),
+                                wall_time_s=round(time.monotonic() - began, 3),
+                                message=f"{stop.name} arrived {time.monotonic() - began:.0f} s into the launch: its "
+                                        "processes were stopped, and the run with it")
+                append_row(options.results, row)
+                if on_result is not None:
+                    on_result(row)
+                raise
         result = _with_user_peak(result, options.peak_flops_per_s)
         try:
             append_row(options.results, result)

@@ -38,6 +38,7 @@ class Status(enum.StrEnum):
     OOM = "oom"
     TIMEOUT = "timeout"
     SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"     # a stop signal ended the run while this launch ran (harness.launch.interrupt)
 
 
 class Precision(enum.StrEnum):

@@ -73,12 +73,12 @@ def _wait_all(processes: list[subprocess.Popen], deadline: float) -> tuple[list[
         time.sleep(0.2)
 
 
-def kill_group(process: subprocess.Popen) -> None:
-    """Stop a command's process group: SIGTERM (launchers pass it on to their ranks), then SIGKILL."""
+def kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a command's process group: SIGTERM (launchers pass it on to their ranks), then SIGKILL after `grace_s`."""
     if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=10)
+            process.wait(timeout=grace_s)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
     try:
@@ -86,6 +86,24 @@ def kill_group(process: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     process.wait()
+
+
+def stop_process_tree(process: subprocess.Popen, grace_s: float) -> None:
+    """Stop a child that runs launches of its own (a `harness run` of the A/B tier): SIGTERM to its process group, on
+    which it stops and records its launch, then SIGKILL after `grace_s` to whatever is left of its process tree as
+    it was before the signal (its launches run in sessions of their own, outside its group, and a child of an older
+    commit may not clean up after itself)."""
+    try:
+        tree = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    kill_group(process, grace_s)
+    for stray in tree:
+        try:
+            stray.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(tree, timeout=10)
 
 
 def sweep(token: str) -> None:
