@@ -36,8 +36,10 @@ def test_compare_judges_nothing_from_one_launch_a_side_and_says_so(two_runs, cap
     # One launch per cell a side: 1 vs 1 launches fire the rule by chance half the time (1 / C(2, 1)), so
     # nothing is judged, whatever the launches hold; every metric is named with why.
     base, new = two_runs
-    assert main(["compare", str(base), str(new)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    assert main(["compare", str(base), str(new)]) == 6            # nothing judged: its own status, not a pass
+    captured = capsys.readouterr()
+    assert "parbench: nothing judged: 5 metrics with too few launches (had 1 v 1; 5 a side" in captured.err
+    lines = captured.out.splitlines()
     named = [line for line in lines if "not judged: 1 vs 1 launches" in line]
     # plain: step time, peak RSS; DDP: those and the exposed communication share.
     assert len(named) == 5
