@@ -14,6 +14,7 @@ here: every gpt-tiny parameter's first dimension is even (FSDP2 shards dim 0 ove
 multiple of 4 (DeepSpeed aligns its flat buffers to 2 elements x 2 ranks), so the tolerance is zero.
 """
 
+import gc
 import math
 
 import pytest
@@ -21,8 +22,10 @@ import torch
 from torch import nn
 
 from harness.derive.memory import (STORED_SCHEMA_1, model_state_comparison, plan_bytes, predicted_model_states)
-from harness.rank.memory_model import (ModelStateReader, PeakRssSince, census_bytes, largest_module_own_parameters,
-                                  peak_memory, reset_peak_memory)
+from harness.rank.memory_model import (MIB, OUTSIDE_CENSUS_FLAG_BYTES, ModelStateReader, ModelStateTensors,
+                                       PeakRssSince, census_bytes, largest_module_own_parameters, outside_census,
+                                       peak_memory, reset_peak_memory, resident_bytes, torch_model_state_tensors,
+                                       untracked_tensor_bytes)
 from harness.record import read_results
 from harness.runner import RunOptions, run_specs
 from harness.spec import RunSpec, Status
@@ -139,6 +142,97 @@ def test_model_states_are_unavailable_with_fewer_than_two_warmup_steps():
     reader = ModelStateReader(trainer=None, device=torch.device("cpu"), warmup_steps=1)
     assert "warmup_steps >= 2" in reader.unavailable_because
     assert reader.gradients_ready(0, []) is None
+
+
+# ---- memory outside the census ------------------------------------------------------------------
+
+
+def _linear_after_one_adamw_step():
+    """nn.Linear(3, 2) (8 parameters in 2 tensors) and its AdamW after one update, which makes AdamW's state:
+    by hand its census is 32 bytes of weights, 32 of gradients and 2 x 32 of moments + 2 x 4 of steps = 72."""
+    from harness.strategies.base import make_adamw
+
+    model = nn.Linear(3, 2)
+    optimizer = make_adamw(model.parameters(), torch.device("cpu"))
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _untracked(states, inputs=()) -> int:
+    gc.collect()
+    return untracked_tensor_bytes(states, inputs)
+
+
+NOTHING = ModelStateTensors(weights=[], gradients=None, optimizer=[])
+
+
+def test_tensors_outside_the_census_leave_out_the_census_storages_and_the_inputs():
+    model, optimizer = _linear_after_one_adamw_step()
+    states = torch_model_state_tensors(model, optimizer)
+    assert census_bytes(states) == {"weights": 32, "gradients": 32, "optimizer": 72}
+    inputs = [torch.ones(4, 3), torch.zeros(4, dtype=torch.int64)]          # 48 + 32 bytes
+    # Every other tensor of this process (pytest's, torch's own) is found too: compare, never count from zero.
+    everything = _untracked(NOTHING)
+    assert everything - _untracked(states) == 32 + 32 + 72
+    assert _untracked(states) - _untracked(states, inputs) == 48 + 32
+
+
+def test_tensors_outside_the_census_count_each_storage_once_and_not_a_view_of_a_counted_one():
+    model, optimizer = _linear_after_one_adamw_step()
+    states = torch_model_state_tensors(model, optimizer)
+    before = _untracked(states)
+    views = [model.weight.detach()[0], model.weight.grad.view(-1)]        # views of census storages: nothing
+    assert _untracked(states) == before
+    copy = torch.zeros(1000)                                                # 4,000 bytes outside the census
+    halves = copy[:500], copy[500:]                                         # its views: the same storage
+    assert _untracked(states) == before + 4000
+    del views, copy, halves
+    assert _untracked(states) == before
+
+
+def test_the_gap_is_the_resident_growth_less_the_census_and_flagged_above_the_devices_size():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    census = 10 * MIB
+    assert outside_census(100 * MIB, census, cpu) == (90 * MIB, False)
+    assert outside_census(census + OUTSIDE_CENSUS_FLAG_BYTES["cpu"], census, cpu) == (
+        OUTSIDE_CENSUS_FLAG_BYTES["cpu"], False)                            # at the size: not above it
+    assert outside_census(census + OUTSIDE_CENSUS_FLAG_BYTES["cpu"] + 1, census, cpu)[1]
+    # The allocator counts tensors alone: the GPU's size is the smaller, and 90 MiB is above it.
+    assert OUTSIDE_CENSUS_FLAG_BYTES["cuda"] < OUTSIDE_CENSUS_FLAG_BYTES["cpu"]
+    assert outside_census(100 * MIB, census, cuda) == (90 * MIB, True)
+    assert outside_census(5 * MIB, census, cpu) == (-5 * MIB, False)       # freed since the baseline
+    assert outside_census(None, census, cpu) == (None, False)               # no growth read: no gap, no flag
+
+
+class _HandTrainer:
+    """The one method and flag ModelStateReader asks a trainer for, over a hand-built model and AdamW."""
+
+    reaches_gradients_ready = True
+
+    def __init__(self) -> None:
+        self.model, self.optimizer = _linear_after_one_adamw_step()
+
+    def model_state_tensors(self) -> ModelStateTensors:
+        return torch_model_state_tensors(self.model, self.optimizer)
+
+
+def test_the_reading_records_tensors_outside_the_census_and_the_gap_of_the_resident_growth():
+    trainer = _HandTrainer()
+    reader = ModelStateReader(trainer, torch.device("cpu"), warmup_steps=2, resident_before=resident_bytes(
+        torch.device("cpu")))
+    batch = [(torch.ones(4, 3), torch.zeros(4, dtype=torch.int64))]
+    reader.gradients_ready(1, batch)()
+    assert reader.census == {"weights": 32, "gradients": 32, "optimizer": 72}
+    assert reader.untracked == _untracked(trainer.model_state_tensors(), batch[0])
+    assert reader.resident_growth is not None                # Linux: RssAnon is readable
+    assert reader.outside_census == reader.resident_growth - (32 + 32 + 72)
+    assert reader.flagged is (reader.outside_census > OUTSIDE_CENSUS_FLAG_BYTES["cpu"])
+    # No baseline (a reader built without one): no growth, no gap, no flag; the tensors are still counted.
+    blind = ModelStateReader(trainer, torch.device("cpu"), warmup_steps=2)
+    blind.gradients_ready(1, batch)()
+    assert (blind.resident_growth, blind.outside_census, blind.flagged) == (None, None, False)
+    assert blind.untracked is not None
 
 
 # ---- real launches: the census at gradients_ready against the strategy's plan ---------------------

@@ -13,6 +13,10 @@ Inside a rank (harness.rank.worker) this module
 - reads the model states once per launch (`ModelStateReader`), at the `gradients_ready` point of the last
   warm-up step: after backward and the gradient reduction, before the update frees any gradient, with
   the optimizer state of the step before present;
+- at the same reading, measures what the rank holds outside the census: the bytes of every other tensor the
+  interpreter reaches (`untracked_tensor_bytes`, exact), and its resident growth since just before the model
+  was built (`resident_bytes`: RssAnon on CPU, allocator bytes on CUDA), whose excess over the census is
+  flagged above `OUTSIDE_CENSUS_FLAG_BYTES`;
 - calls DeepSpeed's own ZeRO-2/3 estimator (`deepspeed_estimate`).
 
 The predictions these are compared with are computed from the row in harness.derive.memory.
@@ -21,6 +25,7 @@ The predictions these are compared with are computed from the row in harness.der
 from __future__ import annotations
 
 import enum
+import gc
 import re
 import resource
 from dataclasses import dataclass, field
@@ -33,6 +38,18 @@ from torch import nn
 CLEAR_REFS = Path("/proc/self/clear_refs")
 PROC_STATUS = Path("/proc/self/status")
 RESET_PEAK_RSS = "5"        # proc(5), /proc/pid/clear_refs: "reset the peak resident set size"
+MIB = 1 << 20
+# A rank's resident growth beyond its census, above which its row is flagged (`memory_outside_census_flagged`), by
+# device type. CPU: RssAnon also grows by everything the rank first imports and caches once it wraps and steps the
+# model, none of it a tensor: the plain loop's wrap alone imports some 800 modules (torch._dynamo and sympy among
+# them, for AdamW) and grows by 69 MiB. The ci matrix's honest gpt-tiny cells at 2 ranks, launched twice here,
+# grew by 77-84 MiB beyond their census (the torch strategies) and 124-130 MiB (DeepSpeed's: its engine), within
+# 4 MiB from launch to launch; 256 MiB is twice the largest, so no honest cell is flagged and a regression of
+# that order is. CUDA: the allocator counts tensors alone, rounded to 512-byte blocks, so a gap is tensors the
+# census does not name, none of them imports: DDP's buckets where gradients are not views of them (25 MiB each),
+# ZeRO-3's reduce bucket (reduce_bucket_size elements, 2 GB in fp32 at DeepSpeed's default: flagged, as it
+# should be). 64 MiB is above a DDP bucket and far under a weight copy of any GPU workload; no GPU measured it.
+OUTSIDE_CENSUS_FLAG_BYTES = {"cpu": 256 * MIB, "cuda": 64 * MIB}
 
 
 class PeakRssSince(enum.StrEnum):
@@ -78,14 +95,24 @@ def census_bytes(tensors: ModelStateTensors) -> dict[str, int | None]:
             continue
         total = 0
         for tensor in group:
-            storage = _local(tensor).untyped_storage()
-            key = (str(storage.device), storage.data_ptr())
-            if storage.nbytes() == 0 or key in seen:
+            key, nbytes = _storage(tensor)
+            if nbytes == 0 or key in seen:
                 continue
             seen.add(key)
-            total += storage.nbytes()
+            total += nbytes
         counts[kind] = total
     return counts
+
+
+def census_tensors(tensors: ModelStateTensors) -> list[torch.Tensor]:
+    """Every tensor the census reads, of all three kinds."""
+    return [*tensors.weights, *(tensors.gradients or []), *tensors.optimizer]
+
+
+def _storage(tensor: torch.Tensor) -> tuple[tuple[str, int], int]:
+    """((device, address), bytes) of the storage behind `tensor` (a DTensor's: its local shard's)."""
+    storage = _local(tensor).untyped_storage()
+    return (str(storage.device), storage.data_ptr()), storage.nbytes()
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -102,6 +129,53 @@ def storage_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
             storage = tensor.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
+
+
+def untracked_tensor_bytes(model_states: ModelStateTensors, inputs: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages of every tensor the interpreter reaches (`gc.get_objects()`; a DTensor
+    through its local shard) less the census's storages and the step's input tensors': tensors a rank holds
+    outside its model states. Call it after `gc.collect()`: until then tensors in unreachable cycles count too.
+
+    Exact and the same from launch to launch for a given code path (the same tensors, of the same sizes, are
+    alive at the reading), so the exact tier holds it. What it cannot see: tensors that only C++ holds, with
+    no Python object (autograd's saved tensors, DDP's reducer buckets, Horovod's fusion buffer, ProcessGroup
+    work in flight), and memory that is no tensor at all (allocator caches, the interpreter's own objects);
+    the resident growth (`resident_bytes`) sees those."""
+    excluded = {_storage(t)[0] for t in [*census_tensors(model_states), *inputs]}
+    found: dict[tuple[str, int], int] = {}
+    for thing in gc.get_objects():
+        # type(), not isinstance: isinstance reads __class__, which a dead weakref.proxy answers with an error.
+        if not issubclass(type(thing), torch.Tensor):
+            continue
+        try:
+            key, nbytes = _storage(thing)
+        except (RuntimeError, NotImplementedError):     # no storage of its own (a sparse or functional tensor)
+            continue
+        if key not in excluded and key[0] != "meta":
+            found[key] = nbytes
+    return sum(found.values())
+
+
+def resident_bytes(device: torch.device) -> int | None:
+    """What a rank's resident growth is measured in: on CUDA the allocator's bytes in use on `device`; elsewhere
+    the process's anonymous resident memory (RssAnon in /proc/self/status, proc(5), Linux >= 4.5: heap, stacks
+    and private mappings, not the libraries' file-backed pages), None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return _status_bytes("RssAnon")
+
+
+def outside_census(growth: float | None, census_on_device: int, device: torch.device) -> tuple[float | None, bool]:
+    """(gap, flagged): a rank's resident growth less its census's bytes on its device, and whether that gap is
+    above OUTSIDE_CENSUS_FLAG_BYTES for the device; (None, False) where the growth could not be read."""
+    if growth is None:
+        return None, False
+    gap = growth - census_on_device
+    return gap, gap > outside_census_flag_bytes(device)
+
+
+def outside_census_flag_bytes(device: torch.device) -> int:
+    return OUTSIDE_CENSUS_FLAG_BYTES["cuda" if device.type == "cuda" else "cpu"]
 
 
 def largest_module_own_parameters(model: nn.Module) -> int:
@@ -141,8 +215,13 @@ def peak_memory(device: torch.device, since: PeakRssSince) -> dict[str, float]:
 
 def _vm_hwm_bytes() -> int | None:
     """VmHWM (peak resident set size) of this process from /proc/self/status, or None where unreadable."""
+    return _status_bytes("VmHWM")
+
+
+def _status_bytes(name: str) -> int | None:
+    """A kB field of /proc/self/status in bytes, or None where unreadable."""
     try:
-        match = re.search(r"^VmHWM:\s+(\d+) kB$", PROC_STATUS.read_text(), re.MULTILINE)
+        match = re.search(rf"^{name}:\s+(\d+) kB$", PROC_STATUS.read_text(), re.MULTILINE)
     except OSError:
         return None
     return int(match.group(1)) * 1024 if match else None
@@ -162,8 +241,13 @@ class ModelStateReader:
     trainer: Any                          # harness.strategies.Trainer (not imported: no cycle)
     device: torch.device
     warmup_steps: int
+    resident_before: int | None = None    # `resident_bytes` just before the model was built
     census: dict[str, int | None] | None = None
     allocated: float | None = None        # CUDA: allocator bytes minus the step's input tensors
+    untracked: int | None = None          # `untracked_tensor_bytes`
+    resident_growth: float | None = None  # `resident_bytes` minus the step's inputs, less `resident_before`
+    outside_census: float | None = None   # the growth less the census's bytes on this device
+    flagged: bool = False                 # that gap above OUTSIDE_CENSUS_FLAG_BYTES
     note: str = ""
     read_at: str = ""
     unavailable_because: str = ""
@@ -194,11 +278,20 @@ class ModelStateReader:
         self.census = census_bytes(tensors)
         self.note = tensors.note
         self.read_at = where
+        # The step's inputs and targets are still referenced here; they are not model states.
+        inputs = [t for batch in micro_batches for t in batch]
+        input_bytes = storage_bytes(inputs, self.device)
         if self.device.type == "cuda":
-            # The step's inputs and targets are still referenced here; they are not model states.
             torch.cuda.synchronize(self.device)
-            inputs = storage_bytes((t for batch in micro_batches for t in batch), self.device)
-            self.allocated = float(torch.cuda.memory_allocated(self.device) - inputs)
+            self.allocated = float(torch.cuda.memory_allocated(self.device) - input_bytes)
+        gc.collect()            # garbage in reference cycles is held by no one: neither figure below counts it
+        resident = resident_bytes(self.device)
+        if resident is not None and self.resident_before is not None:
+            self.resident_growth = float(resident - input_bytes - self.resident_before)
+        on_device = {key: nbytes for key, nbytes in map(_storage, census_tensors(tensors))
+                     if torch.device(key[0]).type == self.device.type}
+        self.outside_census, self.flagged = outside_census(self.resident_growth, sum(on_device.values()), self.device)
+        self.untracked = untracked_tensor_bytes(tensors, inputs)
 
 
 # ---- DeepSpeed's estimator -------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from harness.rank.checkpointed_run import CheckpointedRun, restart_count
 from harness.rank.horovod_elastic import ElasticSteps, is_elastic
 from harness.rank.faults import CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START, Fault, fault_from_environment
 from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters,
-                                       reset_peak_memory)
+                                       outside_census_flag_bytes, reset_peak_memory, resident_bytes)
 from harness.rank.recompute_pass import recompute_pass
 from harness.rank.saved_activations import SavedActivationCensus
 from harness.spec import Precision, RunSpec, Status
@@ -122,6 +122,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     workload = get_workload(spec.workload)
     layout = strategy.layout(spec)
     torch.manual_seed(spec.seed)
+    # What the model-state reading measures this rank's resident growth from: after the imports and the process
+    # group, before the model and everything the strategy builds around it.
+    resident_before_model = resident_bytes(context.device)
     layers = workload.build_layers()                  # on CPU from the seed: identical on every rank
     parameters = count_parameters(torch.nn.Sequential(*layers))
     largest_module = largest_module_own_parameters(torch.nn.Sequential(*layers))
@@ -146,7 +149,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
     outcomes: list[tuple[bool, float] | None] = []       # fp16: each step's (applied, loss scale)
-    model_states = ModelStateReader(trainer, context.device, spec.warmup_steps)
+    model_states = ModelStateReader(trainer, context.device, spec.warmup_steps, resident_before=resident_before_model)
     peak_rss_since = PeakRssSince.PROCESS_START
     norms = FirstStepNorms(spec, trainer)
     # A checkpoint cell reads the same norms in step K, the first its resumed launch runs (harness.derive.resume).
@@ -207,7 +210,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             outcome = trainer.step_outcome
             outcomes.append((outcome.applied, outcome.loss_scale) if outcome else None)
             if fault:
-                fault.after_step(context.rank, step, trainer.torch_optimizer)
+                fault.after_step(context.rank, step, trainer.torch_optimizer, trainer)
             norms.after_step(step)
             if probe:
                 probe.after_step(step)
@@ -538,6 +541,14 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
         if context.device.type == "cuda":
             figures["model_state_bytes_measured_by_rank"] = [r["allocated"] for r in readings]
             figures["model_state_bytes_measured_excludes"] = "the step's input and target tensors, still referenced"
+        # Memory outside the census at the same reading (harness.rank.memory_model): tensors the interpreter
+        # reaches that are neither model states nor inputs (exact), and the resident growth since the model was
+        # built (RssAnon on CPU, allocator bytes on CUDA) less the census: the gap, flagged above a stated size.
+        figures["untracked_tensor_bytes_by_rank"] = [r["untracked"] for r in readings]
+        figures["resident_growth_bytes_by_rank"] = [r["resident_growth"] for r in readings]
+        figures["memory_outside_census_bytes_by_rank"] = [r["outside_census"] for r in readings]
+        figures["memory_outside_census_flag_bytes"] = outside_census_flag_bytes(context.device)
+        figures["memory_outside_census_flagged"] = any(r["flagged"] for r in readings)
     # The cell's own cluster, from its spec rather than a launcher's environment variable: DeepSpeed divides
     # by num_nodes x num_gpus_per_node, which must be the world it shards over.
     estimate = strategy.deepspeed_estimate_bytes(parameters, largest_module, spec.ranks_per_node, spec.nnodes,
@@ -550,7 +561,9 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
 def _model_state_figures(reader: ModelStateReader) -> dict[str, Any]:
     """What this rank's model-state reading found, as plain values for the gather."""
     return {"census": reader.census, "allocated": reader.allocated, "note": reader.note, "read_at": reader.read_at,
-            "unavailable_because": reader.unavailable_because}
+            "unavailable_because": reader.unavailable_because, "untracked": reader.untracked,
+            "resident_growth": reader.resident_growth, "outside_census": reader.outside_census,
+            "flagged": reader.flagged}
 
 
 def _loss_scaling_figures(spec: RunSpec, by_rank: list[dict[str, Any]]) -> dict[str, Any]:
