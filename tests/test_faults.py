@@ -187,6 +187,7 @@ def test_a_tensor_pattern_that_scales_nothing_fails_the_rank():
     ("lr-scale:rank=0:step=0", "factor"),
     ("lr-scale:factor=nan:rank=0:step=0", "finite"),
     ("weight-copy:factor=2:rank=0:step=0", "factor"),
+    ("untracked-weight-copy:factor=2:rank=0:step=0", "factor"),
     ("extra-all-reduce:tensors=*.weight:rank=all:step=0", "tensors="),
 ])
 def test_a_malformed_change_fault_is_a_one_line_error_naming_what_is_allowed(text, fragment):
@@ -201,7 +202,8 @@ def test_a_malformed_change_fault_is_a_one_line_error_naming_what_is_allowed(tex
 def test_change_faults_never_end_the_rank_nor_touch_its_losses():
     from harness.rank.faults import Fault
 
-    for text in ("extra-all-reduce:rank=all:step=0", "weight-copy:rank=0:step=0", "lr-scale:factor=2:rank=0:step=0"):
+    for text in ("extra-all-reduce:rank=all:step=0", "weight-copy:rank=0:step=0", "untracked-weight-copy:rank=0:step=0",
+                 "lr-scale:factor=2:rank=0:step=0"):
         fault = Fault.parse(text)
         fault.fire(rank=0, step=0)
         assert fault.loss_multipliers(rank=0, step=0, micro_batches=2) is None
@@ -252,6 +254,34 @@ def test_weight_copy_adds_an_fp32_copy_of_the_weights_to_what_the_census_counts(
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))     # the weights are left alone
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()                                         # AdamW steps on beside the extra state
+
+
+def test_untracked_weight_copy_keeps_an_fp32_copy_on_the_trainer_outside_the_census():
+    import gc
+
+    import torch
+
+    from harness.rank.faults import UNTRACKED_WEIGHT_COPY_ATTRIBUTE, Fault
+    from harness.rank.memory_model import census_bytes, torch_model_state_tensors, untracked_tensor_bytes
+
+    model, optimizer = _adamw_after_one_step()
+    trainer = type("Trainer", (), {})()
+    states = torch_model_state_tensors(model, optimizer)
+    census = census_bytes(states)
+    gc.collect()
+    outside = untracked_tensor_bytes(states, [])
+    fault = Fault.parse("untracked-weight-copy:rank=0:step=1")
+    fault.after_step(1, 1, lambda: optimizer, trainer)
+    fault.after_step(0, 0, lambda: optimizer, trainer)
+    assert not hasattr(trainer, UNTRACKED_WEIGHT_COPY_ATTRIBUTE)      # another rank, another step
+    fault.after_step(0, 1, lambda: optimizer, trainer)
+    copy = getattr(trainer, UNTRACKED_WEIGHT_COPY_ATTRIBUTE)
+    assert [c.dtype for c in copy] == [torch.float32] * 2
+    assert all(torch.equal(c, p) for c, p in zip(copy, model.parameters()))
+    # The census as it was; outside it, 4 bytes for each of the 8 parameters (2 x 3 weights and 2 biases).
+    assert census_bytes(torch_model_state_tensors(model, optimizer)) == census
+    gc.collect()
+    assert untracked_tensor_bytes(states, []) == outside + 32
 
 
 def test_weight_copy_leaves_a_tensor_without_optimizer_state_alone():

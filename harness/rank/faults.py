@@ -9,6 +9,7 @@ step got slower, which only a timed comparison (`harness ab`, harness/ab.py) can
     PARBENCH_FAULT='grad-scale:factor=0.5:tensors=*.c_attn.weight:rank=all:step=0' python -m harness run ...
     PARBENCH_FAULT='grad-scale:factor=64:rank=all:step=0+' python -m harness run --precision fp16 ...
     PARBENCH_FAULT=extra-all-reduce:rank=all:step=0 python -m harness run --matrix ci --strategy ddp
+    PARBENCH_FAULT=untracked-weight-copy:rank=all:step=0 python -m harness run --matrix ci --strategy fsdp2
     PARBENCH_FAULT=slow-step:factor=1.3:rank=all:step=0:strategy=ddp python -m harness run --matrix smoke
 
 kinds:
@@ -42,7 +43,7 @@ strategy accumulates or reduces it, and the losses are left alone. `step=S+` mak
 and every later one: with `grad-scale` and rank=all, a model whose gradients are F times larger throughout, which is
 what an fp16 loss scale too high for its gradients meets at every step (harness.strategies.loss_scaling).
 
-Three kinds change what a strategy does from the given step on, as a change to its code would:
+Four kinds change what a strategy does from the given step on, as a change to its code would:
 - `extra-all-reduce` (`rank=all` only: a collective one rank issues alone never completes): in that step and
   every later one, each rank all-reduces EXTRA_ALL_REDUCE_ELEMENTS zeros in fp32 inside the counted step,
   before the strategy's own step, through `torch.distributed` (so not in the plain loop nor on Horovod's ranks,
@@ -50,6 +51,10 @@ Three kinds change what a strategy does from the given step on, as a change to i
 - `weight-copy`: after that step's update the rank keeps an fp32 copy of every tensor its torch optimizer
   updates in that optimizer's state (so after the update, when AdamW has made its own state), as a strategy
   keeping a stray master copy would; the model-state census counts it under `optimizer`;
+- `untracked-weight-copy`: after that step's update the rank keeps an fp32 copy of its local weights (of each
+  tensor its torch optimizer updates, a DTensor's local shard) in a list on the trainer object, outside the
+  optimizer's state, as a strategy keeping a stray master copy of its own would: the census does not see it,
+  the tensors outside the census (harness.rank.memory_model.untracked_tensor_bytes) do;
 - `lr-scale` (with `factor=F`): before that step the rank multiplies its torch optimizer's learning rate by F,
   for that step and every later one.
 Two kinds are bugs of a checkpoint cell (harness.strategies.state_checkpoint), which its resume check must catch
@@ -82,7 +87,8 @@ KILL_NODE = "kill-node"
 LOUD_KINDS = ("kill", KILL_NODE, "hang", "oom", "crash")
 OVERFLOW = "overflow"
 SILENT_KINDS = ("grad-scale", "skip-microbatch", OVERFLOW)
-EXTRA_ALL_REDUCE, WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = ("extra-all-reduce", "weight-copy", "lr-scale")
+EXTRA_ALL_REDUCE, WEIGHT_COPY, UNTRACKED_WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = (
+    "extra-all-reduce", "weight-copy", "untracked-weight-copy", "lr-scale")
 SLOW_STEP = "slow-step"
 CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START = CHECKPOINT_KINDS = ("checkpoint-without-optimizer",
                                                                           "resume-data-from-start")
@@ -94,6 +100,7 @@ USAGE = ("KIND:rank=R:step=S (R a rank or all; S+ for step S and every later one
 ALL_RANKS = -1           # rank=all
 EXTRA_ALL_REDUCE_ELEMENTS = 1024       # 4,096 bytes in fp32: one all-reduce's calls and bytes, plainly seen
 WEIGHT_COPY_STATE = "parbench_fault_weight_copy"     # the optimizer-state key the copy is kept under
+UNTRACKED_WEIGHT_COPY_ATTRIBUTE = "parbench_fault_weight_copy"   # the trainer attribute holding the untracked copy
 
 
 @dataclass(frozen=True)
@@ -209,9 +216,16 @@ class Fault:
                                "this rank has none (the plain loop and Horovod start none)")
         dist.all_reduce(torch.zeros(EXTRA_ALL_REDUCE_ELEMENTS, dtype=torch.float32, device=device))
 
-    def after_step(self, rank: int, step: int, optimizer: Callable[[], torch.optim.Optimizer]) -> None:
+    def after_step(self, rank: int, step: int, optimizer: Callable[[], torch.optim.Optimizer],
+                   trainer: object = None) -> None:
         """After a step's update: `weight-copy` keeps an fp32 copy of every tensor `optimizer()` updates in its
-        state, where the model-state census reads optimizer state (harness.rank.memory_model)."""
+        state, where the model-state census reads optimizer state (harness.rank.memory_model);
+        `untracked-weight-copy` keeps one of their local parts on `trainer`, where the census does not look."""
+        if self.kind == UNTRACKED_WEIGHT_COPY and self._fires(rank, step):
+            weights = [p for group in optimizer().param_groups for p in group["params"]]
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in weights]    # a DTensor's shard
+            setattr(trainer, UNTRACKED_WEIGHT_COPY_ATTRIBUTE,
+                    [part.detach().to(torch.float32, copy=True) for part in local])
         if self.kind != WEIGHT_COPY or not self._fires(rank, step):
             return
         # Only beside state the optimizer has made: a tensor whose state is not empty is never initialised.
