@@ -30,12 +30,14 @@ def all_reduce(size: float, calls: float = 1.0, group: str = "2", dtype: str = "
 
 def row(strategy: str = "ddp", world_size: int = 2, **measured) -> dict:
     """A row as harness.record writes it, of a 1,000-parameter model: fp32 weights and gradients (4,000 bytes
-    each), AdamW's moments and a 4-byte step for each of 2 tensors (8,008 bytes); DDP all-reduces the gradients."""
+    each), AdamW's moments and a 4-byte step for each of 2 tensors (8,008 bytes), two 4-byte losses outside the
+    census, no memory flagged outside it; DDP all-reduces the gradients."""
     ranks = range(world_size)
     measurements = {
         "loss_per_step": list(LOSSES), "parameters": 1000, "data_parallel": world_size,
         "parameters_held_by_rank": [1000 for _ in ranks], "weights_kept_whole_parameters_by_rank": [0 for _ in ranks],
         "model_state_census_bytes_by_rank": [{"weights": 4000, "gradients": 4000, "optimizer": 8008} for _ in ranks],
+        "untracked_tensor_bytes_by_rank": [8 for _ in ranks], "memory_outside_census_flagged": False,
         "comm_per_step_by_rank": [{"all_reduce": all_reduce(4000.0)} if world_size > 1 else {} for _ in ranks],
     }
     measurements.update(measured)
@@ -67,13 +69,14 @@ def test_a_rows_figures_are_its_counts_census_parameters_verdict_and_first_losse
                "send": all_reduce(500.0, calls=4.0), "recv": all_reduce(500.0, calls=4.0)}
     pipeline = row("pipeline", 2, comm_per_step_by_rank=[counted], model_state_census_bytes_by_rank=[
         {"weights": 2000, "gradients": None, "optimizer": 4004}], parameters_held_by_rank=[500],
-        weights_kept_whole_parameters_by_rank=[0])
+        weights_kept_whole_parameters_by_rank=[0], untracked_tensor_bytes_by_rank=[4008])
     assert figures(pipeline, "match") == {
         "status": "ok", "warm-up steps": 2, "timed steps": 3, "seed": 0, "parameters": 1000, "parity verdict": "match",
         "losses of steps 0-3": [6.0, 5.9, 5.7, 5.6],
         "parameters held on rank 0": 500, "parameters kept whole on rank 0": 0,
         "census bytes of weights on rank 0": 2000, "census bytes of gradients on rank 0": None,
         "census bytes of optimizer on rank 0": 4004,
+        "untracked tensor bytes on rank 0": 4008, "memory outside the census flagged": False,
         "all_reduce calls per step on rank 0": 2, "all_reduce bytes per step on rank 0": 4000,
         "all_reduce bytes per step in groups of 1 on rank 0": 3000,
         "all_reduce bytes per step in groups of 2 on rank 0": 1000, "all_reduce bytes per step in float32 on rank 0": 4000,
@@ -91,7 +94,7 @@ def test_honest_rows_meet_their_own_expectations():
 
 
 def with_rank0(**change) -> dict:
-    """The DDP row with rank 0's comm, census or parameters changed."""
+    """The DDP row with rank 0's comm, census, parameters or tensors outside the census changed, or its flag."""
     changed = row()
     m = changed["measurements"]
     if "comm" in change:
@@ -100,6 +103,10 @@ def with_rank0(**change) -> dict:
         m["model_state_census_bytes_by_rank"][0] = change["census"]
     if "held" in change:
         m["parameters_held_by_rank"][0] = change["held"]
+    if "untracked" in change:
+        m["untracked_tensor_bytes_by_rank"][0] = change["untracked"]
+    if "flagged" in change:
+        m["memory_outside_census_flagged"] = change["flagged"]
     return changed
 
 
@@ -123,6 +130,9 @@ def with_rank0(**change) -> dict:
     (with_rank0(census={"weights": 4000, "gradients": 4000, "optimizer": 12008}),
      ["census bytes of optimizer on rank 0 8008 -> 12008"]),
     (with_rank0(held=500), ["parameters held on rank 0 1000 -> 500"]),
+    # The same copy kept outside the optimizer's state: the census as it was, 4,000 bytes more outside it.
+    (with_rank0(untracked=4008), ["untracked tensor bytes on rank 0 8 -> 4008"]),
+    (with_rank0(flagged=True), ["memory outside the census flagged false -> true"]),
 ])
 def test_each_changed_figure_is_one_line_naming_the_cell_and_the_figure(planted, lines):
     assert differences([row("plain", 1), planted]) == [f"{DDP}: {line} (expected -> measured)" for line in lines]

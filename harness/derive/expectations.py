@@ -12,6 +12,9 @@ Python, torch, DeepSpeed and Horovod, the same spec computes them the same on an
 - the bytes each rank puts on the wire per step, derived from those (harness.derive.comm.rank_wire_bytes,
   summed by `sent_total`: the ring algorithm's count);
 - the model-state census of each rank (harness.rank.memory_model.census_bytes: weights, gradients, optimizer);
+- the bytes of the tensors each rank holds outside that census (harness.rank.memory_model.untracked_tensor_bytes),
+  and whether any rank's resident growth beyond the census was flagged: a measured figure, but judged against a
+  size far above any honest cell's (OUTSIDE_CENSUS_FLAG_BYTES there), so the same verdict everywhere;
 - the model's parameters, and those each rank holds and keeps whole;
 - its parity verdict (harness.derive.parity.judge over the rows read);
 - the losses of its first PARITY_STEPS steps. These are the only figures compared with a tolerance: a loss
@@ -48,6 +51,7 @@ VERSION_KEYS = ("python", "torch", "deepspeed", "horovod", "cuda", "cudnn", "ncc
 CENSUS_KINDS = ("weights", "gradients", "optimizer")
 LOSSES = f"losses of steps 0-{PARITY_STEPS - 1}"
 STATUS = "status"
+OUTSIDE_CENSUS_FLAGGED = "memory outside the census flagged"
 FAULT_VARIABLE = "PARBENCH_FAULT"        # harness.rank.faults.FAULT_ENV (not imported: that module needs torch)
 UPDATE = ("python -m harness expect ROWS.jsonl --against THIS_FILE --write, ROWS from a run of the same matrix "
           "(docs/methodology.md, 'What CI gates exactly')")
@@ -79,6 +83,10 @@ def figures(row: Row, verdict: str) -> dict[str, Any]:
     for rank, census in enumerate(m.get("model_state_census_bytes_by_rank") or []):
         for kind in CENSUS_KINDS:
             found[f"census bytes of {kind} on rank {rank}"] = census.get(kind)
+    for rank, untracked in enumerate(m.get("untracked_tensor_bytes_by_rank") or []):
+        found[f"untracked tensor bytes on rank {rank}"] = untracked
+    if "memory_outside_census_flagged" in m:
+        found[OUTSIDE_CENSUS_FLAGGED] = m["memory_outside_census_flagged"]
     ranks = int(m.get("data_parallel") or 1)
     for rank, counted in enumerate(m.get("comm_per_step_by_rank") or []):
         for collective, counts in counted.items():
