@@ -15,13 +15,18 @@ sides alike; asv's `continuous` and the benchmark CI of pytorch and numpy measur
 How:
 - the base commit is checked out beside this one with `git worktree add --detach` in a temporary folder,
   and removed afterwards (on an error or SIGTERM too);
-- a launch is one `python -m harness run --matrix smoke --out SIDE.jsonl` with this interpreter (the same
+- the cells (`select_cells`): gpt-tiny at 2 ranks under DDP on every change (the step loop, the launchers and the
+  workloads every strategy runs), and under each strategy the change touches (harness.touched: its module, or a
+  module of the project it imports, differs from the base), those whose own module changed first, as many as fit
+  the tier's budget of launch time (`AB_BUDGET_S`, from each strategy's measured seconds a launch,
+  `LAUNCH_SECONDS`); the ones left out are named, never passed in silence;
+- a launch is one `python -m harness run --matrix smoke --strategy ... --out SIDE.jsonl` with this interpreter (the same
   virtual environment), started in the side's checkout: python puts the working folder first on sys.path,
   so `harness` is that side's code, and so is every rank it starts (`-m harness.rank.worker` in the
   inherited folder). Every row's `environment.git_sha` is checked against its side's commit;
 - base, new, base, new, ...: at least `MIN_LAUNCHES` a side, and as many as the gate needs to judge every
-  metric of the family (harness.derive.gate.launches_needed_a_side: the smoke matrix's 2 cells x 3 metrics
-  are a family of 6, which needs 5 a side);
+  metric of the family (harness.derive.gate.launches_needed_a_side: 2 cells x 3 metrics are a family of 6,
+  which needs 5 a side; 4 cells, 12, which needs 6);
 - the gate judges step time (each launch's median unstalled step and its fastest) and peak RSS alone
   (`AB_METRICS`, a small family), the step times at `STEP_TIME_THRESHOLD` and `FASTEST_STEP_THRESHOLD`,
   set from this tier's own A/A and planted-slowdown measurements on the CI machine kind (below).
@@ -49,7 +54,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from harness.compare import format_result
 from harness.derive.gate import (DEFAULT_ALPHA, FASTEST_STEP_THRESHOLDS, GateResult, Judgement, Verdict,
-                                 check_thresholds, gate)
+                                 check_thresholds, gate, launches_needed_a_side)
 from harness.derive.rows import label as row_label
 from harness.launch.processes import stop_process_tree
 from harness.rank.faults import FAULT_ENV, Fault
@@ -90,6 +95,102 @@ STOP_GRACE_S = 30.0
 # set from this tier's A/A and planted-slowdown runs (docs/methodology.md, "Same-job A/B of timed figures").
 FASTEST_STEP_THRESHOLD = FASTEST_STEP_THRESHOLDS[DeviceKind.CPU]
 BASE_DEFAULT = "HEAD^1"       # the previous main: HEAD's first parent (a merge's: the main it was merged into)
+
+
+# ---- which cells: DDP on every change, and the strategies it touches, in a budget ----------------------------
+
+AB_WORKLOAD = "gpt-tiny"
+AB_WORLD_SIZE = 2
+AB_ALWAYS = ("ddp",)
+# The metrics a CPU cell brings to the gate's family (AB_METRICS less peak allocated, which CPU rows lack).
+CPU_METRICS_A_CELL = 3
+# Strategies whose cell does not run on this CPU tier.
+AB_NOT_ON_CPU = {"dataparallel": "DataParallel replicates over CUDA devices only"}
+# Seconds a launch takes: `harness run` starting (HARNESS_START_S), then each cell's launch (its row's wall_time_s:
+# launcher, ranks, 2 warm-up and 40 timed steps of gpt-tiny at 2 ranks, the plain and bare loops at 1), measured
+# 2026-11-28 on the 2-core VM one launch at a time with nothing else of ours running.
+HARNESS_START_S = 1.8
+LAUNCH_SECONDS = {"plain": 3.6, "bare": 3.1, "ddp": 5.2, "horovod": 6.6, "zero1": 10.7, "zero2": 10.6, "zero3": 13.0,
+                  "fsdp2": 7.9, "pipeline": 9.5, "tp": 11.0, "fsdp2-tp": 11.0, "autotp": 15.2, "ps": 6.3,
+                  "ps-async": 6.0}
+UNMEASURED_LAUNCH_S = 15.0      # a strategy registered since (another test's, a new one): as the slowest
+# The tier's budget of launch time, both sides: DDP's cell and the touched strategies' that fit. 7 minutes keeps
+# .ci/run inside its 30 (README, "Tests") with the other tiers' times measured here, and holds DDP with the three
+# ZeRO stages at 5 launches a side (408 s), what a change to harness/strategies/zero.py touches.
+AB_BUDGET_S = 420.0
+
+
+def estimated_seconds(strategies: Sequence[str], launches: int) -> float:
+    """Launch time of `launches` a side of the cells of `strategies`, both sides."""
+    return 2 * launches * (HARNESS_START_S + sum(LAUNCH_SECONDS.get(n, UNMEASURED_LAUNCH_S) for n in strategies))
+
+
+def launches_a_side(strategies: Sequence[str], budget_s: float = AB_BUDGET_S, most: int = AB_LAUNCHES) -> int | None:
+    """The launches a side the tier takes for these cells: as many as the budget holds, up to `most`, and never
+    fewer than the gate needs to judge every metric of their family; None where the budget holds fewer."""
+    needed = max(MIN_LAUNCHES, launches_needed_a_side(DEFAULT_ALPHA / (CPU_METRICS_A_CELL * len(strategies))))
+    fits = [n for n in range(needed, most + 1) if estimated_seconds(strategies, n) <= budget_s]
+    return max(fits) if fits else None
+
+
+@dataclass(frozen=True)
+class CellChoice:
+    """The strategies the tier times, why each, the launches a side, and the strategies left out, why each."""
+
+    timed: tuple[str, ...]
+    why: Mapping[str, str]              # strategy: "always" or the changed files it runs
+    left_out: Mapping[str, str]         # strategy: the reason
+    launches: int
+
+    def describe(self) -> str:
+        timed = "; ".join(f"{name} ({self.why[name]})" for name in self.timed)
+        line = (f"A/B cells: {AB_WORKLOAD} at {AB_WORLD_SIZE} ranks under {timed}; {self.launches} launches a side, "
+                f"about {estimated_seconds(self.timed, self.launches) / 60:.1f} min of the tier's "
+                f"{AB_BUDGET_S / 60:.0f}-minute budget")
+        if self.left_out:
+            line += "; not timed: " + "; ".join(f"{name} ({why})" for name, why in self.left_out.items())
+        return line
+
+
+def choose_cells(touched: Mapping[str, Sequence[str]], own_module_changed: set[str], *, rotation: int = 0,
+                 budget_s: float = AB_BUDGET_S) -> CellChoice:
+    """AB_ALWAYS, then the touched strategies whose own module changed, then those touched through a module they
+    import, each group in the registry's order turned by `rotation` (the head commit's, so that over commits each
+    gets its turn), each added where the cells with it still fit `budget_s` at the launches the gate needs. The more
+    cells, the fewer launches a side (down to the gate's least for their family; AB_LAUNCHES at most)."""
+    timed = list(AB_ALWAYS)
+    why = {name: "always" for name in AB_ALWAYS}
+    left_out: dict[str, str] = {}
+    candidates = [name for name in touched if name not in AB_ALWAYS]
+    for name in candidates:
+        if name in AB_NOT_ON_CPU:
+            left_out[name] = AB_NOT_ON_CPU[name]
+    candidates = [name for name in candidates if name not in AB_NOT_ON_CPU]
+    groups = [[n for n in candidates if n in own_module_changed], [n for n in candidates if n not in own_module_changed]]
+    for group in groups:
+        turn = rotation % len(group) if group else 0
+        for name in group[turn:] + group[:turn]:
+            if launches_a_side([*timed, name], budget_s) is not None:
+                timed.append(name)
+                files = touched[name]
+                why[name] = "touched: " + ", ".join(files[:2]) + (f" and {len(files) - 2} more" if len(files) > 2 else "")
+            else:
+                left_out[name] = f"touched, but past the tier's {budget_s / 60:.0f}-minute budget with the cells above"
+    launches = launches_a_side(timed, budget_s)
+    if launches is None:
+        raise SpecError(f"the A/B budget of {budget_s:.0f} s does not hold {', '.join(timed)} at the launches the gate needs")
+    return CellChoice(tuple(timed), why, left_out, launches)
+
+
+def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_BUDGET_S) -> CellChoice:
+    """The tier's cells for the change from `base_commit` to this checkout (harness.touched)."""
+    from harness.strategies import STRATEGIES
+    from harness.touched import changed_files, touched_strategies
+
+    touched = touched_strategies(repo, base_commit, STRATEGIES)
+    changed = changed_files(repo, base_commit)
+    own = {name for name, cls in STRATEGIES.items() if cls.__module__.replace(".", "/") + ".py" in changed}
+    return choose_cells(touched, own, rotation=int(head[:8], 16), budget_s=budget_s)
 
 
 class Outcome(enum.StrEnum):
@@ -305,13 +406,15 @@ def _load() -> str:
 
 
 def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = False, repeat: int = 1,
-            min_launches: int = AB_LAUNCHES, thresholds: Mapping[str, float] | None = None,
-            plant_new: str = "", matrix: str = AB_MATRIX, launch: Callable[..., Launch] = matrix_launch,
-            say: Callable[[str], None] = print) -> list[TierResult]:
+            min_launches: int | None = None, thresholds: Mapping[str, float] | None = None,
+            plant_new: str = "", matrix: str = AB_MATRIX, strategies: Sequence[str] | None = None,
+            launch: Callable[..., Launch] = matrix_launch, say: Callable[[str], None] = print) -> list[TierResult]:
     """The tier `repeat` times, each into OUT/runK/{base,new}.jsonl, the base checkout made once. With
     `a_a` the base is HEAD itself: every regression is then a false alarm. `plant_new` is a PARBENCH_FAULT
-    for the new side's launches alone (the base's never inherit one)."""
-    if repeat < 1 or min_launches < MIN_LAUNCHES:
+    for the new side's launches alone (the base's never inherit one). The cells: `strategies` where given (at
+    AB_LAUNCHES a side unless `min_launches`), else, on the smoke matrix, DDP and what the change touches
+    (`select_cells`), else the matrix as it is."""
+    if repeat < 1 or (min_launches is not None and min_launches < MIN_LAUNCHES):
         raise SpecError(f"--repeat must be >= 1 and --launches >= {MIN_LAUNCHES}, got {repeat} and {min_launches}")
     try:
         check_thresholds(thresholds)
@@ -319,6 +422,10 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
             Fault.parse(plant_new)
     except ValueError as error:
         raise SpecError(str(error)) from None
+    if strategies:
+        from harness.strategies import STRATEGIES
+        if unknown := [name for name in strategies if name not in STRATEGIES]:
+            raise SpecError(f"--strategy {','.join(unknown)}: not a strategy; known: {', '.join(STRATEGIES)}")
     if os.environ.get(FAULT_ENV):
         raise SpecError(f"{FAULT_ENV} is set: the A/B tier plants a fault on the new side only, with --plant-new")
     # Absolute: each side's launch starts in its own checkout, where a relative --out would put the base's rows
@@ -331,6 +438,15 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
     if base_commit == head and not a_a:
         raise Unavailable(f"the base {base_ref} is HEAD {head[:12]} itself: nothing changed to measure")
     dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no").stdout.strip())
+    options = LAUNCH_OPTIONS
+    if strategies:
+        options += ("--strategy", ",".join(strategies))
+    elif matrix == AB_MATRIX:
+        choice = select_cells(repo, base_commit, head)
+        say(choice.describe())
+        options += ("--workload", AB_WORKLOAD, "--world-sizes", str(AB_WORLD_SIZE), "--strategy", ",".join(choice.timed))
+        min_launches = min_launches or choice.launches
+    min_launches = min_launches or AB_LAUNCHES
     say(f"A/B: base {base_commit[:12]}{' (HEAD: an A/A run)' if a_a else ''} vs new {head[:12]}"
         f"{' with uncommitted changes' if dirty else ''} (this checkout), the {matrix} matrix, launches in turns, "
         f"results under {out}" + (f"; new side planted: {FAULT_ENV}={plant_new}" if plant_new else ""))
@@ -342,7 +458,7 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
             base = Side("base", base_tree, base_commit, folder / "base.jsonl")
             new = Side("new", repo, head, folder / "new.jsonl", {FAULT_ENV: plant_new} if plant_new else {})
             load, started = _load(), time.monotonic()
-            result = run_tier(base, new, launch(matrix, folder), min_launches=min_launches,
+            result = run_tier(base, new, launch(matrix, folder, options), min_launches=min_launches,
                               thresholds=thresholds, progress=say)
             took = time.monotonic() - started
             if result.gate is not None and (repeat == 1 or result.outcome is not Outcome.PASS):

@@ -353,7 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "HEAD^1, the previous main)")
     ab.add_argument("--a-a", action="store_true", help="base = HEAD: every regression is a false alarm")
     ab.add_argument("--repeat", type=int, default=1, help="run the tier N times and tally them (default 1)")
-    ab.add_argument("--launches", type=int, help="launches a side at least (default 8, harness/ab.py's AB_LAUNCHES; "
+    ab.add_argument("--strategy", type=_csv, help="the cells' strategies, comma-separated (default: DDP and each "
+                    "strategy the change touches, as many as the tier's budget holds; harness/ab.py, select_cells)")
+    ab.add_argument("--launches", type=int, help="launches a side at least (default 8, harness/ab.py's AB_LAUNCHES, "
+                    "fewer where the budget holds more touched cells; "
                     "3 at the least, and more where the gate needs them for the family)")
     ab.add_argument("--threshold", type=_threshold, action="append", default=[], metavar="[METRIC=]X",
                     help="as for compare (default: the tier's measured step-time threshold, harness/ab.py)")
@@ -807,8 +810,8 @@ def command_ab(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         results = ab.measure(PROJECT_ROOT, out, base_ref=args.base, a_a=args.a_a, repeat=args.repeat,
-                             min_launches=args.launches or ab.AB_LAUNCHES, thresholds=dict(args.threshold), plant_new=args.plant_new,
-                             matrix=args.matrix)
+                             min_launches=args.launches, thresholds=dict(args.threshold), plant_new=args.plant_new,
+                             matrix=args.matrix, strategies=args.strategy)
     except ab.Unavailable as why:
         print(f"A/B run: {ab.Outcome.SKIPPED.value}: {why}")
         return nothing_judged_status(f"nothing judged: {why}", allow=args.allow_unjudged)

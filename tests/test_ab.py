@@ -342,7 +342,7 @@ def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_i
     head = _commit(repo, "two")
     seen: list[tuple[str, Path, str, dict]] = []
 
-    def factory(matrix: str, folder: Path):
+    def factory(matrix: str, folder: Path, options=()):
         stub = StubLaunch(_unchanged)
 
         def launch(side: Side, index: int) -> None:
