@@ -3,6 +3,7 @@
 # registry: the check behind "Docker-based GPU reproduction" (make docker-check; .ci/run's Docker tier).
 #
 #   scripts/docker-check.sh              (root; about 12 minutes the first time, docs/setup.md)
+#   scripts/docker-check.sh --if-changed (.ci/run: nothing where the image's inputs are as at the last pass)
 #
 # 1. Installs Debian's docker.io and debootstrap where missing and starts a private dockerd (its own socket,
 #    data under $PARBENCH_DOCKER_STATE) that leaves the host's firewall and forwarding alone (other tests
@@ -15,10 +16,12 @@
 #    and a Horovod + ZeRO-2 cell at 2 ranks (that name given in /etc/hosts: Horovod's Gloo needs it), and
 #    fails unless every row is ok.
 # 5. Where this machine has a CUDA toolkit, mounts it into the image, builds Horovod's NCCL wheel there
-#    and checks horovod.torch.nccl_built().
+#    and checks horovod.torch.nccl_built(), unless what that build reads (NCCL_INPUTS: the Dockerfile, the
+#    dependencies, the install scripts) is as at the commit in .ci/docker-nccl-passed.
 # It stops the daemon by its pid afterwards and leaves no container, daemon or mount behind. Where it passed
-# on a commit whose Dockerfile, .dockerignore, pyproject.toml and scripts/ are committed as they are, it
-# records that commit in .ci/docker-check-passed, which .ci/run compares with HEAD to skip an unchanged image.
+# on a commit whose image inputs (IMAGE_INPUTS: every path the Dockerfile copies, and the Dockerfile and
+# .dockerignore) are committed as they are, it records that commit in .ci/docker-check-passed (and in
+# .ci/docker-nccl-passed where it built the NCCL wheel), which --if-changed compares with HEAD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -26,8 +29,32 @@ state=${PARBENCH_DOCKER_STATE:-/var/lib/parbench-docker}
 toolkit=${PARBENCH_CUDA_TOOLKIT:-/usr/local/cuda}
 image=parbench:check
 base=parbench-base:bookworm
-inputs=(Dockerfile .dockerignore pyproject.toml scripts)
+# What the image is built from: the Dockerfile, .dockerignore and every path it copies (the COPY lines). A test
+# (tests/test_suite_and_docker.py) holds this list to the Dockerfile's COPY sources.
+IMAGE_INPUTS=(Dockerfile .dockerignore pyproject.toml README.md scripts harness workloads suite)
+# What Horovod's NCCL build in the image reads: torch's and the dependencies' versions, and the install scripts.
+NCCL_INPUTS=(Dockerfile pyproject.toml scripts/install.sh scripts/install-horovod.sh scripts/check_torch_cuda.py)
+IMAGE_PASSED=.ci/docker-check-passed
+NCCL_PASSED=.ci/docker-nccl-passed
 say() { echo "docker-check: $*" >&2; }
+
+unchanged_since() {   # unchanged_since RECORD PATHS...: the paths are committed as at the commit RECORD names
+    local record=$1 passed
+    shift
+    passed=$(cat "$record" 2>/dev/null || true)
+    [ -n "$passed" ] && git cat-file -e "$passed^{commit}" 2>/dev/null && git diff --quiet "$passed" HEAD -- "$@" \
+        && [ -z "$(git status --porcelain -- "$@")" ]
+}
+
+if [ "${1:-}" = --if-changed ]; then
+    if unchanged_since "$IMAGE_PASSED" "${IMAGE_INPUTS[@]}"; then
+        say "the image's inputs (${IMAGE_INPUTS[*]}) are as at $(cut -c1-12 "$IMAGE_PASSED"), where this check passed; not rebuilt"
+        exit 0
+    fi
+    say "the image's inputs changed since $(cut -c1-12 "$IMAGE_PASSED" 2>/dev/null || echo "no recorded pass"): building it"
+elif [ -n "${1:-}" ]; then
+    say "unknown option $1: expected none or --if-changed"; exit 2
+fi
 
 [ "$(id -u)" = 0 ] || { say "needs root (it starts dockerd and debootstraps a base)"; exit 2; }
 start=$(date +%s)
@@ -125,7 +152,10 @@ EOF
 say "cells in the image took ${cells_s} s"
 
 nccl="no CUDA toolkit at $toolkit: Horovod's NCCL build not checked"
-if [ -x "$toolkit/bin/nvcc" ]; then
+nccl_built=""
+if [ -x "$toolkit/bin/nvcc" ] && unchanged_since "$NCCL_PASSED" "${NCCL_INPUTS[@]}"; then
+    nccl="Horovod's NCCL build not repeated: what it reads (${NCCL_INPUTS[*]}) is as at $(cut -c1-12 "$NCCL_PASSED"), where it passed"
+elif [ -x "$toolkit/bin/nvcc" ]; then
     real=$(readlink -f "$toolkit")
     say "building Horovod's NCCL wheel in the image against $real (a few minutes)"
     nccl_start=$(date +%s)
@@ -136,14 +166,16 @@ assert hvd.nccl_built() and hvd.cuda_built(), (hvd.nccl_built(), hvd.cuda_built(
 print(\"nccl_built\", hvd.nccl_built(), \"cuda_built\", hvd.cuda_built())"' >"$run/nccl.log" 2>&1 \
         || { say "Horovod's NCCL build failed: $(tail -n 5 "$run/nccl.log" | tr '\n' ' ')"; exit 1; }
     nccl="Horovod's NCCL wheel built in $(( $(date +%s) - nccl_start )) s: $(tail -n 1 "$run/nccl.log")"
+    nccl_built=yes
 fi
 say "$nccl"
 
 total=$(( $(date +%s) - start ))
 say "passed in ${total} s (build ${build_s} s, image $(( size / 1000000 )) MB)"
-if [ -z "$(git status --porcelain -- "${inputs[@]}")" ] && git rev-parse -q --verify HEAD >/dev/null; then
-    git rev-parse HEAD >.ci/docker-check-passed
-    say "recorded $(cat .ci/docker-check-passed) in .ci/docker-check-passed (commit it)"
+if [ -z "$(git status --porcelain -- "${IMAGE_INPUTS[@]}")" ] && git rev-parse -q --verify HEAD >/dev/null; then
+    git rev-parse HEAD >"$IMAGE_PASSED"
+    [ -z "$nccl_built" ] || git rev-parse HEAD >"$NCCL_PASSED"
+    say "recorded $(cat "$IMAGE_PASSED") in $IMAGE_PASSED${nccl_built:+ and $NCCL_PASSED} (commit it)"
 else
     say "the image's inputs have uncommitted changes: nothing recorded"
 fi

@@ -2,7 +2,10 @@
 # Install parbench with DeepSpeed, Horovod and the dev tools into the Python named by $PYTHON.
 #
 #   PYTHON=.venv/bin/python scripts/install.sh        (what `make setup` does, inside .venv)
-#   PYTHON=python3 PARBENCH_EDITABLE=0 scripts/install.sh   (what the Dockerfile does)
+#   PYTHON=python3 PARBENCH_EDITABLE=0 scripts/install.sh   (a copy of the project, not a link to it)
+#   PYTHON=python3 PARBENCH_INSTALL=dependencies scripts/install.sh   (the Dockerfile: what pyproject.toml needs,
+#                                                                      in a layer before the code is copied)
+#   PYTHON=python3 PARBENCH_INSTALL=project scripts/install.sh        (then the project alone, on them)
 #
 # torch is installed only when missing (a GPU image brings its own CUDA build); the version asked for
 # then is the CPU build on disk on the development machines. Horovod is built by install-horovod.sh and
@@ -11,14 +14,41 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 
-if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-    "$PY" -m pip install -q "torch==${PARBENCH_TORCH_VERSION:-2.13.0}"
+part=${PARBENCH_INSTALL:-all}
+case "$part" in
+    all|dependencies|project) ;;
+    *) echo "install.sh: PARBENCH_INSTALL=$part: expected all, dependencies or project" >&2; exit 2 ;;
+esac
+EXTRAS=(deepspeed horovod dev)
+
+if [ "$part" != project ]; then
+    if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+        "$PY" -m pip install -q "torch==${PARBENCH_TORCH_VERSION:-2.13.0}"
+    fi
+    PYTHON="$PY" "$here/scripts/install-horovod.sh"
 fi
-PYTHON="$PY" "$here/scripts/install-horovod.sh"
+if [ "$part" = dependencies ]; then
+    # pyproject.toml's dependencies and extras, without the project: the code can then change without them
+    # being installed again (the Dockerfile's layer cache).
+    requirements=$(mktemp)
+    "$PY" - "$here/pyproject.toml" "${EXTRAS[@]}" >"$requirements" <<'PYEOF'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + [r for extra in sys.argv[2:] for r in project["optional-dependencies"][extra]]))
+PYEOF
+    "$PY" -m pip install -q -r "$requirements"
+    rm -f "$requirements"
+    "$PY" -c 'import torch, deepspeed, horovod.torch; print("installed: torch", torch.__version__,
+          "deepspeed", deepspeed.__version__, "horovod", horovod.__version__)'
+    exit 0
+fi
+extras=$(IFS=,; echo "${EXTRAS[*]}")
+no_deps=()
+[ "$part" = project ] && no_deps=(--no-deps)
 if [ "${PARBENCH_EDITABLE:-1}" = 1 ]; then
-    "$PY" -m pip install -q -e "$here[deepspeed,horovod,dev]"
+    "$PY" -m pip install -q "${no_deps[@]}" -e "$here[$extras]"
 else
-    "$PY" -m pip install -q "$here[deepspeed,horovod,dev]"
+    "$PY" -m pip install -q "${no_deps[@]}" "$here[$extras]"
 fi
 "$PY" -c 'import torch, deepspeed, horovod.torch, harness; print("installed: torch", torch.__version__,
       "deepspeed", deepspeed.__version__, "horovod", horovod.__version__)'

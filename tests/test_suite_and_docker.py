@@ -75,3 +75,22 @@ def test_the_gpu_reference_script_parses_and_plans_the_reference_set_on_cpu():
     assert "resnet50/bare/ws1/gb256/mb256/bf16/cuda x1" in plan and "  inputs: channels_last" in plan
     assert "gpt2-small/zero3[offload_optimizer=cpu,offload_param=cpu]/ws1/gb16/mb16/bf16/cuda" in plan
     assert subprocess.run([str(script), "--budget", "100"], capture_output=True).returncode == 2
+
+
+def test_the_docker_checks_inputs_are_every_path_the_image_copies():
+    # scripts/docker-check.sh --if-changed skips the build where its IMAGE_INPUTS are as at the last pass: a path the
+    # Dockerfile copies but the list left out would let a change to it through unbuilt.
+    copied = set()
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            *sources, _ = line.split()[1:]
+            copied.update(source.rstrip("/") for source in sources)
+    script = (ROOT / "scripts" / "docker-check.sh").read_text()
+    listed = next(line for line in script.splitlines() if line.startswith("IMAGE_INPUTS="))
+    inputs = set(listed.split("=", 1)[1].strip("()").split())
+    # scripts/check_torch_cuda.py is copied on its own first; scripts/ holds it.
+    covered = {path for path in copied if path in inputs or any(path.startswith(f"{i}/") for i in inputs)}
+    assert covered == copied, f"copied by the Dockerfile, not in IMAGE_INPUTS: {sorted(copied - covered)}"
+    assert {"Dockerfile", ".dockerignore"} <= inputs
+    nccl = next(line for line in script.splitlines() if line.startswith("NCCL_INPUTS="))
+    assert "scripts/install-horovod.sh" in nccl and "Dockerfile" in nccl
