@@ -4,7 +4,7 @@
     python -m harness run --matrix smoke --strategy ddp --world-sizes 2 --global-batch 32
     python -m harness run --matrix scaling --dry-run --gpus-per-node 8 --nnodes 4 --placement k8s --out k8s/scaling
     python -m harness list
-    python -m harness memory --params 1.5B --dp 8
+    python -m harness memory --params 7B --dp 8 --option tp=8
     python -m harness comm --world-size 2
     python -m harness project results/reference/ci-cpu/smoke.jsonl --cluster dgx-h100-ib
     python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib --strategies ddp,zero3
@@ -238,15 +238,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU, used instead of "
                      "the datasheet table (which has no CPUs) and recorded as the user's")
 
-    memory = commands.add_parser("memory", help="predicted model-state memory per rank for every strategy")
+    memory = commands.add_parser(
+        "memory", help="predicted model-state memory per rank for every strategy",
+        description="Model states (weights, gradients, optimizer state) per rank of every strategy, for a model of "
+                    "--params parameters on --dp data-parallel replicas, each a group of tp ranks (fsdp2-tp, autotp: "
+                    "--option tp=N) or of pipeline stages (pipeline: --option stages=N); GPUs = dp x tp x stages, "
+                    "and tp alone is one group of tp ranks. Each strategy's own plan over the parameters one of its "
+                    "ranks holds (every parameter counted as split tp ways: no model shape is taken); a strategy "
+                    "that cannot run --recipe shows '-', and every '-' has its reason printed under the table.")
     memory.add_argument("--params", type=_count, required=True, help="parameters, e.g. 124M, 1.5B")
-    memory.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
+    memory.add_argument("--dp", type=int, required=True, help="data-parallel replicas, each one rank, a group of "
+                        "tp ranks or a pipeline of stages")
     memory.add_argument("--recipe", default="autocast", help="precision recipe: fp32, autocast, deepspeed-bf16, "
-                        "deepspeed-fp16, fsdp-mp-policy")
+                        "deepspeed-fp16, fsdp-mp-policy; a strategy that cannot run it shows '-'")
     memory.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                        help="an option of the strategies that take it, e.g. offload_optimizer=cpu (ZeRO), "
-                             "offload_policy=cpu (FSDP2): offloaded states are counted on the host, not the device")
-    memory.add_argument("--stages", type=int, default=2, help="pipeline stages (for the pipeline row)")
+                        help="an option of the strategies that take it, e.g. tp=8 (fsdp2-tp, autotp, and tp's own "
+                             "degree), stages=4 (pipeline), offload_optimizer=cpu (ZeRO), offload_policy=cpu "
+                             "(FSDP2): offloaded states are counted on the host, not the device")
     memory.add_argument("--largest-layer", type=_count, help="the most parameters one module holds itself "
                         "(DeepSpeed's largest_layer_params, for its ZeRO-3 estimate; default: params / 20)")
     memory.add_argument("--gpus-per-node", type=int, help="for DeepSpeed's estimator: the --dp GPUs lie on "
@@ -585,66 +593,114 @@ def command_list(args: argparse.Namespace) -> int:
 
 
 def command_memory(args: argparse.Namespace) -> int:
+    """Each strategy's model states per rank (`model_state_plan` over the parameters one of its ranks holds, as its
+    `model_split` lays out --dp replicas), DeepSpeed's estimate beside ZeRO-2/3's, and under the table the reason for
+    every figure left "-"."""
     from harness.derive.memory import plan_bytes
     from harness.strategies import STRATEGIES, PrecisionRecipe
 
     recipes = [recipe.value for recipe in PrecisionRecipe]
     if args.recipe not in recipes:
         raise SpecError(f"recipe {args.recipe!r} is not one of: {', '.join(recipes)}")
-    if args.dp < 1 or args.stages < 1:
-        raise SpecError(f"--dp and --stages must be >= 1, got {args.dp} and {args.stages}")
+    if args.dp < 1:
+        raise SpecError(f"--dp must be >= 1, got {args.dp}")
     gpus_per_node = args.dp if args.gpus_per_node is None else args.gpus_per_node
     if gpus_per_node < 1 or args.dp % gpus_per_node:
         raise SpecError(f"--dp {args.dp} must be a whole number of nodes of --gpus-per-node {gpus_per_node} "
                         f"(DeepSpeed's estimate is for nodes x GPUs per node = --dp GPUs)")
     nodes = args.dp // gpus_per_node
-    use_deepspeed = not args.no_deepspeed and importlib.util.find_spec("deepspeed") is not None
-    recipe = PrecisionRecipe(args.recipe)
-    gib = float(1 << 30)
-    largest_layer = args.largest_layer or args.params // 20
-    print(f"model states per rank, {args.params:,} parameters, {args.dp} data-parallel ranks, recipe "
-          f"{args.recipe}: each strategy's own bytes per parameter and sharding (Rajbhandari et al. 2020, "
-          f"sec. 5.1)")
     given = dict(args.option)
     unknown = sorted(set(given) - {name for strategy in STRATEGIES.values() for name in strategy.options})
     if unknown:
         raise SpecError(f"no strategy has option(s) {', '.join(unknown)}")
-    print(f"{'strategy':<13} {'bytes w+g+o':>11} {'weights GiB':>12} {'grads GiB':>10} {'optim GiB':>10} "
-          f"{'total GiB':>10} {'host GiB':>9} {'DeepSpeed est. GiB':>19}")
+    # The recipe is --recipe's alone: an option choosing another beside it would print one recipe's figures under
+    # the other's name.
+    recipe_options = sorted(set(given) & {"precision_recipe", "mixed_precision"})
+    if recipe_options:
+        raise SpecError(f"memory takes the precision recipe from --recipe, not option(s) {', '.join(recipe_options)}")
+    # tp's degree is its world size, no option of its own: the one --option tp gives fsdp2-tp and autotp, else
+    # their option's default, so that every tensor-parallel row splits alike.
+    tp_option = next(strategy.options["tp"] for strategy in STRATEGIES.values() if "tp" in strategy.options)
+    tensor_parallel = tp_option.given(given["tp"]) if "tp" in given else tp_option.default
+    tp_option.check("tp", "tp", tensor_parallel)
+    use_deepspeed = not args.no_deepspeed and importlib.util.find_spec("deepspeed") is not None
+    recipe = PrecisionRecipe(args.recipe)
+    gib = float(1 << 30)
+    largest_layer = args.largest_layer or args.params // 20
+
+    rows, refused, no_estimate, splits = [], {}, [], {}
     for name, strategy in STRATEGIES.items():
         if name in ("plain", "bare", "dataparallel"):
             continue
         taken = {key: strategy.options[key].given(value) for key, value in given.items() if key in strategy.options}
         strategy.check_options(taken)
         options = strategy.resolve_options(taken)
-        plan = strategy.model_state_plan(args.dp, recipe, options)
-        # A pipeline stage holds its share of the layers; evenly cut here, though a stage holding a tied
-        # weight's copy holds more (the row of a real run records each stage's own count).
-        params = args.params // args.stages if name == "pipeline" else args.params
-        states = plan_bytes(plan, params)
+        split = splits[name] = strategy.model_split(args.dp, tensor_parallel, options)
+        layout = f"{split.data_parallel}x{split.tensor_parallel}x{split.pipeline_stages}"
+        shown_options = f"  [{', '.join(f'{k}={v}' for k, v in taken.items())}]" if taken else ""
+        refusal = strategy.recipe_refusal(recipe)
+        if refusal:
+            refused[name] = refusal
+            rows.append(f"{name:<13} {layout:>12} {'-':>11} {'-':>12} {'-':>10} {'-':>10} {'-':>10} {'-':>9} "
+                        f"{'-':>19}{shown_options}")
+            continue
+        plan = strategy.model_state_plan(split.data_parallel, recipe, options)
+        states = plan_bytes(plan, split.evenly_held(args.params))
         per_parameter = "+".join(f"{getattr(plan, c).bytes_per_parameter:g}" for c in ("weights", "gradients",
                                                                                         "optimizer"))
-        estimate = None
-        if use_deepspeed:
-            # DeepSpeed divides the sharded states by num_nodes x num_gpus_per_node: all --dp GPUs, so the
-            # estimate is for the same cluster as the columns beside it.
-            estimate = strategy.deepspeed_estimate_bytes(args.params, largest_layer, gpus_per_node, nodes, options)
+        # DeepSpeed divides the sharded states by num_nodes x num_gpus_per_node: all --dp GPUs, so the estimate is
+        # for the same cluster as the columns beside it.
+        estimate = (strategy.deepspeed_estimate_bytes(args.params, largest_layer, gpus_per_node, nodes, options)
+                    if use_deepspeed else None)
+        if estimate is None:
+            no_estimate.append(name)
         shown = f"{estimate / gib:>19.3f}" if estimate is not None else f"{'-':>19}"
-        print(f"{name:<13} {per_parameter:>11} {states['weights'] / gib:>12.3f} {states['gradients'] / gib:>10.3f} "
-              f"{states['optimizer'] / gib:>10.3f} {states['total'] / gib:>10.3f} {states['host'] / gib:>9.3f} {shown}"
-              + (f"  [{', '.join(f'{k}={v}' for k, v in taken.items())}]" if taken else ""))
+        rows.append(f"{name:<13} {layout:>12} {per_parameter:>11} {states['weights'] / gib:>12.3f} "
+                    f"{states['gradients'] / gib:>10.3f} {states['optimizer'] / gib:>10.3f} "
+                    f"{states['total'] / gib:>10.3f} {states['host'] / gib:>9.3f} {shown}{shown_options}")
+
+    print(f"model states per rank, {args.params:,} parameters, recipe {args.recipe}: each strategy's own bytes per "
+          f"parameter and sharding (Rajbhandari et al. 2020, sec. 5.1)")
+    print(f"layout dp x tp x pp: --dp {args.dp} data-parallel replicas, each a group of tp x pp ranks (GPUs = "
+          f"dp x tp x pp); a rank holds 1/(tp x pp) of the parameters, and its strategy's plan shards their "
+          f"states over the dp replicas or not")
+    print(f"{'strategy':<13} {'dp x tp x pp':>12} {'bytes w+g+o':>11} {'weights GiB':>12} {'grads GiB':>10} "
+          f"{'optim GiB':>10} {'total GiB':>10} {'host GiB':>9} {'DeepSpeed est. GiB':>19}")
+    for row in rows:
+        print(row)
+    for degree in sorted({split.tensor_parallel for split in splits.values()} - {1}):
+        names = [name for name, split in splits.items() if split.tensor_parallel == degree]
+        default = "" if "tp" in given else " (the tp option's default; --option tp=N sets it)"
+        print(f"tp={degree}{default}, {', '.join(names)}: every parameter counted as split {degree} ways "
+              f"({args.params / degree:,.0f} a rank before any data-parallel sharding); a model's embeddings, "
+              f"layer norms and row-parallel biases stay whole on every tp rank and would add (1 - 1/{degree}) x "
+              f"their parameters x the bytes a parameter (memory takes no model shape; a run's row records the "
+              f"rank's own count, parameters_held_by_rank)")
+    for name, split in splits.items():
+        if split.data_parallel != args.dp:
+            print(f"{name}: one group of {split.ranks} ranks whatever --dp says: it has no data-parallel replicas")
+    for stages in sorted({split.pipeline_stages for split in splits.values()} - {1}):
+        names = [name for name, split in splits.items() if split.pipeline_stages == stages]
+        default = "" if "stages" in given else " (the stages option's default; --option stages=N sets it)"
+        print(f"stages={stages}{default}, {', '.join(names)}: the layers cut into {stages} stages, each counted as "
+              f"holding 1/{stages} of the parameters; a stage that holds a tied weight's copy holds more")
     if use_deepspeed:
-        print(f"DeepSpeed est.: its estimate_zero{{2,3}}_model_states_mem_needs, with the offload options given, for {args.dp} GPUs "
-              f"({nodes} node(s) x {gpus_per_node} GPUs), largest layer {largest_layer:,} parameters")
+        print(f"DeepSpeed est.: its estimate_zero{{2,3}}_model_states_mem_needs, with the offload options given, for "
+              f"{args.dp} GPUs ({nodes} node(s) x {gpus_per_node} GPUs), largest layer {largest_layer:,} parameters")
         if recipe not in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16):
             # DeepSpeed's functions know one recipe: 16-bit weights and gradients with fp32 master weights and
             # Adam moments (2 + 2 + 12 bytes a parameter). Beside another recipe's columns they differ by the
             # recipe, not by the sharding.
             print(f"  it counts 16-bit weights and gradients with fp32 master copies and moments (2 + 2 + 12 bytes "
                   f"a parameter), not recipe {args.recipe}'s: compare it with --recipe deepspeed-bf16")
-    if args.stages > 1:
-        print(f"pipeline: {args.stages} stages, each holding 1/{args.stages} of the parameters here; a stage that "
-              f"holds a tied weight's copy holds more")
+    if refused or no_estimate:
+        print("'-', why:")
+    for name, refusal in refused.items():
+        print(f"  {name}: {refusal}")
+    if no_estimate:
+        why = ("--no-deepspeed" if args.no_deepspeed else "deepspeed is not installed here" if not use_deepspeed
+               else "DeepSpeed's estimator has functions for ZeRO-2 and ZeRO-3 of a whole model alone")
+        print(f"  DeepSpeed est. of {', '.join(no_estimate)}: {why}")
     return 0
 
 

@@ -76,6 +76,34 @@ class ModelStatePlan:
         return cls(**{name: ShardedState(**data[name]) for name in COMPONENTS}, basis=data.get("basis", ""))
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSplit:
+    """How a layout divides a model among its ranks: `data_parallel` replicas, each of `tensor_parallel` ranks that
+    split every block's layers, times `pipeline_stages` stages that cut the layers between them. A strategy says
+    how it lays out a layout the user describes (`Strategy.model_split`); a rank's model states are its plan over
+    `data_parallel` ranks of the parameters one rank of a replica holds."""
+
+    data_parallel: int
+    tensor_parallel: int = 1
+    pipeline_stages: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("data_parallel", "tensor_parallel", "pipeline_stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def ranks(self) -> int:
+        return self.data_parallel * self.tensor_parallel * self.pipeline_stages
+
+    def evenly_held(self, parameters: int) -> float:
+        """Psi of one rank of a model known only by its parameter count: an even cut over the stages, and every
+        parameter split over the tensor-parallel ranks. A real model keeps its embeddings, norms and row-parallel
+        biases whole on every tp rank, and a stage holding a tied weight's copy holds more: a run's row records the
+        rank's own count (`parameters_held_by_rank`)."""
+        return parameters / (self.tensor_parallel * self.pipeline_stages)
+
+
 def zero_plan(stage: int, data_parallel: int, weights: float, gradients: float, optimizer: float,
               basis: str) -> ModelStatePlan:
     """The paper's partitioning (sec. 5.1): stage 1 shards the optimizer state over the N_d data-parallel
@@ -96,7 +124,7 @@ def offloaded_to_host(plan: ModelStatePlan, *components: str) -> ModelStatePlan:
     return dataclasses.replace(plan, **moved, basis=f"{plan.basis}; {', '.join(components)} on the host")
 
 
-def plan_bytes(plan: ModelStatePlan, parameters: int, kept_whole: int = 0) -> dict[str, float]:
+def plan_bytes(plan: ModelStatePlan, parameters: float, kept_whole: int = 0) -> dict[str, float]:
     """Bytes of each component for a rank holding `parameters` (Psi), `kept_whole` of which are also kept
     unsharded beside their weight shard; `total` is what the device holds, `host` what offload keeps on the host."""
     figures = {name: parameters * getattr(plan, name).bytes_per_parameter / getattr(plan, name).sharded_over

@@ -25,8 +25,8 @@ from harness.derive.memory import zero_plan
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option, Strategy,
                                      TrafficBytes, Trainer, half_dtype_names, make_adamw, optimizer_description)
-from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, start_deepspeed,
-                                                 throughput_timer_state)
+from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OPTION, base_config, precision_config,
+                                                 start_deepspeed, throughput_timer_state)
 from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (COLUMN_PARALLEL, ROW_PARALLEL, activation_all_reduces,
                                                 split_parameter_count)
@@ -98,6 +98,7 @@ class AutoTP(MeshLayout, Strategy):
     launcher = "deepspeed"
     description = "DeepSpeed AutoTP training, Megatron's layout of each block, ZeRO 0/1/2 across (DeepSpeed's launcher)"
     requires = ("deepspeed",)
+    precision_recipes = DEEPSPEED_RECIPES
     options = {
         "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas", minimum=1),
         "zero_stage": Option(1, "ZeRO stage across the replicas (AutoTP trains with 0, 1 or 2)", choices=(0, 1, 2)),

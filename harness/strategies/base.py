@@ -29,7 +29,7 @@ from torch import nn
 from harness.derive.checkpoint import CheckpointContents, held_once
 from harness.derive.comm import Collective
 from harness.derive.exposed import SAME_WORK
-from harness.derive.memory import ModelStatePlan, zero_plan
+from harness.derive.memory import ModelSplit, ModelStatePlan, zero_plan
 from harness.rank.memory_model import ModelStateTensors
 from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
 from harness.strategies.loss_scaling import StepOutcome, scaler_step
@@ -56,6 +56,16 @@ class PrecisionRecipe(enum.StrEnum):
     DEEPSPEED_BF16 = "deepspeed-bf16"    # DeepSpeed's `bf16` section: bf16 weights + fp32 master copy
     DEEPSPEED_FP16 = "deepspeed-fp16"    # DeepSpeed's `fp16` section (GPU only): fp16 weights + fp32 master copy
     FSDP_MP_POLICY = "fsdp-mp-policy"    # FSDP2 MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 reduce
+
+
+# Whose each recipe is, as a strategy that cannot run one says so (`Strategy.recipe_refusal`).
+RECIPE_SOURCES: Mapping[PrecisionRecipe, str] = {
+    PrecisionRecipe.FP32: "plain fp32",
+    PrecisionRecipe.AUTOCAST: "torch.autocast's",
+    PrecisionRecipe.DEEPSPEED_BF16: "DeepSpeed's (its bf16 section)",
+    PrecisionRecipe.DEEPSPEED_FP16: "DeepSpeed's (its fp16 section)",
+    PrecisionRecipe.FSDP_MP_POLICY: "FSDP2's (its MixedPrecisionPolicy)",
+}
 
 
 # Bytes per parameter of (weights, gradients, optimizer state) for torch AdamW over a model's own
@@ -322,6 +332,9 @@ class Strategy(abc.ABC):
     # True for the bare loop alone (harness.strategies.bare): the worker runs harness.rank.bare_loop, one clock
     # around all its timed steps, instead of its measured steps.
     times_whole_loop: ClassVar[bool] = False
+    # The precision recipes its trainer can run and record (`Trainer.precision_recipe`): fp32 and torch.autocast
+    # (`recipe_of`) unless its library brings its own; `recipe_refusal` names why another is not one of them.
+    precision_recipes: ClassVar[tuple[PrecisionRecipe, ...]] = (PrecisionRecipe.FP32, PrecisionRecipe.AUTOCAST)
 
     # ---- before launch -------------------------------------------------------------------------
 
@@ -350,6 +363,21 @@ class Strategy(abc.ABC):
         weights, gradients, optimizer = ADAMW_STATE_BYTES[recipe]
         return zero_plan(0, data_parallel, weights, gradients, optimizer,
                          basis=f"{recipe.value}: torch AdamW over the model's own parameters, whole on every rank")
+
+    def recipe_refusal(self, recipe: PrecisionRecipe) -> str | None:
+        """Why this strategy cannot run `recipe` (one line naming whose it is and what it runs), or None if it can:
+        a plan under a recipe the strategy never runs describes nothing it could measure."""
+        if recipe in self.precision_recipes:
+            return None
+        *others, last = [r.value for r in self.precision_recipes]
+        runs = f"{', '.join(others)} and {last}" if others else last
+        return f"recipe {recipe.value} is {RECIPE_SOURCES[recipe]}; {self.name} runs {runs}"
+
+    def model_split(self, replicas: int, tensor_parallel: int, options: Mapping[str, OptionValue]) -> ModelSplit:
+        """How this strategy lays out `replicas` data-parallel replicas under `options`, where `tensor_parallel` is
+        the degree asked of a strategy whose degree is no option of its own (`tp`, whose ranks are all one
+        replica): what `harness memory` divides a model by. The default: each replica one rank, holding it whole."""
+        return ModelSplit(data_parallel=replicas)
 
     def checkpoint_holds(self, options: Mapping[str, OptionValue]) -> tuple[str, ...]:
         """The model-state components (harness.derive.memory.COMPONENTS) its checkpoint writes: weights and optimizer

@@ -23,6 +23,11 @@ PRECISION_OPTION = Option(
     "everywhere else) or its bf16 section (bf16 weights with fp32 master copies)",
     choices=("autocast", "deepspeed-bf16"))
 
+# What `precision_config` can give a DeepSpeed strategy: fp32, its torch_autocast section, its bf16 section (the
+# precision_recipe option) and its fp16 section (fp16 on GPUs).
+DEEPSPEED_RECIPES = (PrecisionRecipe.FP32, PrecisionRecipe.AUTOCAST, PrecisionRecipe.DEEPSPEED_BF16,
+                     PrecisionRecipe.DEEPSPEED_FP16)
+
 
 def start_deepspeed(spec: RunSpec) -> RankContext:
     context = torchrun_context(spec.device)

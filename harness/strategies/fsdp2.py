@@ -88,6 +88,7 @@ class FSDP2(Strategy):
     launcher = "torchrun"
     checkpoint_method = "dcp"
     description = "PyTorch FSDP2 fully_shard per block, then the root (torchrun)"
+    precision_recipes = (PrecisionRecipe.FP32, PrecisionRecipe.AUTOCAST, PrecisionRecipe.FSDP_MP_POLICY)
     options = {
         "reshard_after_forward": Option(True, "free gathered block parameters after forward (ZeRO-3 "
                                         "behaviour); False keeps them until backward (ZeRO-2-like)"),

@@ -4,6 +4,7 @@ GPUs), `world_size / tp` replicas across them, laid out row-major as `init_devic
 
 from __future__ import annotations
 
+from harness.derive.memory import ModelSplit
 from harness.spec import DeviceKind, Layout, RunSpec, SpecError
 from workloads import Family, get_workload
 
@@ -34,6 +35,11 @@ class MeshLayout:
             return (f"tp={tp} must divide the {spec.world_size // spec.nnodes} GPUs per node: tensor "
                     "parallelism's all-reduces sit inside every layer and stay within a node")
         return None
+
+    def model_split(self, replicas, tensor_parallel, options) -> ModelSplit:
+        """`replicas` replicas of the `tp` option's ranks (the `tp` strategy's own degree, `tensor_parallel`, is not
+        this strategy's)."""
+        return ModelSplit(data_parallel=replicas, tensor_parallel=options["tp"])
 
     def layout(self, spec: RunSpec) -> Layout:
         replicas = spec.world_size // self.tp_degree(spec)

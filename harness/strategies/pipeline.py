@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from harness.derive.memory import ModelStatePlan, ShardedState
+from harness.derive.memory import ModelSplit, ModelStatePlan, ShardedState
 from harness.rank.memory_model import ModelStateTensors, optimizer_state_tensors
 from harness.spec import DeviceKind, Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (BLOCK_CLASS_NAMES, ExpectedCollective, ExpectedTraffic, MicroBatch, Option,
@@ -28,8 +28,8 @@ from harness.strategies.base import (BLOCK_CLASS_NAMES, ExpectedCollective, Expe
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
-from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
-                                                 start_deepspeed, throughput_timer_state)
+from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OPTION, base_config, precision_config,
+                                                 sixteen_bit_weights, start_deepspeed, throughput_timer_state)
 from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
 from workloads import get_workload
 
@@ -114,6 +114,7 @@ class Pipeline(Strategy):
     description = "DeepSpeed pipeline parallelism, 1F1B schedule (DeepSpeed's launcher)"
     comm_interception = "torch.distributed collectives and point-to-point sends (DeepSpeed's p2p)"
     requires = ("deepspeed",)
+    precision_recipes = DEEPSPEED_RECIPES
     options = {
         "stages": Option(2, "pipeline stages; world_size / stages replicas are data-parallel", minimum=1),
         "partition_method": Option("parameters", "how layers are balanced over stages",
@@ -184,6 +185,10 @@ class Pipeline(Strategy):
                               optimizer=ShardedState(bytes_per_parameter=12, sharded_over=data_parallel),
                               basis=f"{recipe.value}: DeepSpeed BF16_Optimizer, bf16 weights and gradients, fp32 "
                                     f"master partition + AdamW moments over the data-parallel replicas")
+
+    def model_split(self, replicas, tensor_parallel, options) -> ModelSplit:
+        """`replicas` pipelines of the `stages` option's stages, each stage holding its cut of the layers."""
+        return ModelSplit(data_parallel=replicas, pipeline_stages=options["stages"])
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return ("a stage's work has no communication-free equivalent: waiting on its neighbours is the "

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from harness.derive.memory import zero_plan
+from harness.derive.memory import ModelSplit, zero_plan
 from harness.spec import DeviceKind, Layout, RunSpec, SpecError
 from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedTraffic, Option, Strategy,
                                      half_dtype_names, make_adamw, optimizer_description, recipe_of,
@@ -125,6 +125,10 @@ class TensorParallel(Strategy):
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return ("tensor parallelism's all-reduces sit between a block's matmuls: a rank's slices have no "
                 "communication-free run that is the same work")
+
+    def model_split(self, replicas, tensor_parallel, options) -> ModelSplit:
+        """One replica of `tensor_parallel` ranks, whatever `replicas` asks: every rank sees the same samples."""
+        return ModelSplit(data_parallel=1, tensor_parallel=tensor_parallel)
 
     def model_state_plan(self, data_parallel, recipe, options):
         """Nothing sharded beyond what each rank holds: its slices of the split layers and the rest whole, all

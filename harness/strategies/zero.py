@@ -55,8 +55,8 @@ from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_HYPERPARAMETERS, AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch,
                                      Option, PrecisionRecipe, Sharding, Strategy, TrafficBytes, Trainer, make_adamw,
                                      half_dtype_names, optimizer_description, unwrapped_parameter_names)
-from harness.strategies.deepspeed_common import (PRECISION_OPTION, base_config, precision_config, sixteen_bit_weights,
-                                                 start_deepspeed, throughput_timer_state)
+from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OPTION, base_config, precision_config,
+                                                 sixteen_bit_weights, start_deepspeed, throughput_timer_state)
 from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
@@ -250,6 +250,7 @@ class ZeRO(Strategy):
     launcher = "deepspeed"
     checkpoint_method = "deepspeed"
     requires = ("deepspeed",)
+    precision_recipes = DEEPSPEED_RECIPES
 
     def __init__(self, stage: int) -> None:
         self.stage = stage
