@@ -287,7 +287,7 @@ def test_the_command_records_checks_and_exits_0_1_3_or_2(tmp_path, capsys):
 TWO_CORES = Machine(device=DeviceKind.CPU, devices_per_node=2)
 
 
-@pytest.mark.parametrize("matrix", ["ci", "smoke"])
+@pytest.mark.parametrize("matrix", ["ci"])       # the smoke matrix's 2 cells are two of ci's, at more steps
 def test_the_committed_expectations_hold_every_cell_of_their_matrix_on_cpu(matrix):
     committed = load(COMMITTED / f"{matrix}.json")
     assert set(committed["cells"]) == {spec.label for spec in build_matrix(matrix, TWO_CORES)}
