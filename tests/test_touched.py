@@ -54,7 +54,9 @@ def test_a_change_to_the_rank_loop_touches_no_strategy_and_one_to_base_touches_a
     assert touched_strategies(repo, "HEAD", STRATEGIES) == {}
     with (repo / "harness" / "strategies" / "base.py").open("a") as f:
         f.write("# a change\n")
-    assert set(touched_strategies(repo, "HEAD", STRATEGIES)) == set(STRATEGIES)
+    # The project's own strategies (another test may have registered one of its own, which the copy does not hold).
+    built_in = {name: cls for name, cls in STRATEGIES.items() if cls.__module__.startswith("harness.")}
+    assert set(touched_strategies(repo, "HEAD", built_in)) == set(built_in)
 
 
 def test_the_estimate_is_launches_times_both_sides_times_harness_start_and_each_cell():
