@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.project.cluster import (REQUIRED_KEYS, load_cluster, node_layout, parse_overrides, preset)
+from harness.project.cluster import (GPU_KEYS, REQUIRED_KEYS, load_cluster, node_layout, parse_overrides, preset)
 from harness.project.presets import PRESETS
 from harness.spec import SpecError
 from one_line import assert_one_line_error   # tests/one_line.py
@@ -17,7 +17,8 @@ from one_line import assert_one_line_error   # tests/one_line.py
 def test_each_preset_loads_and_every_value_has_a_public_source(name):
     cluster = preset(name)
     assert cluster.name == name and cluster.description
-    assert set(cluster.sources) == set(REQUIRED_KEYS)
+    assert set(cluster.sources) == set(REQUIRED_KEYS + GPU_KEYS)
+    assert cluster.gpu and cluster.gpu_memory_GiB > 0
     for key, source in cluster.sources.items():
         assert "https://" in source, f"{name}.{key} has no address: {source!r}"
 

@@ -13,6 +13,11 @@ what a GPU (a node) sends while it receives as much, links being full duplex.
 | `intra_node_latency_us` | microseconds | alpha of one step between two GPUs of a node |
 | `inter_node_bandwidth_GBps` | 1e9 bytes/s | one node, all its NICs, to other nodes, one direction |
 | `inter_node_latency_us` | microseconds | alpha of one step between GPUs of different nodes |
+| `gpu` | name | optional: the GPU as torch names it, a key of harness.derive.peaks.PEAKS (its datasheet peaks) |
+| `gpu_memory_GiB` | 2^30 bytes | optional: one GPU's memory, as its datasheet gives it |
+
+The two GPU keys matter only to `harness plan` (what fits, and compute from FLOPs); the communication model
+needs none of them.
 
 The inter-node bandwidth is per node, not per GPU, because the node's GPUs share its NICs: when all g GPUs
 of a node talk to other nodes at once (the inter-node phase of a hierarchical all-reduce, an all-to-all
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from harness.derive.peaks import PEAKS
 from harness.spec import SpecError
 
 GBPS = 1e9          # bytes per second in one GBps
@@ -40,7 +46,8 @@ US = 1e-6           # seconds in one microsecond
 NUMBER_KEYS = ("intra_node_bandwidth_GBps", "intra_node_latency_us", "inter_node_bandwidth_GBps",
                "inter_node_latency_us")
 REQUIRED_KEYS = ("gpus_per_node", *NUMBER_KEYS)
-OPTIONAL_KEYS = ("description", "sources")
+GPU_KEYS = ("gpu", "gpu_memory_GiB")
+OPTIONAL_KEYS = (*GPU_KEYS, "description", "sources")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,6 +80,8 @@ class Cluster:
     inter_node: Link
     description: str = ""
     sources: Mapping[str, str] = field(default_factory=dict)     # key -> public source of its value
+    gpu: str = ""                           # a key of harness.derive.peaks.PEAKS; "" where not described
+    gpu_memory_GiB: float | None = None     # one GPU's memory; None where not described
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
@@ -99,7 +108,8 @@ class Cluster:
                        intra_node=self.intra_node,
                        inter_node=Link(latency_s=self.inter_node.latency_s,
                                        bandwidth_bytes_per_s=self.inter_node.bandwidth_bytes_per_s / sharing),
-                       description=self.description, sources=self.sources)
+                       description=self.description, sources=self.sources, gpu=self.gpu,
+                       gpu_memory_GiB=self.gpu_memory_GiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,19 +164,32 @@ def cluster_from_mapping(name: str, values: Mapping[str, Any]) -> Cluster:
     sources = values.get("sources", {})
     if not isinstance(sources, Mapping) or not all(isinstance(v, str) for v in sources.values()):
         raise SpecError(f"cluster {name!r}: sources must be a table of key = \"where the value comes from\"")
-    strays = sorted(set(sources) - set(REQUIRED_KEYS))
+    strays = sorted(set(sources) - set(REQUIRED_KEYS) - set(GPU_KEYS))
     if strays:
         raise SpecError(f"cluster {name!r}: sources names {strays[0]!r}, which is not one of: "
-                        f"{', '.join(REQUIRED_KEYS)}")
+                        f"{', '.join(REQUIRED_KEYS + GPU_KEYS)}")
     description = values.get("description", "")
     if not isinstance(description, str):
         raise SpecError(f"cluster {name!r}: description must be a string, got {description!r}")
+    gpu, memory = _gpu(name, values)
     return Cluster(
-        name=name, gpus_per_node=gpus, description=description, sources=dict(sources),
+        name=name, gpus_per_node=gpus, description=description, sources=dict(sources), gpu=gpu, gpu_memory_GiB=memory,
         intra_node=Link(latency_s=numbers["intra_node_latency_us"] * US,
                         bandwidth_bytes_per_s=numbers["intra_node_bandwidth_GBps"] * GBPS),
         inter_node=Link(latency_s=numbers["inter_node_latency_us"] * US,
                         bandwidth_bytes_per_s=numbers["inter_node_bandwidth_GBps"] * GBPS))
+
+
+def _gpu(name: str, values: Mapping[str, Any]) -> tuple[str, float | None]:
+    """The optional GPU keys: a device name harness.derive.peaks knows, and a memory > 0."""
+    gpu = values.get("gpu", "")
+    if not isinstance(gpu, str) or (gpu and gpu not in PEAKS):
+        raise SpecError(f"cluster {name!r}: gpu {gpu!r} is not a device with datasheet peaks; known: "
+                        f"{', '.join(PEAKS)}")
+    memory = values.get("gpu_memory_GiB")
+    if memory is not None and not _number(name, "gpu_memory_GiB", memory) > 0:
+        raise SpecError(f"cluster {name!r}: gpu_memory_GiB must be > 0 (GiB of one GPU), got {memory!r}")
+    return gpu, None if memory is None else float(memory)
 
 
 def _number(name: str, key: str, value: Any) -> float:
@@ -186,14 +209,19 @@ def preset(name: str) -> Cluster:
     return cluster_from_mapping(name, values)
 
 
-def parse_overrides(pairs: Sequence[str]) -> dict[str, float | int]:
-    """`key=value` strings (as flags give them) -> {key: number}; `gpus_per_node` must be a whole number."""
-    parsed: dict[str, float | int] = {}
+def parse_overrides(pairs: Sequence[str]) -> dict[str, float | int | str]:
+    """`key=value` strings (as flags give them) -> {key: number}; `gpus_per_node` must be a whole number, `gpu` is
+    a device name (text)."""
+    parsed: dict[str, float | int | str] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         key = key.strip()
-        if not sep or key not in REQUIRED_KEYS:
-            raise SpecError(f"cluster override {pair!r} must be KEY=NUMBER with KEY one of: {', '.join(REQUIRED_KEYS)}")
+        if not sep or key not in REQUIRED_KEYS + GPU_KEYS:
+            raise SpecError(f"cluster override {pair!r} must be KEY=NUMBER with KEY one of: "
+                            f"{', '.join(REQUIRED_KEYS + GPU_KEYS)} (gpu=NAME)")
+        if key == "gpu":
+            parsed[key] = text.strip()
+            continue
         try:
             parsed[key] = int(text) if key == "gpus_per_node" else float(text)
         except ValueError:

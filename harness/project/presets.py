@@ -15,6 +15,10 @@ hwLatencies). They are hwLat alone, a floor of what NCCL itself charges a step: 
 raises the in-node step to at least 3 x NCCL_NET_OVERHEAD (3 us on Intel hosts, 6 us on AMD ones) and adds
 the network plugin's own reported latency twice to the NET step.
 
+Each GPU is named as torch names it (`gpu`), so that its dense peak FLOP/s come from harness.derive.peaks, which
+cites the datasheet of each (H100 SXM5: 989.4 TFLOP/s bf16 dense; A100: 312); `gpu_memory_GiB` is the
+datasheet's memory per GPU, as `harness plan` compares what a layout needs with it.
+
 Each source says where its figure was read. "not opened" marks a page these values were not checked against
 (the page could not be reached from the tools used to audit them); the figure it is cited for was then read
 where the source says, or is marked unconfirmed.
@@ -46,11 +50,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dgx-h100-ib": {
         "description": "NVIDIA DGX H100: 8 H100 SXM on NVLink 4 / NVSwitch, 8 x 400 Gb/s InfiniBand NDR per node",
         "gpus_per_node": 8,
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "gpu_memory_GiB": 80.0,
         "intra_node_bandwidth_GBps": 450.0,
         "intra_node_latency_us": 3.4,
         "inter_node_bandwidth_GBps": 400.0,
         "inter_node_latency_us": 14.0,
         "sources": {
+            "gpu": ("H100 SXM5 (DGX H100's GPUs are SXM); its peaks in harness.derive.peaks from NVIDIA's H100 "
+                    "whitepaper, table \"NVIDIA H100 SXM5\": BF16 tensor 989.4 TFLOP/s dense; the H100 product page not opened: "
+                    f"{_H100}"),
+            "gpu_memory_GiB": (f"DGX BasePOD reference architecture, DGX H100: \"640 GB total GPU memory for H100\" "
+                               f"over eight GPUs -> 80 each; {_BASEPOD}"),
             "gpus_per_node": f"DGX BasePOD reference architecture, DGX H100: \"Eight NVIDIA Hopper GPUs\"; {_BASEPOD}",
             "intra_node_bandwidth_GBps": (
                 "H100 SXM NVLink 900 GB/s, bidirectional -> 450 GB/s each way: NVIDIA's \"Introducing NVIDIA HGX "
@@ -67,11 +78,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dgx-a100-ib": {
         "description": "NVIDIA DGX A100: 8 A100 SXM on NVLink 3 / NVSwitch, 8 x 200 Gb/s InfiniBand HDR per node",
         "gpus_per_node": 8,
+        "gpu": "NVIDIA A100-SXM4-80GB",
+        "gpu_memory_GiB": 80.0,
         "intra_node_bandwidth_GBps": 300.0,
         "intra_node_latency_us": 3.4,
         "inter_node_bandwidth_GBps": 200.0,
         "inter_node_latency_us": 14.0,
         "sources": {
+            "gpu": ("A100 SXM4 80GB; its peaks in harness.derive.peaks from NVIDIA's A100 datasheet: BF16 312 TFLOP/s "
+                    f"dense; the A100 product page not opened: {_A100}"),
+            "gpu_memory_GiB": (f"DGX A100 User Guide, the 640 GB system: 8 x A100 80GB (the 320 GB system has 40 GB "
+                               f"GPUs: --set gpu_memory_GiB=40 --set \"gpu=NVIDIA A100-SXM4-40GB\"); not opened: {_DGX_A100} "
+                               "(unconfirmed here)"),
             "gpus_per_node": (f"DGX A100 User Guide, hardware overview: 8 x NVIDIA A100 GPUs; not opened: {_DGX_A100} "
                               "(unconfirmed here)"),
             "intra_node_bandwidth_GBps": (
@@ -90,11 +108,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "aws-p4d": {
         "description": "AWS p4d.24xlarge: 8 A100 40GB on NVSwitch, 400 Gb/s EFA per instance (4 x 100 Gb/s)",
         "gpus_per_node": 8,
+        "gpu": "NVIDIA A100-SXM4-40GB",
+        "gpu_memory_GiB": 40.0,
         "intra_node_bandwidth_GBps": 300.0,
         "intra_node_latency_us": 3.4,
         "inter_node_bandwidth_GBps": 50.0,
         "inter_node_latency_us": 14.0,
         "sources": {
+            "gpu": ("A100 SXM4 40GB; its peaks in harness.derive.peaks from NVIDIA's A100 datasheet: BF16 312 TFLOP/s "
+                    f"dense; the A100 product page not opened: {_A100}"),
+            "gpu_memory_GiB": ("AWS P4d deep-dive blog: \"8 x 40 GB NVIDIA Tesla A100 GPUs\", "
+                               "https://aws.amazon.com/blogs/compute/amazon-ec2-p4d-instances-deep-dive/ (read in a "
+                               "syndicated copy)"),
             "gpus_per_node": (
                 "AWS P4d deep-dive blog: \"8 x 40 GB NVIDIA Tesla A100 GPUs with NVSwitch\", "
                 "https://aws.amazon.com/blogs/compute/amazon-ec2-p4d-instances-deep-dive/ (read in a syndicated "
@@ -115,11 +140,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "aws-p5": {
         "description": "AWS p5.48xlarge: 8 H100 on NVSwitch, 3200 Gb/s EFA per instance (32 x 100 Gb/s)",
         "gpus_per_node": 8,
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "gpu_memory_GiB": 80.0,
         "intra_node_bandwidth_GBps": 450.0,
         "intra_node_latency_us": 3.4,
         "inter_node_bandwidth_GBps": 400.0,
         "inter_node_latency_us": 14.0,
         "sources": {
+            "gpu": ("H100 80GB; its peaks in harness.derive.peaks from NVIDIA's H100 whitepaper, H100 SXM5: BF16 989.4 "
+                    f"TFLOP/s dense; that p5's H100s are SXM5 is read from its NVSwitch, the page not opened: {_P5}"),
+            "gpu_memory_GiB": (f"Amazon EC2 P5 instances, p5.48xlarge: 640 GB HBM3 over 8 GPUs -> 80 each; not opened: "
+                               f"{_P5} (unconfirmed here)"),
             "gpus_per_node": (f"Amazon EC2 P5 instances, p5.48xlarge: 8 NVIDIA H100 GPUs; not opened: {_P5} "
                               "(read only as transcribed in third-party notes)"),
             "intra_node_bandwidth_GBps": (
@@ -138,11 +169,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "commodity-100gbe": {
         "description": "8 A100 PCIe per node with no NVLink bridge (PCIe Gen4 x16 each), one 100 GbE port per node",
         "gpus_per_node": 8,
+        "gpu": "NVIDIA A100 80GB PCIe",
+        "gpu_memory_GiB": 80.0,
         "intra_node_bandwidth_GBps": 32.0,
         "intra_node_latency_us": 5.7,
         "inter_node_bandwidth_GBps": 12.5,
         "inter_node_latency_us": 14.0,
         "sources": {
+            "gpu": ("assumed: A100 80GB PCIe; its peaks in harness.derive.peaks from NVIDIA's A100 datasheet: BF16 312 "
+                    f"TFLOP/s dense (the same on every A100 board); product page not opened: {_A100}"),
+            "gpu_memory_GiB": f"assumed: the 80 GB A100 PCIe (a 40 GB one exists); product page not opened: {_A100}",
             "gpus_per_node": ("assumed: a common 8-GPU PCIe server, no single vendor's page; A100 PCIe product page "
                               f"for the GPU, not opened: {_A100}"),
             "intra_node_bandwidth_GBps": (
