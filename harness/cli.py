@@ -8,6 +8,7 @@
     python -m harness comm --world-size 2
     python -m harness project results/reference/ci-cpu/smoke.jsonl --cluster dgx-h100-ib
     python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib --strategies ddp,zero3
+    python -m harness plan --params 7B --shape 4096,4096,32,32 --cluster dgx-h100-ib --nodes 8 --tokens 1e9
     python -m harness report results/full-*.jsonl --out report/
     python -m harness compare results/base.jsonl results/new.jsonl
     python -m harness expect results/ci.jsonl --against results/reference/ci-expectations/ci.json
@@ -33,6 +34,7 @@ import argparse
 import importlib.util
 import math
 import os
+import shlex
 import sys
 from dataclasses import replace
 from datetime import datetime
@@ -141,15 +143,15 @@ def _threshold(text: str) -> tuple[str, float]:
 
 
 def _shape(text: str) -> dict[str, int]:
-    """SEQ,HIDDEN,HEADS,LAYERS of a transformer (`harness project --shape`)."""
+    """SEQ,HIDDEN,HEADS,LAYERS[,VOCAB] of a transformer (`harness project --shape`, `harness plan --shape`)."""
     try:
         values = [int(part) for part in text.split(",")]
     except ValueError:
         values = []
-    if len(values) != 4 or min(values) < 1 or values[1] % values[2]:
-        raise argparse.ArgumentTypeError(f"expected SEQ,HIDDEN,HEADS,LAYERS, four whole numbers >= 1 with the heads "
+    if len(values) not in (4, 5) or min(values) < 1 or values[1] % values[2]:
+        raise argparse.ArgumentTypeError(f"expected SEQ,HIDDEN,HEADS,LAYERS[,VOCAB], whole numbers >= 1 with the heads "
                                          f"dividing the hidden size, got {text!r}")
-    return dict(zip(("seq_len", "n_embd", "n_head", "n_layer"), values))
+    return dict(zip(("seq_len", "n_embd", "n_head", "n_layer", "vocab_size"), values))
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -327,6 +329,34 @@ def build_parser() -> argparse.ArgumentParser:
                          "failures, hours (the job's is this / N): adds the Young/Daly checkpoint interval and goodput")
     project.add_argument("--restart-s", type=float, help="with --mtbf-hours: seconds from a failure until training "
                          "runs again (default 0)")
+
+    planner = commands.add_parser(
+        "plan", help="every layout of a described model on a described cluster: what fits, ranked by projected step",
+        description="Every layout (DDP, Horovod, ZeRO-1/2/3, FSDP2, tp, fsdp2-tp, autotp, the pipeline; activation "
+                    "checkpointing off and on) of a transformer of --params parameters and --shape on --nodes nodes "
+                    "of --cluster: memory per GPU, whether it fits, projected step time from FLOPs and the cluster's "
+                    "links, throughput, MFU, GPU-hours for --tokens and the confidence of its projection; then the "
+                    "fastest layout's `run --dry-run` on that cluster. Projected, not measured (docs/projection.md, "
+                    "\"Planning a layout\").")
+    planner.add_argument("--params", type=_count, required=True, help="parameters, e.g. 7B")
+    planner.add_argument("--shape", type=_shape, required=True, help="SEQ,HIDDEN,HEADS,LAYERS[,VOCAB], e.g. "
+                         "4096,4096,32,32")
+    planner.add_argument("--cluster", required=True, help="a preset (dgx-h100-ib, dgx-a100-ib, aws-p4d, aws-p5, "
+                         "commodity-100gbe) or a cluster TOML file naming its gpu and gpu_memory_GiB")
+    planner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster key, "
+                         "e.g. gpu_memory_GiB=40")
+    planner.add_argument("--nodes", type=int, required=True, help="nodes of the cluster to plan for")
+    planner.add_argument("--tokens", type=_count, required=True, help="tokens to train, for the GPU-hours, e.g. 1e9")
+    batch = planner.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch-tokens", type=_count, help="tokens a step (default 4M = 2^22: 1024 samples "
+                       "of 4096)")
+    batch.add_argument("--global-batch", type=int, help="samples a step, instead of --global-batch-tokens")
+    planner.add_argument("--micro-batch", type=int, help="samples a forward (default: the largest power of two "
+                         "that fits)")
+    planner.add_argument("--mfu", type=float, help="fraction of the peak a GPU's compute runs at (default 0.4, an "
+                         "assumption)")
+    planner.add_argument("--recipe", help="precision recipe: autocast (default) or fp32")
+    planner.add_argument("--peak-tflops", type=float, help="one GPU's peak TFLOP/s, instead of its datasheet's")
 
     report = commands.add_parser("report", help="Markdown + self-contained HTML report, CSV and Parquet")
     report.add_argument("results", type=Path, nargs="+", help="results JSONL files (cell and comm rows)")
@@ -773,6 +803,70 @@ def command_project(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_plan(args: argparse.Namespace) -> int:
+    """The plan's table, then the fastest layout's `run --dry-run` on the cluster's nodes (harness.project.plan)."""
+    from harness.project.cluster import load_cluster
+    from harness.project.plan import (DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, DEFAULT_RECIPE, Settings, Transformer,
+                                      format_plan, plan)
+
+    shape = args.shape
+    model = Transformer(parameters=args.params, seq_len=shape["seq_len"], hidden=shape["n_embd"],
+                        heads=shape["n_head"], layers=shape["n_layer"], vocab=shape.get("vocab_size"))
+    samples = args.global_batch
+    if samples is None:
+        tokens = args.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS
+        if tokens % model.seq_len:
+            raise SpecError(f"--global-batch-tokens {tokens:,} is not a whole number of {model.seq_len}-token samples")
+        samples = tokens // model.seq_len
+    settings = Settings(global_batch=samples, tokens=float(args.tokens), recipe=args.recipe or DEFAULT_RECIPE,
+                        mfu=DEFAULT_MFU if args.mfu is None else args.mfu, micro_batch=args.micro_batch,
+                        peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12)
+    cluster = load_cluster(args.cluster, args.set)
+    planned = plan(model, cluster, args.nodes, settings)
+    print(format_plan(planned, model, cluster, args.nodes, settings))
+    winner = next((p for p in planned if p.fits), None)
+    if winner is None:
+        print("\nno layout fits: nothing to run")
+        return 0
+    argv, workload = winner_run_arguments(winner, model, cluster.gpus_per_node, args.nodes, settings.recipe)
+    print(f"\nfastest: {winner.layout.label}, micro-batch {winner.micro_batch}. parbench runs registered workloads "
+          f"only, none of this shape: the run below lays out the same strategy, options, ranks and batch on {workload} "
+          f"(the largest of its GPU transformers this layout takes), to check the launch on the cluster, not this "
+          f"model's step. Its placement uses placeholder hosts; give --hostfile (or --slurm, --placement k8s) to run it:")
+    print("python -m harness " + " ".join(shlex.quote(part) for part in argv))
+    return command_run(build_parser().parse_args(argv))
+
+
+def winner_run_arguments(winner: Any, model: Any, gpus_per_node: int, nodes: int,
+                         recipe: str) -> tuple[list[str], str]:
+    """(`harness run` arguments of the winner's layout as a dry run, the stand-in workload): the hybrid matrix's GPU
+    transformer with the most parameters whose heads the layout's tensor-parallel degree divides and whose layers
+    its stages do not outnumber."""
+    from harness.matrix import HYBRID_PLANS
+    from workloads import get_workload
+
+    layout = winner.layout
+    split = layout.split
+
+    def takes(name: str) -> bool:
+        config = get_workload(name).config
+        return config.n_head % split.tensor_parallel == 0 and split.pipeline_stages <= config.n_layer
+
+    candidates = [name for name in HYBRID_PLANS[DeviceKind.CUDA] if takes(name)]
+    if not candidates:
+        raise SpecError(f"no GPU transformer of parbench's takes {layout.label}")
+    workload = max(candidates, key=lambda name: get_workload(name).published_params or 0)
+    argv = ["run", "--matrix", "hybrid", "--workload", workload, "--strategy", layout.strategy,
+            "--world-sizes", str(split.ranks), "--global-batch", str(winner.micro_batch * winner.micro_batches
+                                                                      * split.data_parallel),
+            "--micro-batch", str(winner.micro_batch), "--precision", "bf16" if recipe == "autocast" else "fp32",
+            "--device", "cuda", "--gpus-per-node", str(gpus_per_node), "--nnodes", str(nodes)]
+    for key, value in layout.options:
+        if key != "activation_checkpointing" or value != "none":
+            argv += ["--option", f"{key}={value}"]
+    return argv + ["--dry-run"], workload
+
+
 def command_report(args: argparse.Namespace) -> int:
     from harness.report import write_report
 
@@ -907,7 +1001,7 @@ def command_reproduce(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm,
-            "project": command_project, "report": command_report, "compare": command_compare,
+            "project": command_project, "plan": command_plan, "report": command_report, "compare": command_compare,
             "expect": command_expect, "reproduce": command_reproduce, "ab": command_ab}
 
 

@@ -14,6 +14,8 @@ fit of the model's latency and bandwidth terms to `harness comm` rows.
   world sizes not measured, from measured rows or a description, and the projected rows it writes;
 - `facts`: each strategy's expected collectives and model-state plan at any world size, from the registry
   (imported only when asked, so importing this package stays torch-free);
+- `plan`: every layout of a described transformer on a described cluster, what fits and its projected step
+  (`python -m harness plan`); `confidence`: each strategy's errors on the committed validations;
 - `run`: what `python -m harness project` runs.
 
 Torch-free, like harness.derive: nothing here imports torch, deepspeed, horovod, `harness.strategies` or

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from harness.derive.checkpoint import CheckpointContents
-from harness.derive.memory import ModelStatePlan
+from harness.derive.memory import ModelSplit, ModelStatePlan
 from harness.spec import SpecError
 
 
@@ -123,6 +123,54 @@ class RegistryFacts:
         if recipe not in recipes:
             raise SpecError(f"precision recipe {recipe!r} is not one of: {', '.join(recipes)}")
         return chosen.model_state_plan(data_parallel, PrecisionRecipe(recipe), resolved)
+
+    def split(self, strategy: str, options: Mapping[str, Any], replicas: int, tensor_parallel: int) -> ModelSplit:
+        """How the strategy lays out `replicas` data-parallel replicas under `options`, `tensor_parallel` being the
+        degree of a strategy whose degree is no option of its own (`Strategy.model_split`)."""
+        chosen, resolved = self._strategy(strategy, options)
+        return chosen.model_split(replicas, tensor_parallel, resolved)
+
+    def recipe_refusal(self, strategy: str, recipe: str) -> str | None:
+        """Why the strategy cannot run `recipe`, or None (`Strategy.recipe_refusal`)."""
+        chosen, _ = self._strategy(strategy, {})
+        return chosen.recipe_refusal(self._recipe(recipe))
+
+    def described_traffic(self, strategy: str, options: Mapping[str, Any], parameters: int,
+                          recipe: str) -> tuple[int, int]:
+        """(gradient bytes as reduced, parameter bytes as gathered) of `parameters` known by their count alone
+        (`Strategy.described_traffic_bytes`)."""
+        chosen, resolved = self._strategy(strategy, options)
+        traffic = chosen.described_traffic_bytes(int(parameters), self._recipe(recipe), resolved)
+        return traffic.gradients_reduced, traffic.parameters_gathered
+
+    def across_replicas(self, strategy: str, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        """(the data-parallel strategy run among the strategy's replicas, the options of ours it shares), or None
+        (`Strategy.across_replicas`)."""
+        chosen, resolved = self._strategy(strategy, options)
+        name = chosen.across_replicas(resolved)
+        if name is None:
+            return None
+        other, _ = self._strategy(name, {})
+        return name, {key: value for key, value in resolved.items() if key in other.options}
+
+    def tensor_parallel_all_reduces(self, *, micro_batch: int, seq_len: int, hidden: int, layers: int,
+                                    micro_batches: int, tp: int, half: bool) -> list[dict[str, Any]]:
+        """Megatron's activation all-reduces of one step among `tp` ranks, as the tensor-parallel strategies expect
+        them (harness.strategies.tensor_parallel.activation_all_reduces), as dicts."""
+        from harness.strategies.tensor_parallel import activation_all_reduces
+
+        return [{"collective": c.collective.value, "size_bytes": c.size_bytes, "calls": c.calls, "ranks": c.ranks}
+                for c in activation_all_reduces(micro_batch=micro_batch, seq_len=seq_len, n_embd=hidden,
+                                                n_layer=layers, micro_batches=micro_batches, tp=tp, half=half,
+                                                group="tp")]
+
+    def _recipe(self, recipe: str):
+        from harness.strategies import PrecisionRecipe
+
+        recipes = [r.value for r in PrecisionRecipe]
+        if recipe not in recipes:
+            raise SpecError(f"precision recipe {recipe!r} is not one of: {', '.join(recipes)}")
+        return PrecisionRecipe(recipe)
 
     def checkpoint_contents(self, strategy: str, options: Mapping[str, Any], recipe: str) -> CheckpointContents:
         """The bytes per parameter one checkpoint of the strategy's job holds under `recipe`

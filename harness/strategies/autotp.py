@@ -23,8 +23,9 @@ from torch import nn
 from harness.derive.comm import Collective
 from harness.derive.memory import zero_plan
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option, Strategy,
-                                     TrafficBytes, Trainer, half_dtype_names, make_adamw, optimizer_description)
+from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option, PrecisionRecipe,
+                                     Strategy, TrafficBytes, Trainer, half_dtype_names, make_adamw,
+                                     optimizer_description)
 from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OPTION, base_config, precision_config,
                                                  start_deepspeed, throughput_timer_state)
 from harness.strategies.mesh_layout import MeshLayout
@@ -124,6 +125,17 @@ class AutoTP(MeshLayout, Strategy):
             return zero_plan(0, data_parallel, weights, gradients, optimizer,
                              basis=f"{recipe.value}: torch AdamW over this rank's tensor-parallel slice")
         return ZeRO(stage=options["zero_stage"]).model_state_plan(data_parallel, recipe, options)
+
+    def across_replicas(self, options):
+        """ZeRO-1/2 among the replicas; stage 0 all-reduces the gradients once a step, as DDP does."""
+        return f"zero{options['zero_stage']}" if options["zero_stage"] else "ddp"
+
+    def described_traffic_bytes(self, parameters, recipe, options):
+        """fp32 among the replicas under torch.autocast too (`expected_traffic`: AutoTP's layers are not exact
+        nn.Linear modules, so the torch_autocast section reduces none of their gradients in bf16)."""
+        if recipe in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16):
+            return super().described_traffic_bytes(parameters, recipe, options)
+        return TrafficBytes(parameters=parameters, gradients_reduced=4 * parameters, parameters_gathered=4 * parameters)
 
     def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
         """As `tp`: under autocast the row-parallel outputs are summed in bf16 (and DeepSpeed's torch_autocast

@@ -379,6 +379,22 @@ class Strategy(abc.ABC):
         replica): what `harness memory` divides a model by. The default: each replica one rank, holding it whole."""
         return ModelSplit(data_parallel=replicas)
 
+    def described_traffic_bytes(self, parameters: int, recipe: PrecisionRecipe,
+                                options: Mapping[str, OptionValue]) -> TrafficBytes:
+        """`traffic_bytes` of a model known by its parameter count alone (`harness plan`), every parameter taken as a
+        linear layer's, as nearly all of a transformer's are. The default: gradients reduced and parameters gathered
+        in the bytes `recipe` keeps them in (ADAMW_STATE_BYTES: fp32 under torch.autocast)."""
+        weights, gradients, _ = ADAMW_STATE_BYTES[recipe]
+        return TrafficBytes(parameters=parameters, gradients_reduced=gradients * parameters,
+                            parameters_gathered=weights * parameters)
+
+    def across_replicas(self, options: Mapping[str, OptionValue]) -> str | None:
+        """The data-parallel strategy whose collectives this one runs among its replicas, each replica's share of
+        the parameters in place of the model (a 2-D mesh's FSDP2, AutoTP's ZeRO, a pipeline stage's all-reduce), for
+        a model known by its parameter count alone; None where its replicas are the whole of its traffic (the
+        data-parallel strategies' own `expected_collectives`) or it has none (`tp`)."""
+        return None
+
     def checkpoint_holds(self, options: Mapping[str, OptionValue]) -> tuple[str, ...]:
         """The model-state components (harness.derive.memory.COMPONENTS) its checkpoint writes: weights and optimizer
         state, never gradients, which the next step makes again."""

@@ -110,6 +110,12 @@ class FSDP2(Strategy):
         gathered = 2 * count if self._policy(spec) else 4 * count     # MixedPrecisionPolicy(param_dtype=bf16)
         return TrafficBytes(parameters=count, gradients_reduced=4 * count, parameters_gathered=gathered)
 
+    def described_traffic_bytes(self, parameters, recipe, options):
+        """As `traffic_bytes`: fp32 gradients reduced; parameters gathered in 16 bits under the MixedPrecisionPolicy."""
+        gathered = 2 if recipe is PrecisionRecipe.FSDP_MP_POLICY else 4
+        return TrafficBytes(parameters=parameters, gradients_reduced=4 * parameters,
+                            parameters_gathered=gathered * parameters)
+
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         gathers = (2 if options["reshard_after_forward"] else 1) * micro_batches
         return ExpectedTraffic(collectives=(

@@ -90,6 +90,9 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
                          basis=f"{recipe.value}: torch AdamW over fully_shard's fp32 shards of this rank's "
                                "tensor-parallel slice, all three sharded over the dp ranks")
 
+    def across_replicas(self, options):
+        return "fsdp2"          # fully_shard over the dp ranks, of each rank's tensor-parallel slice
+
     def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
         tp, layout, config = self.tp_degree(spec), self.layout(spec), get_workload(spec.workload).config
         collectives = ()

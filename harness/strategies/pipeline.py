@@ -190,6 +190,9 @@ class Pipeline(Strategy):
         """`replicas` pipelines of the `stages` option's stages, each stage holding its cut of the layers."""
         return ModelSplit(data_parallel=replicas, pipeline_stages=options["stages"])
 
+    def across_replicas(self, options):
+        return "ddp"            # each stage's gradients all-reduced once a step among its replicas (_exec_reduce_grads)
+
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return ("a stage's work has no communication-free equivalent: waiting on its neighbours is the "
                 "schedule's bubble as much as communication")

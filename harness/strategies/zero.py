@@ -297,6 +297,19 @@ class ZeRO(Strategy):
         return TrafficBytes(parameters=count, gradients_reduced=reduced,
                             parameters_gathered=reduced if self.stage == 3 else 4 * count)
 
+    def described_traffic_bytes(self, parameters, recipe, options):
+        """As `traffic_bytes`, every parameter a linear layer's: fp32 in fp32; 16 bits in DeepSpeed's bf16 or fp16
+        section; under torch.autocast the torch_autocast section reduces a Linear's gradients in 16 bits, and stage
+        3 gathers them so, where stages 1-2 gather fp32 weights."""
+        if recipe is PrecisionRecipe.FP32:
+            gradients = gathered = 4
+        elif recipe in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16):
+            gradients = gathered = 2
+        else:
+            gradients, gathered = 2, 2 if self.stage == 3 else 4
+        return TrafficBytes(parameters=parameters, gradients_reduced=gradients * parameters,
+                            parameters_gathered=gathered * parameters)
+
     def gradient_reduce_dtypes(self, spec, model):
         """As `traffic_bytes`: fp32; all bf16 in the bf16 section; under torch_autocast bf16 for the
         parameters of Linear and Conv modules and fp32 for the rest."""
