@@ -38,11 +38,13 @@ COPY scripts/check_torch_cuda.py scripts/
 RUN pip install --no-cache-dir "torch==${PARBENCH_TORCH_VERSION}" && python scripts/check_torch_cuda.py
 
 # The dependencies (DeepSpeed, Horovod built from source, the dev tools) in a layer before the code, so that a change
-# to harness/, workloads/ or suite/ rebuilds from the COPY below alone (seconds, where the layers are cached).
-COPY pyproject.toml README.md ./
+# to harness/, workloads/, suite/ or README.md rebuilds from the COPY below alone (seconds, where the layers are cached).
+COPY pyproject.toml ./
 COPY scripts/ scripts/
 RUN PYTHON=/opt/venv/bin/python PARBENCH_INSTALL=dependencies scripts/install.sh && rm -rf /tmp/parbench-wheels
 
+# README.md after that layer: pyproject.toml names it as the project's readme, which only the project's build reads.
+COPY README.md ./
 COPY harness/ harness/
 COPY workloads/ workloads/
 COPY suite/ suite/
