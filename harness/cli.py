@@ -277,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--emulate-link", metavar="RATE", help="across the nodes of an emulated cluster (root), "
                       "links shaped to RATE (e.g. 100mbit), the ranks spread evenly over the nodes")
     comm.add_argument("--emulate-nodes", type=int, default=2, help="with --emulate-link: nodes (default 2)")
+    comm.add_argument("--group-size", type=int, default=0, help="split the ranks into groups of this many, each "
+                      "running the collectives among its members at the same time as the others (default: the world)")
+    comm.add_argument("--group-layout", default="contiguous", help="with --group-size: contiguous (consecutive "
+                      "ranks: inside a node) or strided (ranks world-size / group-size apart: across nodes)")
     comm.add_argument("--oversubscribe", action="store_true", help=f"on CPU, run more than {COMM_RANKS_PER_CORE} "
                       "ranks a core (refused otherwise: their timings measure the cores' sharing)")
 
@@ -747,6 +751,8 @@ def command_comm(args: argparse.Namespace) -> int:
         raise SpecError(f"--warmup must be >= 0 and --iters >= 1, got {args.warmup} and {args.iters}")
     try:
         commbench.sizes_between(args.min_bytes, args.max_bytes)
+        if args.group_size:
+            commbench.groups_of(args.world_size, args.group_size, args.group_layout)
     except ValueError as error:
         raise SpecError(str(error)) from None
     machine = Machine.detect(args.device)
@@ -762,14 +768,16 @@ def command_comm(args: argparse.Namespace) -> int:
     try:
         if emulated is None:
             rows = commbench.run(args.world_size, device.value, collectives, args.min_bytes, args.max_bytes,
-                                 args.warmup, args.iters, out, args.timeout)
+                                 args.warmup, args.iters, out, args.timeout, group_size=args.group_size,
+                                 group_layout=args.group_layout)
         else:
             from harness.emulate.network import emulated_network
 
             print(f"parbench: on {emulated.describe()}", file=sys.stderr)
             with emulated_network(emulated):
                 rows = commbench.run(args.world_size, device.value, collectives, args.min_bytes, args.max_bytes,
-                                     args.warmup, args.iters, out, args.timeout, emulated=emulated)
+                                     args.warmup, args.iters, out, args.timeout, emulated=emulated,
+                                     group_size=args.group_size, group_layout=args.group_layout)
     except commbench.BenchmarkFailed as error:
         print(f"parbench: error: {error}", file=sys.stderr)
         return 1

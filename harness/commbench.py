@@ -16,6 +16,13 @@ from the mean time, and from the slowest rank's time as `busbw_max_rank_bytes_pe
 
 Rows written before the mean was taken have only `time_s`, which was the slowest rank's time; readers
 label them with `rank_time_reduction` (MAX_RANK_ONLY).
+
+With `--group-size G` the world is split into W / G groups of G ranks that run each collective at the same
+time, each among its own members (`groups_of`): `contiguous` groups hold consecutive ranks (on nodes filled
+one after another, a node's ranks: a tensor-parallel group inside a node), `strided` groups hold ranks W / G
+apart (one a node: the data-parallel group of a 2-D mesh). That is what a hybrid's groups meet in a step,
+the other groups busy beside them; sizes, algbw and busbw are then a group's, of G ranks. The record says
+which (`group_size`, `group_stride`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Any, Callable, Sequence
 from harness.rank.teardown import exit_without_teardown
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+GROUP_LAYOUTS = ("contiguous", "strided")
 RESULTS_FILE = "commbench.json"
 MEAN_OVER_RANKS = "mean over ranks (nccl-tests -a 1)"
 MAX_RANK_ONLY = "slowest rank only"
@@ -51,9 +59,28 @@ def sizes_between(min_bytes: int, max_bytes: int) -> list[int]:
     return sizes
 
 
-def _operation(name: str, size_bytes: int, ranks: int, device) -> tuple[Callable[[], Any], int]:
-    """A closure issuing one collective over buffers allocated here, once, and the exact size it moves in
-    bytes: the timed loop calls it over and over and must time the collective, not the allocator."""
+def groups_of(world_size: int, group_size: int, layout: str) -> list[list[int]]:
+    """The ranks of each of world_size / group_size groups: consecutive ranks (`contiguous`) or ranks
+    world_size / group_size apart (`strided`)."""
+    if group_size < 2 or world_size % group_size:
+        raise ValueError(f"a group size must be >= 2 and divide the world size {world_size}, got {group_size}")
+    if layout not in GROUP_LAYOUTS:
+        raise ValueError(f"group layout {layout!r}; allowed: {', '.join(GROUP_LAYOUTS)}")
+    count = world_size // group_size
+    if layout == "contiguous":
+        return [[g * group_size + i for i in range(group_size)] for g in range(count)]
+    return [[g + i * count for i in range(group_size)] for g in range(count)]
+
+
+def group_stride(world_size: int, group_size: int, layout: str) -> int:
+    """Ranks between a group's neighbours: 1 in a contiguous group, world_size / group_size in a strided one."""
+    return 1 if layout == "contiguous" or group_size == world_size else world_size // group_size
+
+
+def _operation(name: str, size_bytes: int, ranks: int, device, group=None) -> tuple[Callable[[], Any], int]:
+    """A closure issuing one collective among `group` (`ranks` members; None: the world) over buffers
+    allocated here, once, and the exact size it moves in bytes: the timed loop calls it over and over and
+    must time the collective, not the allocator."""
     import torch
     import torch.distributed as dist
 
@@ -63,11 +90,12 @@ def _operation(name: str, size_bytes: int, ranks: int, device) -> tuple[Callable
     shard = torch.ones(elements // ranks, dtype=torch.float32, device=device)
     received = torch.empty_like(full) if name == "all_to_all" else None
     operations = {
-        "all_reduce": lambda: dist.all_reduce(full),
-        "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
-        "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
-        "broadcast": lambda: dist.broadcast(full, src=0),
-        "all_to_all": lambda: dist.all_to_all_single(received, full),
+        "all_reduce": lambda: dist.all_reduce(full, group=group),
+        "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
+        # The group's first member sends (a global rank: broadcast's src is one).
+        "broadcast": lambda: dist.broadcast(full, src=dist.get_global_rank(group, 0) if group else 0, group=group),
+        "all_to_all": lambda: dist.all_to_all_single(received, full, group=group),
     }
     return operations[name], elements * 4
 
@@ -102,6 +130,8 @@ def rank_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=int, default=16 << 20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--group-size", type=int, default=0, help="0: the world")
+    parser.add_argument("--group-layout", choices=GROUP_LAYOUTS, default="contiguous")
     args = parser.parse_args(argv)
 
     context = torchrun_context(DeviceKind(args.device))
@@ -112,10 +142,17 @@ def rank_main(argv: list[str] | None = None) -> int:
         if context.device.type == "cuda":
             torch.cuda.synchronize(context.device)
 
+    group, members = None, context.world_size
+    if args.group_size and args.group_size != context.world_size:
+        # Every rank creates every group (torch.distributed.new_group's contract), then uses its own.
+        for ranks in groups_of(context.world_size, args.group_size, args.group_layout):
+            created = dist.new_group(ranks)
+            if context.rank in ranks:
+                group, members = created, len(ranks)
     rows = []
     for name in args.collectives.split(","):
         for requested in sizes_between(args.min_bytes, args.max_bytes):
-            operation, size = _operation(name, requested, context.world_size, context.device)
+            operation, size = _operation(name, requested, members, context.device, group)
             for _ in range(args.warmup):
                 operation()
             synchronize()
@@ -133,8 +170,10 @@ def rank_main(argv: list[str] | None = None) -> int:
                          **reduce_rank_times([float(t.item()) for t in everyone])})
     if context.rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / RESULTS_FILE).write_text(json.dumps({"world_size": context.world_size,
-                                                         "backend": context.backend, "rows": rows}))
+        (args.out / RESULTS_FILE).write_text(json.dumps({
+            "world_size": context.world_size, "backend": context.backend, "rows": rows, "group_size": members,
+            "group_stride": group_stride(context.world_size, members, args.group_layout),
+            "threads_per_rank": torch.get_num_threads()}))
     dist.destroy_process_group()
     return 0
 
@@ -144,9 +183,11 @@ class BenchmarkFailed(RuntimeError):
 
 
 def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int, max_bytes: int, warmup: int,
-        iters: int, out: Path, timeout_s: float, emulated=None) -> list[dict[str, Any]]:
+        iters: int, out: Path, timeout_s: float, emulated=None, group_size: int = 0,
+        group_layout: str = "contiguous") -> list[dict[str, Any]]:
     """Launch the benchmark with torchrun, like a cell, and append its row (with bandwidths) to `out`. With
-    `emulated` (a harness.emulate network), one torchrun per node, the ranks spread over every node."""
+    `emulated` (a harness.emulate network), one torchrun per node, the ranks spread over every node; with
+    `group_size`, concurrent groups of that many ranks (module docstring)."""
     from harness.environment import capture_environment
     from harness.launch.plan import CELL_TOKEN_ENV, LaunchPlan
     from harness.launch.processes import run_processes, shown_command
@@ -156,7 +197,8 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
     run_dir.mkdir(parents=True, exist_ok=True)
     program = ["-m", "harness.commbench", "--out", str(run_dir), "--device", device,
                "--collectives", ",".join(collectives), "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
-               "--warmup", str(warmup), "--iters", str(iters)]
+               "--warmup", str(warmup), "--iters", str(iters), "--group-size", str(group_size),
+               "--group-layout", group_layout]
     # One thread per rank, as cells run (harness.launch.plan.threads_per_rank), unless the user set it.
     threads = os.environ.get("OMP_NUM_THREADS") or "1"
     extra_env = {CELL_TOKEN_ENV: uuid.uuid4().hex, "PARBENCH_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
@@ -167,12 +209,14 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
         why = f"no result within {timeout_s:g} s" if timed_out else f"launcher exited {returncode}"
         raise BenchmarkFailed(f"collective benchmark failed ({why}); see {run_dir / 'log.txt'}")
     measured = json.loads(results_path.read_text())
-    rows = with_bandwidth(measured["rows"], measured["world_size"])
+    members = int(measured.get("group_size") or measured["world_size"])
+    rows = with_bandwidth(measured["rows"], members)
     environment = capture_environment(freeze_dir=out.parent)
     if emulated is not None:
         environment["emulated_network"] = emulated.record()
     append_line(out, {"kind": COMMBENCH_KIND, "world_size": measured["world_size"], "backend": measured["backend"],
-                      "device": device, "warmup": warmup, "iters": iters,
+                      "group_size": members, "group_stride": measured["group_stride"],
+                      "threads_per_rank": measured["threads_per_rank"], "device": device, "warmup": warmup, "iters": iters,
                       "rank_time_reduction": rank_time_reduction(rows), "rows": rows,
                       "wall_time_s": round(wall, 3), "launch_command": shown_command(list(plan.commands[0]), extra_env),
                       "environment": environment})

@@ -9,8 +9,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.cli import main
-from harness.commbench import (COLLECTIVES, MAX_RANK_ONLY, MEAN_OVER_RANKS, _operation, format_table,
-                               rank_time_reduction, reduce_rank_times, with_bandwidth)
+from harness.commbench import (COLLECTIVES, MAX_RANK_ONLY, MEAN_OVER_RANKS, _operation, format_table, group_stride,
+                               groups_of, rank_time_reduction, reduce_rank_times, with_bandwidth)
 
 
 class FreshTensors(TorchDispatchMode):
@@ -117,3 +117,31 @@ def test_comm_on_cpu_warns_past_the_cores_and_refuses_past_four_ranks_a_core_unl
     check_comm_ranks(64, two_cores, oversubscribe=True)
     assert "warning: 64 ranks" in capsys.readouterr().err
     check_comm_ranks(64, Machine(device=DeviceKind.CUDA, devices_per_node=8), oversubscribe=False)   # GPUs: not cores
+
+
+def test_concurrent_groups_hold_consecutive_ranks_or_ranks_a_group_count_apart():
+    # 8 ranks on 2 nodes of 4 (filled one after another): pairs inside a node, or pairs 4 apart across them.
+    assert groups_of(8, 2, "contiguous") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert groups_of(8, 2, "strided") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert groups_of(8, 4, "strided") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert (group_stride(8, 2, "contiguous"), group_stride(8, 2, "strided"), group_stride(8, 8, "strided")) == (1, 4, 1)
+    for size in (1, 3):
+        with pytest.raises(ValueError, match="divide the world size 8"):
+            groups_of(8, size, "contiguous")
+    with pytest.raises(ValueError, match="allowed: contiguous, strided"):
+        groups_of(8, 2, "diagonal")
+
+
+@pytest.mark.launch
+def test_comm_in_concurrent_groups_records_the_groups_layout_and_a_groups_bandwidth(tmp_path):
+    out = tmp_path / "comm.jsonl"
+    code = main(["comm", "--world-size", "4", "--device", "cpu", "--collectives", "all_reduce,broadcast",
+                 "--max-bytes", "4K", "--warmup", "1", "--iters", "2", "--group-size", "2", "--group-layout",
+                 "strided", "--out", str(out)])
+    assert code == 0
+    run = json.loads(out.read_text())
+    assert (run["world_size"], run["group_size"], run["group_stride"], run["threads_per_rank"]) == (4, 2, 2, 1)
+    for row in run["rows"]:
+        assert len(row["time_by_rank_s"]) == 4
+        # busbw among the group's 2 ranks: an all-reduce's factor 2 (n - 1) / n = 1, a broadcast's 1.
+        assert row["busbw_bytes_per_s"] == pytest.approx(row["algbw_bytes_per_s"])

@@ -163,3 +163,75 @@ def test_the_hybrid_table_in_the_docs_is_the_committed_rows_validated():
     assert f"fsdp2-tp at 4 ranks took {quoted[0]}, {quoted[1]} and {quoted[2]} ms" in clusters
     assert f"took {step_ms('tp', 1, 100):.1f} ms for the 8 samples the plain loop ran in {step_ms('plain', 1, 100):.1f}" \
         in clusters
+
+
+SHARED_PAIR = (5e-3, 1e-9)   # a pair inside a node while the other node's pair runs on the same 2 cores: 5 ms a step
+
+
+def _time_sliced_comm(alpha, beta, group_size, stride, world_size=4):
+    """`harness comm --world-size 4 --group-size 2` on the emulated cluster: 4 ranks on 2 cores, so the record is
+    priced only for its own layout."""
+    record = _comm(alpha, beta, RATE)
+    record.update(world_size=world_size, group_size=group_size, group_stride=stride, threads_per_rank=1)
+    record["environment"]["emulated_network"]["shared_machine_cores"] = 2
+    return record
+
+
+def test_a_layout_measured_on_shared_cores_prices_its_own_groups_ahead_of_the_two_levels():
+    loopback, link = fit_calibration([_comm(*LOOPBACK)]), fit_calibration([_comm(*LINK, RATE)])
+    inside, across, everyone = (fit_calibration([_comm(*LOOPBACK)]) for _ in range(3))
+    nodes = NodesCalibration(within_node=loopback, across_nodes=link, ranks_per_node=2,
+                             layouts={(4, 2, 1): inside, (4, 2, 2): across, (4, 4, 1): everyone})
+    assert nodes.for_group("all_reduce", 2, 1, 4) is inside        # tp: ranks 0-1 and 2-3 at once
+    assert nodes.for_group("all_gather", 2, 2, 4) is across        # dp: ranks 0-2 and 1-3 at once
+    assert nodes.for_group("all_reduce", 4, 1, 4) is everyone
+    assert nodes.for_group("send", 2, 2, 4) is across              # a stage on each node, its replicas beside
+    assert nodes.for_group("all_reduce", 2, 1, 2) is loopback      # at 2 ranks (one node): no layout measured there
+
+
+def test_time_sliced_comm_rows_price_their_layout_in_a_cell_and_stay_out_of_the_links_fit_by_hand():
+    from harness.project.validate import calibrations_by_network, layouts_by_network, network_key
+
+    comm = [_comm(*LINK, RATE), _comm(*LOOPBACK), _time_sliced_comm(*SHARED_PAIR, 2, 1)]
+    [link] = [c for key, c in calibrations_by_network(comm).items() if key != network_key({})]
+    # The link's fit holds its own 2-rank rows alone: an all-reduce of 1 MB, 2 alpha + n beta = 102 ms.
+    assert link.collective_seconds("all_reduce", 1e6, 2) == pytest.approx(2 * LINK[0] + 1e6 * LINK[1])
+    [layouts] = layouts_by_network(comm).values()
+    assert list(layouts) == [(4, 2, 1)]
+    result = validate(_rows(), comm)
+    [at_4] = [c for c in result.cells if c.world_size == 4]
+    alpha, beta = LINK
+    f = (1.2 - 0.4) / (128 * (2 * alpha + ACTIVATION * beta))
+    # tp's pairs at 4 ranks on the shared cores' rows: 64 x (2 x 5 ms + 65,536 x 1 ns) = 644.194304 ms; dp across
+    # on the link as before (292.9104 ms).
+    tp_4 = 64 * (2 * SHARED_PAIR[0] + ACTIVATION * SHARED_PAIR[1])
+    assert tp_4 == pytest.approx(0.644194304)
+    comm_4 = tp_4 + 0.2603648 + 0.0325456
+    assert at_4.predicted_s == pytest.approx(0.4 + max(f * comm_4, comm_4 - 2 / 3 * 0.4))
+    # Planted: the same rows fitted into the link's calibration instead would leave tp on the loopback (0.6264 s).
+    assert at_4.predicted_s - 0.6264 > 0.4
+
+
+def test_a_layout_that_needs_several_ranks_takes_its_compute_from_its_own_cell_of_one_rank():
+    # fsdp2-tp[tp=1] on one rank (DTensor's and FSDP2's machinery, no communication): 1.6 s for the 32 samples,
+    # twice the plain loop's 0.8 s. The source at 2 ranks runs 16 samples a rank: compute 0.8 s, not 0.4.
+    own = _emulated(_fsdp2_tp_row(), 1, 1.6, nodes=1)
+    own["spec"]["options"] = {"tp": 1}
+    own["measurements"].update(data_parallel=1, comm_per_step_by_rank=[{}], parameters_held_by_rank=[236_928],
+                               comm_expected_per_step={"collectives": [], "not_modelled_because": ""})
+    result = validate([*_rows(), own], [_comm(*LINK, RATE), _comm(*LOOPBACK)])
+    [at_4] = [c for c in result.cells if c.world_size == 4]
+    # At 4 ranks: 8 samples a rank, 0.4 s, stretched x 2 by 4 ranks on 2 cores.
+    assert at_4.compute_s == pytest.approx(0.8)
+    alpha, beta = LINK
+    assert at_4.exposed_fraction == pytest.approx((1.2 - 0.8) / (128 * (2 * alpha + ACTIVATION * beta)))
+
+
+def test_only_a_cell_of_the_same_options_at_degree_one_stands_in_for_a_layouts_compute():
+    from harness.project.projection import at_degree_one
+
+    assert at_degree_one({"tp": 1}, {"tp": 2}) and at_degree_one({"stages": 1}, {"stages": 4})
+    assert at_degree_one({"tp": 1, "activation_checkpointing": "blocks"}, {"tp": 2, "activation_checkpointing": "blocks"})
+    # Other work on the rank: no activation checkpointing for a cell with it, or a missing option.
+    assert not at_degree_one({"tp": 1, "activation_checkpointing": "none"}, {"tp": 2, "activation_checkpointing": "blocks"})
+    assert not at_degree_one({}, {"tp": 2}) and not at_degree_one({"tp": 2}, {"tp": 4})

@@ -194,7 +194,8 @@ def calibration_points(records: Iterable[Mapping[str, Any]]) -> list[Point]:
     points = []
     for record in records:
         source = record.get("_source", "")
-        world_size = int(record["world_size"])
+        # Concurrent groups (`harness comm --group-size`) time each collective among a group's members.
+        world_size = int(record.get("group_size") or record["world_size"])
         for row in record["rows"]:
             points.append(Point(collective=row["collective"], world_size=world_size,
                                 size_bytes=float(row["size_bytes"]), seconds=float(row["time_s"]), source=source))
@@ -279,10 +280,20 @@ class NodesCalibration:
     within_node: Calibration
     across_nodes: Calibration
     ranks_per_node: int
+    # Where the ranks outnumber the machine's cores, what a collective costs depends on what every other rank
+    # is doing (waiting its turn on a core): calibrations measured under the cell's own layout, by (world size,
+    # the group's ranks, their stride) (`harness comm --world-size N --group-size G --group-layout ...`), price
+    # a group of that layout in a step of that world size ahead of the two levels above.
+    layouts: Mapping[tuple[int, int, int], Calibration] = field(default_factory=dict)
 
     def for_group(self, collective: str, ranks: int, stride: int, world_size: int) -> Calibration:
         """The calibration that prices `collective` among `ranks` members `stride` apart in a step of
         `world_size` ranks."""
+        # A send is a 2-rank broadcast of the group its two ends would form (`stride` apart).
+        members = 2 if collective in ("send", "recv") else ranks
+        measured = self.layouts.get((world_size, members, max(1, stride) if members < world_size else 1))
+        if measured is not None:
+            return measured
         if collective in ("send", "recv"):
             return self.within_node if world_size <= self.ranks_per_node else self.across_nodes
         return self.within_node if ranks * max(1, stride) <= self.ranks_per_node else self.across_nodes

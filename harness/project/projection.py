@@ -774,9 +774,13 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
     # The plain loop's cells by what fixes its work (workload, precision, micro-batch, device, conditions): the
     # compute of a strategy that has neither a world-size-1 cell nor a compute-only pass.
     plains: dict[tuple, list[Mapping[str, Any]]] = {}
+    # A layout's world-size-1 cells under other options (fsdp2-tp[tp=1], pipeline[stages=1]): the strategy's own
+    # machinery on one rank (DTensor's dispatch, DeepSpeed's engine), for a layout that needs several ranks.
+    own_ones: dict[tuple, list[Mapping[str, Any]]] = {}
     for key, members in groups.items():
         if key[1] == "plain":
             plains.setdefault(key[:1] + key[3:], []).extend(members)
+        own_ones.setdefault(key[:2] + key[3:], []).extend(r for r in members if spec(r)["world_size"] == 1)
     bases = []
     tags = dict(zip(groups, distinguishing_suffixes([(str(key[:-1]), row_conditions(members[0]))
                                                       for key, members in groups.items()])))
@@ -813,6 +817,12 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
             try:
                 per_device = batch / _model_ranks(at_batch[0], facts)
                 one_device, whose = one_device_step(members, per_device), "the strategy's"
+                if one_device is None:
+                    options = dict(spec(at_batch[0]).get("options") or {})
+                    same_but_degree = [r for r in own_ones.get(key[:2] + key[3:], [])
+                                       if at_degree_one(dict(spec(r).get("options") or {}), options)]
+                    one_device, whose = one_device_step(same_but_degree, per_device), \
+                        "the strategy's own (one rank: degree 1)"
                 if one_device is None and not any(compute_only_seconds(measurements(r)) for r in at_batch):
                     one_device, whose = one_device_step(plains.get(key[:1] + key[3:], []), per_device), "the plain loop's"
                 bases.append(replace(_basis(at_batch, facts, measuring_host, one_device, compute_factor, whose),
@@ -820,6 +830,15 @@ def bases_from_rows(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts,
             except SpecError as error:
                 skipped.append(f"{named}: {error}")
     return bases, skipped
+
+
+def at_degree_one(one_rank: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
+    """Whether a world-size-1 cell's options are `options` with each parallel degree at 1 (tp=1 for tp=2,
+    stages=1 for stages=2) and every other option the same: the layout's own machinery on one rank doing the
+    same work (not, say, a cell without activation checkpointing for one with it)."""
+    return one_rank.keys() == options.keys() and all(
+        one_rank[k] == v or (one_rank[k] == 1 and isinstance(v, int) and not isinstance(v, bool) and v > 1)
+        for k, v in options.items())
 
 
 def _model_ranks(row: Mapping[str, Any], facts: StrategyFacts) -> int:

@@ -75,8 +75,8 @@ from harness.derive.staleness import is_asynchronous
 from harness.project.facts import REGISTRY_FACTS
 from harness.project.collectives import CommModel
 from harness.project.fit import Calibration, NodesCalibration, fit_calibration
-from harness.project.projection import (Scaling, StrategyFacts, bases_from_rows, compute_only_seconds, project,
-                                        star_servers, unstalled_median_step_s)
+from harness.project.projection import (Scaling, StrategyFacts, at_degree_one, bases_from_rows, compute_only_seconds,
+                                        project, star_servers, unstalled_median_step_s)
 from harness.record import COMMBENCH_KIND
 from harness.spec import SpecError
 
@@ -207,13 +207,41 @@ def network_key(record: Mapping[str, Any]) -> str:
     return json.dumps(network_of(record), sort_keys=True)
 
 
+def time_sliced(record: Mapping[str, Any]) -> bool:
+    """Whether a `harness comm` record's ranks outnumbered the cores they ran on (an emulated cluster's
+    namespaces share one machine's), so that its times hold their waits for a turn on a core."""
+    environment = record.get("environment") or {}
+    cores = (environment.get("emulated_network") or {}).get("shared_machine_cores") or environment.get("cpu_count")
+    threads = int(record.get("threads_per_rank") or 1)
+    return bool(cores) and int(record["world_size"]) * threads > int(cores)
+
+
+def layout_of(record: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(world size, ranks of a group, their stride) a `harness comm` record measured under."""
+    world_size = int(record["world_size"])
+    return world_size, int(record.get("group_size") or world_size), int(record.get("group_stride") or 1)
+
+
 def calibrations_by_network(comm_records: Iterable[Mapping[str, Any]]) -> dict[str, Calibration]:
-    """A calibration per network the comm rows ran on (harness.derive.identity: its rate, shaping, TCP)."""
+    """A calibration per network the comm rows ran on (harness.derive.identity: its rate, shaping, TCP), from
+    the rows whose ranks each had a core: those that waited on shared cores price only their own layout
+    (`layouts_by_network`)."""
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for record in comm_records:
-        if record.get("kind") == COMMBENCH_KIND:
+        if record.get("kind") == COMMBENCH_KIND and not time_sliced(record):
             grouped.setdefault(network_key(record), []).append(record)
     return {network: fit_calibration(records) for network, records in grouped.items()}
+
+
+def layouts_by_network(comm_records: Iterable[Mapping[str, Any]]) -> dict[str, dict[tuple[int, int, int], Calibration]]:
+    """Per network, a calibration per layout (`layout_of`) of the comm rows whose ranks outnumbered the cores:
+    what a group of that layout costs in a step whose other ranks share its cores (NodesCalibration.layouts)."""
+    grouped: dict[str, dict[tuple[int, int, int], list[Mapping[str, Any]]]] = {}
+    for record in comm_records:
+        if record.get("kind") == COMMBENCH_KIND and time_sliced(record):
+            grouped.setdefault(network_key(record), {}).setdefault(layout_of(record), []).append(record)
+    return {network: {layout: fit_calibration(records) for layout, records in layouts.items()}
+            for network, layouts in grouped.items()}
 
 
 def _settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
@@ -244,6 +272,7 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
             or max_source_world_size < 2:
         raise SpecError(f"the largest source world size must be a whole number >= 2, got {max_source_world_size!r}")
     by_network = calibrations_by_network(comm_records)
+    layouts = layouts_by_network(comm_records)
     loopback = by_network.get(network_key({}))      # `harness comm` on the host itself: no emulated network
     settings = _settings([row for row in rows if is_ok(row)])
     calibrations = {setting: by_network.get(network_key(members[0])) for setting, members in settings.items()}
@@ -283,8 +312,8 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
                 continue
             try:
                 checked.append(_check(setting, launches, source_setting, source, ones,
-                                      on_nodes(measuring_host, loopback, source[0]),
-                                      on_nodes(calibration, loopback, launches[0]), facts))
+                                      on_nodes(measuring_host, loopback, source[0], layouts),
+                                      on_nodes(calibration, loopback, launches[0], layouts), facts))
             except SpecError as error:
                 left_out.append(f"{where}: {error}")
     if not checked:
@@ -296,23 +325,33 @@ def validate(rows: Sequence[Mapping[str, Any]], comm_records: Sequence[Mapping[s
                       design=design, baseline_taus=_taus(checked, lambda c: c.baseline_s))
 
 
-def on_nodes(calibration: Calibration, loopback: Calibration | None, row: Mapping[str, Any]) -> CommModel:
+def on_nodes(calibration: Calibration, loopback: Calibration | None, row: Mapping[str, Any],
+             layouts: Mapping[str, Mapping[tuple[int, int, int], Calibration]] | None = None) -> CommModel:
     """How the collectives of an emulated row's cell are priced: the ranks of one emulated node talk over its
     loopback, unshaped, as ranks on the host do, so a group inside a node is priced on the host's own
-    `harness comm` rows (`loopback`) and any other on the link's (harness.project.fit.NodesCalibration). A
-    row on real hosts, or rows without the host's calibration, are priced on `calibration` alone."""
+    `harness comm` rows (`loopback`) and any other on the link's (harness.project.fit.NodesCalibration); where
+    the network's comm rows measured a layout whose ranks outnumbered the cores (`layouts_by_network`), a group
+    of that layout in a step of that world size is priced on them. A row on real hosts, or rows without the
+    host's calibration, are priced on `calibration` alone."""
     if loopback is None or network_of(row) is None:
         return calibration
     world_size = int(spec(row)["world_size"])
     nodes = int(spec(row).get("nnodes") or 1)
-    return NodesCalibration(within_node=loopback, across_nodes=calibration, ranks_per_node=world_size // nodes)
+    return NodesCalibration(within_node=loopback, across_nodes=calibration, ranks_per_node=world_size // nodes,
+                            layouts=(layouts or {}).get(network_key(row), {}))
 
 
 def _one_rank_cell(cells: Mapping[tuple, list], setting: str, key: tuple) -> list[Mapping[str, Any]]:
     """The launches of the strategy's world-size-1 cell at `setting`; where it has none (a layout that needs
-    several ranks: fsdp2-tp or autotp at tp 2, a pipeline of 2 stages), the plain loop's of the same workload,
+    several ranks: fsdp2-tp or autotp at tp 2, a pipeline of 2 stages), its world-size-1 cell under other
+    options (tp=1, stages=1: its own machinery on one rank), else the plain loop's of the same workload,
     precision and micro-batch, as harness.project.projection takes a basis's compute from."""
     own = [r for (s_, k, n, _), group in cells.items() if s_ == setting and k == key and n == 1 for r in group]
+    if own:
+        return own
+    own = [r for (s_, k, n, _), group in cells.items()
+           if s_ == setting and k[:2] + k[3:] == key[:2] + key[3:] and n == 1 and at_degree_one(dict(k[2]), dict(key[2]))
+           for r in group]
     if own:
         return own
     plain = (key[0], "plain", (), *key[3:])
@@ -356,9 +395,14 @@ def _check(setting: str, launches: Sequence[Mapping[str, Any]], source_setting: 
     measured = _median_step(launches)
     if measured is None:
         raise SpecError("no unstalled step")
-    [basis], skipped = bases_from_rows([*ones, *source], facts, measuring_host, compute_factor=shared_cores_factor)
-    if skipped:
-        raise SpecError(skipped[0])
+    bases, skipped = bases_from_rows([*ones, *source], facts, measuring_host, compute_factor=shared_cores_factor)
+    # The source's basis: a world-size-1 cell under other options (tp=1) is one of its own beside it, which
+    # gives the source its compute and is not what is projected.
+    options = dict(spec(source[0]).get("options") or {})
+    chosen = [b for b in bases if dict(b.options) == options]
+    if len(chosen) != 1:
+        raise SpecError(skipped[0] if skipped else f"{len(chosen)} bases of the source cell")
+    [basis] = chosen
     n = int(spec(row)["world_size"])
     # The projection's N: the ranks that run the model (a dedicated parameter server's workers; its servers
     # share the machine's cores all the same).

@@ -335,12 +335,16 @@ def plot_busbw(commbench: Sequence[dict]) -> str | None:
         return None
     fig, [[axis]] = figure()
     for run in commbench:
-        rows = pd.DataFrame(with_bandwidth(run["rows"], run["world_size"]))
+        # Concurrent groups (`harness comm --group-size`): each collective ran among a group's ranks.
+        members = int(run.get("group_size") or run["world_size"])
+        rows = pd.DataFrame(with_bandwidth(run["rows"], members))
         # busbw is from the mean over ranks; rows written before that say they hold the slowest rank's.
         old = ", slowest rank only" if rank_time_reduction(run["rows"]) == MAX_RANK_ONLY else ""
+        ranks = (f"groups of {members} of {run['world_size']} ranks, stride {run.get('group_stride') or 1}"
+                 if members != run["world_size"] else f"{run['world_size']} ranks")
         for collective, group in rows.groupby("collective"):
             axis.plot(group["size_bytes"], group["busbw_bytes_per_s"] / 1e9, marker=".",
-                      label=f"{collective} ({run['backend']}, {run['world_size']} ranks{old})")
+                      label=f"{collective} ({run['backend']}, {ranks}{old})")
     axis.set_xscale("log", base=2)
     sizes = sorted({int(size) for run in commbench for size in pd.DataFrame(run["rows"])["size_bytes"]})
     shown = sizes[::max(1, -(-len(sizes) // 5))]      # at most 5 labels: they stay apart
