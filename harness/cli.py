@@ -310,7 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--largest-source", type=int, default=2, help="with --validate --design larger: the "
                          "largest world size a prediction may start from (default 2)")
     project.add_argument("--params", type=_count, help="a description instead of rows: parameters, e.g. 1.5B")
-    project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device")
+    project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device "
+                         "(default, with --shape and a --cluster naming its gpu: FLOPs / (peak x --mfu), as plan)")
+    project.add_argument("--mfu", type=float, help="with --params --shape and no --compute-ms: fraction of the GPU's "
+                         "peak its compute runs at (default 0.4, an assumption)")
     project.add_argument("--grad-bytes", type=float, help="with --params: bytes per gradient element "
                          "as reduced (and per parameter as gathered; default 4)")
     project.add_argument("--strategies", type=_strategies, help="strategies to project, each NAME or "

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from harness.derive.activations import block_activations, rank_activation_bytes
 from harness.derive.memory import ModelSplit, plan_bytes
@@ -55,6 +55,9 @@ GIB = float(1 << 30)
 DATA_PARALLEL = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2")
 # Tensor parallelism inside a node, a data-parallel strategy across the replicas (`Strategy.across_replicas`).
 MESH = ("fsdp2-tp", "autotp")
+# The layouts whose traffic is more than their replicas' (tensor parallelism's all-reduces, the pipeline's sends):
+# `harness project --params` prices them by this module's schedule (`described_schedule_at`), from the model's shape.
+HYBRID = (*MESH, "tp", "pipeline")
 CHECKPOINTING = ("none", "blocks")          # the strategies' activation_checkpointing option
 
 # The recipes the activation formula was measured under (harness.derive.activations); their compute bytes and the
@@ -214,9 +217,32 @@ def gpu_figures(cluster: Cluster, settings: Settings) -> tuple[float, float]:
                         "--set \"gpu=NVIDIA H100 80GB HBM3\", or give --peak-tflops")
     if cluster.gpu_memory_GiB is None:
         raise SpecError(f"cluster {cluster.name!r} gives no gpu_memory_GiB: add it, e.g. --set gpu_memory_GiB=80")
-    math_mode = RECIPE_COMPUTE[settings.recipe][1]
-    peak = settings.peak_flops if settings.peak_flops is not None else PEAKS[cluster.gpu].for_mode(MathMode(math_mode))
+    peak = settings.peak_flops if settings.peak_flops is not None else peak_flops(cluster, settings.recipe)
     return peak, cluster.gpu_memory_GiB * GIB
+
+
+def peak_flops(cluster: Cluster, recipe: str) -> float:
+    """The datasheet peak FLOP/s of the cluster's GPU in the math `recipe`'s matmuls run at (RECIPE_COMPUTE); a
+    one-line SpecError where the cluster names no GPU or the recipe is not one of those."""
+    if not cluster.gpu:
+        raise SpecError(f"cluster {cluster.name!r} names no gpu (a device of harness.derive.peaks): add one, "
+                        "--set \"gpu=NVIDIA H100 80GB HBM3\"")
+    if recipe not in RECIPE_COMPUTE:
+        raise SpecError(f"recipe {recipe!r}: compute from FLOPs knows the math of {', '.join(RECIPE_COMPUTE)} only "
+                        "(the peak its matmuls run at)")
+    return PEAKS[cluster.gpu].for_mode(MathMode(RECIPE_COMPUTE[recipe][1]))
+
+
+def layout_at(strategy: str, options: tuple[tuple[str, Any], ...], gpus: int,
+              facts: RegistryFacts = REGISTRY_FACTS) -> Layout:
+    """The strategy's layout over `gpus` GPUs (`Strategy.model_split`): a replica's ranks from its own options (its
+    tp degree, its stages; `tp`, whose degree is no option, takes all `gpus` as one replica), the rest replicas. A
+    SpecError where a replica's ranks do not divide `gpus`."""
+    per_replica = facts.split(strategy, dict(options), 1, gpus).ranks
+    if gpus % per_replica:
+        raise SpecError(f"{strategy}'s replica of {per_replica} ranks does not divide {gpus} GPUs")
+    return Layout(strategy=strategy, options=options,
+                  split=facts.split(strategy, dict(options), gpus // per_replica, gpus))
 
 
 def layouts(model: Transformer, cluster: Cluster, nodes: int, facts: RegistryFacts = REGISTRY_FACTS) -> list[Layout]:
@@ -228,13 +254,11 @@ def layouts(model: Transformer, cluster: Cluster, nodes: int, facts: RegistryFac
     found = []
     for checkpointing in CHECKPOINTING:
         shared = (("activation_checkpointing", checkpointing),)
-        chosen = [(name, shared, gpus, 1) for name in DATA_PARALLEL]
-        chosen += [(name, (("tp", t), *shared), gpus // t, t) for t in degrees for name in MESH]
-        chosen.append(("tp", shared, 1, gpus))
-        chosen += [("pipeline", (("stages", s), *shared), gpus // s, 1) for s in stages]
-        for name, options, replicas, tensor_parallel in chosen:
-            split = facts.split(name, dict(options), replicas, tensor_parallel)
-            found.append(Layout(strategy=name, options=options, split=split))
+        chosen = [(name, shared) for name in DATA_PARALLEL]
+        chosen += [(name, (("tp", t), *shared)) for t in degrees for name in MESH]
+        chosen.append(("tp", shared))
+        chosen += [("pipeline", (("stages", s), *shared)) for s in stages]
+        found += [layout_at(name, options, gpus, facts) for name, options in chosen]
     return found
 
 
@@ -246,16 +270,30 @@ def layout_refusal(layout: Layout, model: Transformer, cluster: Cluster, setting
     refusal = facts.recipe_refusal(layout.strategy, settings.recipe)
     if refusal:
         return refusal
-    t = split.tensor_parallel
-    if model.heads % t:
-        return f"tensor parallelism of {t} must divide the {model.heads} heads"
-    if t > cluster.gpus_per_node:
-        return f"tensor parallelism of {t} spans nodes of {cluster.gpus_per_node} GPUs: it runs within one node"
+    refusal = shape_refusal(split, model, cluster.gpus_per_node)
+    if refusal:
+        return refusal
     if settings.global_batch % split.data_parallel:
         return f"the global batch of {settings.global_batch} samples does not split over {split.data_parallel} replicas"
     if settings.micro_batch is not None and (settings.global_batch // split.data_parallel) % settings.micro_batch:
         return (f"--micro-batch {settings.micro_batch} does not divide a replica's "
                 f"{settings.global_batch // split.data_parallel} samples")
+    return ""
+
+
+def shape_refusal(split: ModelSplit, model: Transformer, gpus_per_node: int | None) -> str:
+    """Why `split` cannot cut the model's blocks (`MeshLayout.layout_refusal`, `TensorParallel.layout_refusal`: a
+    degree that does not divide the heads, tensor parallelism across nodes; stages that do not divide the blocks,
+    uneven stages being left out), or ""; `gpus_per_node` None where the target has no nodes (a calibration)."""
+    t, stages = split.tensor_parallel, split.pipeline_stages
+    if model.heads % t:
+        return f"tensor parallelism of {t} must divide the {model.heads} heads"
+    if gpus_per_node is not None and t > gpus_per_node:
+        return f"tensor parallelism of {t} spans nodes of {gpus_per_node} GPUs: it runs within one node"
+    if gpus_per_node is not None and gpus_per_node % t:
+        return f"tensor parallelism of {t} must divide a node's {gpus_per_node} GPUs"
+    if model.layers % stages:
+        return f"{stages} pipeline stages must divide the {model.layers} blocks (uneven stages are not modelled)"
     return ""
 
 
@@ -275,10 +313,11 @@ def memory_bytes(layout: Layout, model: Transformer, settings: Settings, micro_b
     return states, activations
 
 
-def schedule_of(layout: Layout, model: Transformer, settings: Settings, micro_batch: int, micro_batches: int,
+def schedule_of(layout: Layout, model: Transformer, recipe: str, micro_batch: int, micro_batches: int,
                 facts: RegistryFacts) -> tuple[Scheduled, ...]:
-    """The busiest GPU's collectives a step: its data-parallel strategy's among the replicas (of the parameters a
-    rank holds), tensor parallelism's activation all-reduces, the pipeline's sends."""
+    """The busiest GPU's collectives a step under `recipe`: its data-parallel strategy's among the replicas (of the
+    parameters a rank holds), tensor parallelism's activation all-reduces, the pipeline's sends. `harness project
+    --params` prices the hybrids by it too (`described_schedule_at`)."""
     split, options = layout.split, layout.options_dict
     held = int(split.evenly_held(model.parameters))
     schedule: list[Scheduled] = []
@@ -286,7 +325,7 @@ def schedule_of(layout: Layout, model: Transformer, settings: Settings, micro_ba
         across = (layout.strategy, options) if layout.strategy in DATA_PARALLEL else facts.across_replicas(
             layout.strategy, options)
         if across is not None:
-            gradients, gathered = facts.described_traffic(layout.strategy, options, held, settings.recipe)
+            gradients, gathered = facts.described_traffic(layout.strategy, options, held, recipe)
             expected = facts.expected_per_step(across[0], across[1], split.data_parallel, micro_batches, held,
                                                gradients, gathered)
             # A mesh's replicas are t ranks apart (one member of a dp group per tp slice); a pipeline stage's are
@@ -299,7 +338,7 @@ def schedule_of(layout: Layout, model: Transformer, settings: Settings, micro_ba
     if split.tensor_parallel > 1:
         forward, backward = facts.tensor_parallel_all_reduces(
             micro_batch=micro_batch, seq_len=model.seq_len, hidden=model.hidden, layers=model.layers,
-            micro_batches=micro_batches, tp=split.tensor_parallel, half=settings.recipe == "autocast")
+            micro_batches=micro_batches, tp=split.tensor_parallel, half=recipe == "autocast")
         # Recomputation runs the forward's all-reduces again in backward.
         for entry, calls in ((forward, forward["calls"] * (2 if layout.checkpointed else 1)),
                              (backward, backward["calls"])):
@@ -313,6 +352,69 @@ def schedule_of(layout: Layout, model: Transformer, settings: Settings, micro_ba
         schedule.append(Scheduled(collective="send", size_bytes=float(size), calls=2.0 * micro_batches, group=2,
                                   origin="expected", label="pp", stride=split.data_parallel))
     return tuple(schedule)
+
+
+# ---- the hybrids of a described model at any world size (`harness project --params`) ----------------------------
+
+# The option that sets a hybrid's degree, where it has one (`tp`'s degree is its world size).
+DEGREE_OPTIONS = {"fsdp2-tp": "tp", "autotp": "tp", "pipeline": "stages"}
+
+
+def transformer_of(parameters: int, shape: Mapping[str, int]) -> Transformer:
+    """The Transformer of `parameters` and a --shape (seq_len, n_embd, n_head, n_layer[, vocab_size])."""
+    return Transformer(parameters=int(parameters), seq_len=int(shape["seq_len"]), hidden=int(shape["n_embd"]),
+                       heads=int(shape["n_head"]), layers=int(shape["n_layer"]), vocab=shape.get("vocab_size"))
+
+
+def _refusal_at(strategy: str, options: Mapping[str, Any], model: Transformer, world_size: int,
+                gpus_per_node: int | None, facts: RegistryFacts) -> str:
+    try:
+        layout = layout_at(strategy, tuple(sorted(options.items())), world_size, facts)
+    except SpecError as error:
+        return str(error)
+    return shape_refusal(layout.split, model, gpus_per_node)
+
+
+def degree_refusal(strategy: str, options: Mapping[str, Any], model: Transformer, world_sizes: Sequence[int],
+                   gpus_per_node: int | None, facts: RegistryFacts = REGISTRY_FACTS) -> str:
+    """Why a hybrid's degree (its DEGREE_OPTIONS option, given or its default) cannot lay the model out at one of
+    `world_sizes`, naming the degrees that can at all of them; "" where it can, or where the degree is the world
+    size's own (`tp`: a world size it cannot take is left out of the projection)."""
+    key = DEGREE_OPTIONS.get(strategy)
+    if key is None:
+        return ""
+    found = {n: _refusal_at(strategy, options, model, n, gpus_per_node, facts) for n in world_sizes}
+    refused = [(n, why) for n, why in found.items() if why]
+    if not refused:
+        return ""
+    n, why = refused[0]
+    bound = model.heads if key == "tp" else model.layers
+    allowed = [value for value in range(1, bound + 1)
+               if not any(_refusal_at(strategy, {**options, key: value}, model, m, gpus_per_node, facts)
+                          for m in world_sizes)]
+    node = f", nodes of {gpus_per_node} GPUs" if gpus_per_node is not None and key == "tp" else ""
+    what = f"{model.heads} heads" if key == "tp" else f"{model.layers} blocks"
+    return (f"at world size {n}, {why}; allowed {key} for {what}{node} and world sizes "
+            f"{','.join(map(str, world_sizes))}: {', '.join(map(str, allowed)) or 'none'}")
+
+
+def described_schedule_at(strategy: str, options: Mapping[str, Any], model: Transformer, recipe: str,
+                          world_size: int, global_batch: int, micro_batch: int, gpus_per_node: int | None,
+                          facts: RegistryFacts = REGISTRY_FACTS) -> tuple[tuple[Scheduled, ...], ModelSplit, int]:
+    """(the busiest GPU's collectives a step, the layout's split, micro-batches a replica runs a step) of a hybrid
+    of the described model over `world_size` GPUs at `global_batch` samples a step, `micro_batch` samples a forward:
+    the same schedule the plan prices (`schedule_of`), so that `project` and `plan` agree. A SpecError where the
+    layout cannot run at this size (`shape_refusal`, a batch that does not split)."""
+    layout = layout_at(strategy, tuple(sorted(options.items())), world_size, facts)
+    split = layout.split
+    refusal = shape_refusal(split, model, gpus_per_node)
+    if refusal:
+        raise SpecError(refusal)
+    if global_batch % split.data_parallel or (global_batch // split.data_parallel) % micro_batch:
+        raise SpecError(f"the global batch of {global_batch} samples does not split into micro-batches of "
+                        f"{micro_batch} over {split.data_parallel} replicas")
+    micro_batches = global_batch // split.data_parallel // micro_batch
+    return schedule_of(layout, model, recipe, micro_batch, micro_batches, facts), split, micro_batches
 
 
 def _micro_batches_to_try(per_replica: int, settings: Settings) -> list[int]:
@@ -346,7 +448,7 @@ def plan_layout(layout: Layout, model: Transformer, cluster: Cluster, nodes: int
             continue
         compute = executed / (peak * settings.mfu) * facts.bubble_factor(layout.strategy, layout.options_dict,
                                                                           micro_batches)
-        schedule = schedule_of(layout, model, settings, micro_batch, micro_batches, facts)
+        schedule = schedule_of(layout, model, settings.recipe, micro_batch, micro_batches, facts)
         comm = comm_seconds(schedule, gpus, comm_model)
         step = compute + exposed_seconds(comm, compute, 1.0)
         per_gpu = tokens_a_step / step / gpus

@@ -74,7 +74,7 @@ from __future__ import annotations
 import enum
 import math
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from statistics import median
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
@@ -205,6 +205,11 @@ class Basis:
     model_parameters: int | None = None
     # A save its rows measured (harness.derive.checkpoint): a checkpoint's bytes a parameter come from it.
     measured_checkpoint: MeasuredCheckpoint | None = None
+    # A described hybrid's schedule at a size: (world_size=, global_batch=, gpus_per_node=) -> (its collectives, its
+    # ModelSplit, micro-batches a replica), `harness plan`'s (harness.project.plan.described_schedule_at, handed in
+    # by harness.project.run: plan imports this module, so this one cannot import it); None for any other basis.
+    layout_schedule: Callable[..., tuple[tuple[Scheduled, ...], Any, int]] | None = field(default=None, compare=False,
+                                                                                      repr=False)
 
     @property
     def label(self) -> str:
@@ -461,13 +466,27 @@ GROUPED_NOTE = ("schedule: the strategy's expected traffic for the cell at this 
                 "not divided")
 
 
+DESCRIBED_GROUPED_NOTE = ("schedule: harness plan's for the layout at this size (harness.project.plan.schedule_of): "
+                          "the data-parallel strategy's collectives among the replicas over a rank's share of the "
+                          "parameters, Megatron's activation all-reduces among the tp ranks (2 a block forward, 2 "
+                          "backward, every micro-batch), a pipeline stage's sends of b x s x h fp32 values; compute: "
+                          "the samples a rank's replica runs over the ranks that split them")
+
+
 def grouped_schedule_at(basis: Basis, world_size: int, global_batch: int, facts: StrategyFacts,
                         gpus_per_node: int | None = None) -> tuple[tuple[Scheduled, ...], int, int, int]:
     """(the step's collectives, the data-parallel size, micro-batches per replica, the parameters a rank holds
     before sharding) of a grouped basis's cell at
     `world_size` and `global_batch` on nodes of `gpus_per_node`, from the strategy's own expected traffic there
     (SpecError where the strategy refuses that layout: tensor parallelism across nodes, or of a degree that
-    does not divide the heads)."""
+    does not divide the heads). A described hybrid (no cell, no workload) takes `harness plan`'s schedule of the
+    same layout (its `layout_schedule`: harness.project.plan.described_schedule_at), so that both commands price
+    it alike."""
+    if basis.layout_schedule is not None:
+        schedule, split, micro_batches = basis.layout_schedule(world_size=world_size, global_batch=global_batch,
+                                                               gpus_per_node=gpus_per_node)
+        return (schedule, split.data_parallel, micro_batches,
+                int(split.evenly_held(basis.model_parameters or basis.parameters)))
     expected, data_parallel, held = facts.expected_for_cell(
         workload=basis.workload, strategy=basis.strategy, options=basis.options, precision=basis.precision,
         world_size=world_size, global_batch=global_batch, micro_batch=basis.micro_batch, gpus_per_node=gpus_per_node)
@@ -558,7 +577,7 @@ def _point(basis: Basis, scaling: Scaling, n: int, model: CommModel, facts: Stra
         gpus_per_node = model.cluster.gpus_per_node if isinstance(model, ClusterModel) else None
         schedule, data_parallel, micro_batches, parameters = grouped_schedule_at(
             basis, n, round(per_device * n), facts, gpus_per_node)
-        notes: tuple[str, ...] = (GROUPED_NOTE,)
+        notes: tuple[str, ...] = (GROUPED_NOTE if basis.world_size is not None else DESCRIBED_GROUPED_NOTE,)
         bubble = facts.bubble_factor(basis.strategy, basis.options, micro_batches)
         if bubble != 1.0:       # a pipeline: its stages idle while it fills and drains
             compute *= bubble
@@ -643,10 +662,14 @@ def activations_at(basis: Basis, world_size: int, global_batch: int, micro_batch
     compute_bytes = ACTIVATION_COMPUTE_BYTES.get(basis.recipe)
     if shape is None or compute_bytes is None or basis.options.get("sequence_parallel"):
         return None, None
-    tensor_parallel, stages = (facts.model_split(workload=basis.workload, strategy=basis.strategy,
-                                                 options=basis.options, precision=basis.precision,
-                                                 world_size=world_size, global_batch=global_batch,
-                                                 micro_batch=basis.micro_batch) if basis.grouped else (1, 1))
+    if basis.layout_schedule is not None:       # a described hybrid: its layout as the plan lays it out
+        _, split, _ = basis.layout_schedule(world_size=world_size, global_batch=global_batch, gpus_per_node=None)
+        tensor_parallel, stages = split.tensor_parallel, split.pipeline_stages
+    else:
+        tensor_parallel, stages = (facts.model_split(workload=basis.workload, strategy=basis.strategy,
+                                                     options=basis.options, precision=basis.precision,
+                                                     world_size=world_size, global_batch=global_batch,
+                                                     micro_batch=basis.micro_batch) if basis.grouped else (1, 1))
     sizes = dict(seq_len=int(shape["seq_len"]), micro_batch=basis.micro_batch, hidden=int(shape["n_embd"]),
                  heads=int(shape["n_head"]), layers=int(shape["n_layer"]), compute_bytes=compute_bytes,
                  tensor_parallel=tensor_parallel, stages=stages, micro_batches=micro_batches)
@@ -965,13 +988,18 @@ def description_basis(*, strategy: str, parameters: int, compute_s: float, gradi
                       gathered_element_bytes: float | None = None, per_device_batch: int = 1,
                       global_batch: int | None = None, recipe: str = "autocast", exposed_fraction: float = 1.0,
                       options: Mapping[str, Any] | None = None, workload: str = "described",
-                      shape: Mapping[str, int] | None = None) -> Basis:
+                      shape: Mapping[str, int] | None = None,
+                      layout_schedule: Callable[..., tuple[tuple[Scheduled, ...], Any, int]] | None = None,
+                      compute_source: str = "given") -> Basis:
     """A model of `parameters` whose step takes `compute_s` per device at `per_device_batch` samples, one
     micro-batch per step; the collectives are the strategy's own expected traffic (one call per collective
     type: bucketing's extra latency is not in it); `exposed_fraction` is f, exposed = f x priced communication
     (1: none overlapped; above 1: the step's collectives cost more than priced). Strong scaling keeps `global_batch` (default: per_device_batch x 1024, the batch of the largest
     default world size, so that every default world size can split it). `shape` (seq_len, n_embd, n_head,
-    n_layer of a transformer) adds the activations a rank holds, every block whole and checkpointed."""
+    n_layer of a transformer) adds the activations a rank holds, every block whole and checkpointed. `layout_schedule`:
+    a hybrid's (tensor parallelism, a pipeline) schedule at each size, `harness plan`'s for its layout
+    (`Basis.layout_schedule`), which makes the basis grouped. `compute_source` says where `compute_s` came from
+    (given, or from FLOPs)."""
     if parameters < 1 or not (compute_s > 0 and math.isfinite(compute_s)):
         raise SpecError(f"a description needs parameters >= 1 and compute seconds > 0, got {parameters} and {compute_s}")
     if gradient_element_bytes <= 0 or (gathered_element_bytes is not None and gathered_element_bytes <= 0):
@@ -990,7 +1018,9 @@ def description_basis(*, strategy: str, parameters: int, compute_s: float, gradi
                  micro_batch=per_device_batch, compute_s=float(compute_s), world_size=None, micro_batches=1,
                  schedule=(), gradient_bytes=int(round(parameters * gradient_element_bytes)),
                  gathered_bytes=int(round(parameters * gathered)), exposed_fraction=exposed_fraction,
-                 overlap_source=source, shape=dict(shape) if shape else None, model_parameters=int(parameters))
+                 overlap_source=source, shape=dict(shape) if shape else None, model_parameters=int(parameters),
+                 grouped=layout_schedule is not None, layout_schedule=layout_schedule,
+                 compute_source=compute_source)
 
 
 # ---- describing the target, recording, printing ---------------------------------------------------------

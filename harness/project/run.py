@@ -6,6 +6,8 @@ appended as projected rows.
     python -m harness project --params 1.5B --compute-ms 120 --grad-bytes 2 --cluster dgx-h100-ib
     python -m harness project --params 1.5B --compute-ms 120 --cluster dgx-h100-ib --storage-GBps 100 \\
         --mtbf-hours 50000
+    python -m harness project --params 7B --shape 4096,4096,32,32 --cluster dgx-h100-ib --world-sizes 8,64 \\
+        --strategies tp,fsdp2-tp[tp=8],pipeline[stages=4]
 
 `project_rows` and `project_description` are the plain functions (tests call them); `projection_from_arguments`
 turns the command line's arguments into one of them. Bad input is a one-line SpecError, raised before
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -41,7 +44,12 @@ DESCRIBED_STRATEGIES = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2")
 DESCRIPTION_DEFAULTS = {"grad_bytes": 4.0, "batch_per_device": 1, "recipe": "autocast", "exposed_fraction": 1.0}
 DESCRIPTION_FLAGS = {"--grad-bytes": "grad_bytes", "--batch-per-device": "batch_per_device",
                      "--global-batch": "global_batch", "--recipe": "recipe", "--exposed-fraction": "exposed_fraction",
-                     "--shape": "shape"}
+                     "--shape": "shape", "--mfu": "mfu"}
+# The caveat a projection of CPU rows onto a GPU cluster opens with: the step's compute and the overlap the rows
+# measured are a CPU's, so what carries over is the machinery (schedule, pricing), not the times.
+CPU_ROWS_CAVEAT = ("caveat: these rows ran on CPUs. CPU rows prove the machinery (the schedule, its pricing on the "
+                   "target); their compute and overlap are a CPU's, so the projected times below are not a GPU's. "
+                   "Measure on one GPU (its world size 1 cell gives the per-GPU compute) to project a GPU cluster.")
 
 
 def parse_scalings(names: Sequence[str]) -> tuple[Scaling, ...]:
@@ -169,21 +177,105 @@ def _runs(row: Mapping, strategy: str, options: Mapping[str, Any]) -> bool:
 def project_description(strategies: Sequence[str], model: CommModel, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                         scalings: Sequence[Scaling] = (Scaling.WEAK, Scaling.STRONG),
                         facts: StrategyFacts = REGISTRY_FACTS, checkpointing: CheckpointTarget | None = None,
+                        mfu: float | None = None, defaulted: bool = False,
                         **description) -> tuple[list[Projected], list[str]]:
     """Each strategy of a model described by `description` (harness.project.projection.description_basis): `name`,
     or `name[key=value,...]` with options of its own (`parse_strategy`), e.g. ps[servers=8]; each point with its
-    checkpoint time and goodput on `checkpointing` where given."""
+    checkpoint time and goodput on `checkpointing` where given.
+
+    A strategy that cannot run the description's recipe (`Strategy.recipe_refusal`, as `harness memory` refuses
+    it) is a one-line error, or, where the strategies were `defaulted`, left out with its reason. A hybrid
+    (harness.project.plan.HYBRID: tensor parallelism, the pipeline) is priced by `harness plan`'s schedule of its
+    layout, which needs the shape; its degree must lay the model out at every world size (`degree_refusal`).
+    Without `compute_s` (None), compute is the model's FLOPs a device runs a step over the cluster's GPU's peak
+    x `mfu` (`flops_compute`)."""
+    from harness.project.plan import HYBRID, RECIPE_COMPUTE, degree_refusal, described_schedule_at, transformer_of
+
     check_world_sizes(world_sizes, model)
     if not strategies:
         raise SpecError("no strategies to project")
+    recipe, shape = description.get("recipe", "autocast"), description.get("shape")
+    compute_s, compute_source = description.pop("compute_s", None), "given"
+    if compute_s is None:
+        compute_s, compute_source = flops_compute(model, description.get("parameters"), shape,
+                                                  description.get("per_device_batch", 1), recipe, mfu)
+    elif mfu is not None:
+        raise SpecError("--mfu is the assumed MFU of compute from FLOPs: it has no meaning with --compute-ms")
+    gpus_per_node = model.cluster.gpus_per_node if isinstance(model, ClusterModel) else None
+    chosen, skipped = [], []
+    for text in strategies:
+        name, options = parse_strategy(text)
+        refusal = recipe_refusal_of(facts, name, recipe)
+        if refusal and defaulted:
+            skipped.append(f"{text}: {refusal}")
+            continue
+        if refusal:
+            raise SpecError(f"--strategies {text}: {refusal}")
+        if name in HYBRID:
+            if shape is None:
+                raise SpecError(f"--strategies {text}: a hybrid's tensor-parallel all-reduces and pipeline sends "
+                                "follow from the model's shape: give --shape SEQ,HIDDEN,HEADS,LAYERS")
+            if recipe not in RECIPE_COMPUTE:
+                raise SpecError(f"--strategies {text}: a hybrid's traffic is described under recipe "
+                                f"{' or '.join(RECIPE_COMPUTE)} only (harness plan's schedule), not {recipe}")
+            why = degree_refusal(name, options, transformer_of(description["parameters"], shape), world_sizes,
+                                 gpus_per_node, facts)
+            if why:
+                raise SpecError(f"--strategies {text}: {why}")
+        chosen.append((name, options))
+    if not chosen:
+        raise SpecError(f"no strategy to project runs recipe {recipe}: " + "; ".join(skipped))
     points: list[Projected] = []
-    skipped: list[str] = []
-    for name, options in [parse_strategy(text) for text in strategies]:
-        basis = description_basis(strategy=name, options=options, **description)
+    for name, options in chosen:
+        own_compute, own_source = compute_s, compute_source
+        if compute_source != "given" and options.get("activation_checkpointing", "none") != "none":
+            from harness.project.plan import RECOMPUTE_FACTOR
+
+            own_compute, own_source = compute_s * RECOMPUTE_FACTOR, f"{compute_source}, x {RECOMPUTE_FACTOR:.4g} " \
+                                                                     "recomputed (activation checkpointing)"
+        # A hybrid's schedule at each size is the plan's for its layout (one traffic model for both commands).
+        layout_schedule = (partial(described_schedule_at, strategy=name, options=options,
+                                   model=transformer_of(description["parameters"], shape), recipe=recipe,
+                                   micro_batch=description.get("per_device_batch", 1), facts=facts)
+                           if name in HYBRID else None)
+        basis = description_basis(strategy=name, options=options, layout_schedule=layout_schedule,
+                                  compute_s=own_compute, compute_source=own_source, **description)
         found, left_out = project(basis, world_sizes, model, facts, scalings)
         points += found
         skipped += left_out
     return (with_checkpoint_costs(points, checkpointing, facts) if checkpointing else points), skipped
+
+
+def recipe_refusal_of(facts: StrategyFacts, strategy: str, recipe: str) -> str | None:
+    """Why the strategy cannot run `recipe` (RegistryFacts.recipe_refusal), or None; None where the facts do not
+    say (a test's own StrategyFacts)."""
+    ask = getattr(facts, "recipe_refusal", None)
+    return ask(strategy, recipe) if ask is not None else None
+
+
+def flops_compute(model: CommModel, parameters: int | None, shape: Mapping[str, int] | None, per_device_batch: int,
+                  recipe: str, mfu: float | None) -> tuple[float, str]:
+    """(seconds, where they come from) of one device's compute a step from FLOPs, as `harness plan` computes it:
+    `per_device_batch` samples of the shape's tokens x PaLM's 6N + 12 L h s FLOPs a token (Chowdhery et al. 2022,
+    appendix B) over the cluster's GPU's datasheet peak in the recipe's math x an assumed MFU (`mfu`, default
+    harness.project.plan.DEFAULT_MFU). A one-line SpecError where the cluster names no GPU or no shape is given."""
+    from harness.project.plan import DEFAULT_MFU, RECIPE_COMPUTE, peak_flops, transformer_of
+
+    cluster = model.cluster if isinstance(model, ClusterModel) else None
+    if shape is None or cluster is None or not cluster.gpu or parameters is None:
+        raise SpecError("a description needs --compute-ms MS, or --shape with a --cluster that names its gpu "
+                        "(compute from FLOPs at an assumed MFU)")
+    mfu = DEFAULT_MFU if mfu is None else mfu
+    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+        raise SpecError(f"--mfu must be a fraction of the peak in (0, 1], got {mfu!r}")
+    transformer = transformer_of(parameters, shape)
+    peak = peak_flops(cluster, recipe)
+    tokens = per_device_batch * transformer.seq_len
+    seconds = tokens * transformer.flops_per_token / (peak * mfu)
+    source = (f"FLOPs at an assumed MFU: {tokens:,} tokens x {transformer.flops_per_token / 1e9:.4g} GFLOP a token "
+              f"(PaLM: 6N + 12 L h s) / ({peak / 1e12:.4g} TFLOP/s {RECIPE_COMPUTE[recipe][1]} datasheet peak of "
+              f"the {cluster.gpu} x an assumed MFU of {mfu:.0%}, --mfu)")
+    return seconds, source
 
 
 def checkpointing_from_arguments(args: argparse.Namespace) -> CheckpointTarget | None:
@@ -238,9 +330,10 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
     if described and args.rows:
         raise SpecError("give measured ROWS or a description (--params, --compute-ms), not both")
     if not described and not args.rows:
-        raise SpecError("give measured ROWS, or a description: --params N --compute-ms MS")
-    if described and (args.params is None or args.compute_ms is None):
-        raise SpecError("a description needs both --params and --compute-ms")
+        raise SpecError("give measured ROWS, or a description: --params N --compute-ms MS (or --params N --shape "
+                        "with a --cluster that names its gpu)")
+    if described and args.params is None:
+        raise SpecError("a description needs --params")
     describing = [flag for flag, value in DESCRIPTION_FLAGS.items() if getattr(args, value) is not None]
     if args.rows and describing:
         raise SpecError(f"{', '.join(describing)} describes a model (--params); with measured ROWS the rows give it")
@@ -257,7 +350,9 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
         chosen = {**DESCRIPTION_DEFAULTS, **given}
         points, skipped = project_description(
             DESCRIBED_STRATEGIES if args.strategies is None else args.strategies, model, world_sizes, scalings,
-            parameters=args.params, compute_s=args.compute_ms / 1e3, gradient_element_bytes=chosen["grad_bytes"],
+            mfu=args.mfu, defaulted=args.strategies is None, parameters=args.params,
+            compute_s=None if args.compute_ms is None else args.compute_ms / 1e3,
+            gradient_element_bytes=chosen["grad_bytes"],
             per_device_batch=chosen["batch_per_device"],
             global_batch=args.global_batch or chosen["batch_per_device"] * max(world_sizes), recipe=chosen["recipe"],
             exposed_fraction=chosen["exposed_fraction"], shape=args.shape, checkpointing=checkpointing)
@@ -266,6 +361,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
         from harness.record import COMMBENCH_KIND, read_rows
 
         rows = load_rows(args.rows)
+        on_cpu = any(spec(row).get("device") == "cpu" for row in rows)
         if calibration is not None:
             check_one_network(rows, read_rows([Path(p) for p in args.comm], kind=COMMBENCH_KIND))
         points, skipped = project_rows(rows, model, world_sizes, scalings, measuring_host=calibration,
@@ -276,7 +372,13 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
             append_line(args.out, projected_record(point, model, comm_sources))
     target = (f"cluster {cluster.name}, {describe_choice(model)}" if cluster is not None else
               f"the calibrated {calibration.backend}/{calibration.device} host's network, one level")
-    lines = [f"parbench: projection onto {target} (predictions, not measurements)", format_table(points)]
+    lines = [f"parbench: projection onto {target} (predictions, not measurements)"]
+    if not described and on_cpu and cluster is not None:
+        lines.append(CPU_ROWS_CAVEAT)
+    if described and args.compute_ms is None:
+        lines.append(f"compute, not measured: {points[0].basis.compute_source}" if points else
+                     "compute, not measured: from FLOPs at an assumed MFU")
+    lines.append(format_table(points))
     lines += [f"left out: {note}" for note in skipped]
     if args.out:
         lines.append(f"\n{len(points)} projected rows (kind projection) appended to {args.out}")

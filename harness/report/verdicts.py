@@ -34,6 +34,8 @@ from harness.spec import DeviceKind
 # more than it computes while waiting: communication, not compute, sets its length.
 EXPOSED_DOMINATES = 0.5
 
+# The clause a CPU group's Fastest verdict carries (`Fastest.on_cpu`).
+CPU_SPEED_CAVEAT = "CPU cells prove the machinery, not the speed"
 # Cells whose speeds compare: the same work per step on the same kind of device, under the same conditions
 # (harness.derive.identity: link rate, placement, host type).
 COMPARABLE = ["device", "workload", "precision", "global_batch", "world_size", "nnodes", "conditions_id"]
@@ -65,8 +67,15 @@ class Fastest:
     second: Speed | None
     margin: float | None        # first / second - 1
     noise: Noise | None
+    # CPU cells: the ranking is a CPU's, whose compute and overlap are not a GPU's (the cells show the strategies
+    # run, not which would win on a GPU), so the verdict says so beside itself.
+    on_cpu: bool = False
 
     def sentence(self) -> str:
+        verdict = self._verdict()
+        return f"{verdict[:-1]}; {CPU_SPEED_CAVEAT}." if self.on_cpu else verdict
+
+    def _verdict(self) -> str:
         first = self.first
         text = f"Fastest: {first.name}, {_speed(first)}"
         if self.second is None:
@@ -147,7 +156,7 @@ def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
     ok = ok[ok["strategy"] != BARE_STRATEGY]
     if ok.empty:
         return GroupVerdict(heading=heading, lines=emulated + ["No cell here ran (see 'Failed or skipped cells')."])
-    lines, fastest = _fastest(ok)
+    lines, fastest = _fastest(ok, on_cpu=device == DeviceKind.CPU.value)
     lines = emulated + lines
     memory_line, lowest = _memory(ok, device)
     exposed_line, dominated = _exposed(ok, int(world_size))
@@ -156,7 +165,7 @@ def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
                         lowest_memory=lowest, dominated=dominated)
 
 
-def _fastest(ok: pd.DataFrame) -> tuple[list[str], Fastest | None]:
+def _fastest(ok: pd.DataFrame, on_cpu: bool = False) -> tuple[list[str], Fastest | None]:
     timed = ok[~ok["shared_device"].astype(bool) & ok["samples_per_s"].notna()]
     if timed.empty:
         if not ok.empty and ok["shared_device"].astype(bool).all():
@@ -166,7 +175,8 @@ def _fastest(ok: pd.DataFrame) -> tuple[list[str], Fastest | None]:
     first = ranked[0]
     second = ranked[1] if len(ranked) > 1 else None
     margin = first.samples_per_s / second.samples_per_s - 1 if second else None
-    fastest = Fastest(first=first, second=second, margin=margin, noise=_noise(first, second) if second else None)
+    fastest = Fastest(first=first, second=second, margin=margin, noise=_noise(first, second) if second else None,
+                      on_cpu=on_cpu)
     lines = [fastest.sentence()]
     crowded = [cell_name(line) for line in timed.to_dict("records") if line.get("host_oversubscribed") is True]
     if crowded:
