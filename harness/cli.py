@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "record those whose measurements reached their cell folder without their row")
     run.add_argument("--dry-run", action="store_true", help="print the cells and exit (with --placement k8s, "
                      "also write each launch's manifest to --out DIR)")
+    run.add_argument("--cluster", help="with --dry-run for GPU nodes (--gpus-per-node): the cluster its wall time "
+                     "and GPU-hours are projected on, a preset (dgx-h100-ib, dgx-a100-ib, aws-p4d, aws-p5, "
+                     f"commodity-100gbe) or a .toml file (default {DRY_RUN_CLUSTER}; its GPUs a node are --gpus-per-node)")
     run.add_argument("--allow-failed-cells", action="store_true", help=f"exit 0 even when a launch ended failed, "
                      f"oom or timeout (default: exit {EXIT_CELLS_FAILED} after the whole matrix has run)")
     run.add_argument("--hostfile", type=Path, help="DeepSpeed/MPI hostfile ('HOST slots=N' lines): run the "
@@ -469,10 +472,51 @@ def run_placed(specs: list[RunSpec], options: "RunOptions", **callbacks: Any) ->
         return run_specs(specs, replace(options, emulated_network=network), **callbacks)
 
 
+# The cluster a GPU dry run's wall time is projected on where --cluster names none: a common current node (8 H100s
+# on InfiniBand), said in the plan as an assumption.
+DRY_RUN_CLUSTER = "dgx-h100-ib"
+
+
+def dry_run_target(args: argparse.Namespace, placement: Placement) -> Machine | None:
+    """The nodes a dry run plans for where the flags describe them (--gpus-per-node, --cpus-per-node, --nnodes
+    above 1), whose skips are theirs; None where it plans this host's cells alone: this host is the target."""
+    if args.gpus_per_node is None and args.cpus_per_node is None and placement.nnodes == 1:
+        return None
+    return Machine.requested(args.device, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+                             nodes=placement.nnodes, dry_run=True)
+
+
+def dry_run_cluster(args: argparse.Namespace, target: Machine | None) -> tuple[Any, str]:
+    """(the cluster a GPU dry run's cells are projected on, where it came from), or (None, "") for any other run;
+    --cluster elsewhere is a SpecError. Its GPUs a node are the plan's (--gpus-per-node), whatever it says."""
+    from harness.project.cluster import load_cluster
+
+    gpu_plan = args.dry_run and target is not None and target.device is DeviceKind.CUDA
+    if args.cluster is not None and not gpu_plan:
+        raise SpecError(f"--cluster {args.cluster} prices a dry run of GPU nodes; allowed only with --dry-run "
+                        "--gpus-per-node N")
+    if not gpu_plan:
+        return None, ""
+    from harness.project.cells import cluster_peaks
+
+    cluster = load_cluster(args.cluster or DRY_RUN_CLUSTER, {"gpus_per_node": target.devices_per_node})
+    cluster_peaks(cluster)      # a cluster without a known GPU fails here, before any manifest is written
+    source = "--cluster" if args.cluster else "assumed: the default, --cluster PRESET|FILE.toml to change it"
+    return cluster, f"{source}; {target.devices_per_node} GPUs a node as --gpus-per-node says"
+
+
 def command_run(args: argparse.Namespace) -> int:
     from harness.runner import RunOptions, summary_table
 
     specs, placement = plan_run(args)
+    plan: dict[str, Any] = {}       # a dry run's target, the cells it would skip and the cluster it is priced on
+    if args.dry_run:
+        from harness.launch.dry_run import left_out_on
+
+        plan["target"] = dry_run_target(args, placement)
+        if plan["target"] is not None:
+            specs, plan["left_out"] = left_out_on(specs, plan["target"])
+    plan["cluster"], plan["cluster_source"] = dry_run_cluster(args, plan.get("target"))
     if args.profile_steps < 0:
         raise SpecError(f"--profile-steps must be >= 0, got {args.profile_steps}")
     if args.resume and args.out is None:
@@ -486,7 +530,7 @@ def command_run(args: argparse.Namespace) -> int:
     if args.profile_steps:
         os.environ["PARBENCH_PROFILE_STEPS"] = str(args.profile_steps)   # ranks inherit it; rows record it
     if args.dry_run and isinstance(placement, KubernetesPlacement):
-        return write_manifests(specs, placement, args.out, args.timeout)
+        return write_manifests(specs, placement, args.out, args.timeout, **plan)
     if args.dry_run:   # the plan, with every node's command; launches nothing, writes nothing
         from harness.launch.dry_run import describe_plan
         from harness.runner import resume_plan
@@ -497,7 +541,7 @@ def command_run(args: argparse.Namespace) -> int:
             print(f"{run_header(counts, planned_out)} (a dry run of the resume: nothing is launched or written)")
             if not specs:
                 return 0
-        print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout))
+        print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout, **plan))
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     check_results_file(out, "--out" if args.out else "results file")
@@ -572,9 +616,10 @@ def run_exit_status(results: Sequence[RunResult], *, allow_failed: bool, checks_
     return status
 
 
-def write_manifests(specs: list[RunSpec], placement: KubernetesPlacement, out: Path, timeout_s: float) -> int:
+def write_manifests(specs: list[RunSpec], placement: KubernetesPlacement, out: Path, timeout_s: float,
+                    **plan: Any) -> int:
     """A Kubernetes dry run: every launch's manifest written to the folder `out`, and what they share (the
-    TrainJobs' runtime), and the plan printed."""
+    TrainJobs' runtime), and the plan printed (`plan`: describe_plan's target, left_out and cluster)."""
     from harness.launch.dry_run import describe_plan, plan_files
 
     results = placement.results_file()
@@ -590,7 +635,7 @@ def write_manifests(specs: list[RunSpec], placement: KubernetesPlacement, out: P
     for files in [*planned, shared]:
         for path, text in files:
             path.write_text(text)
-    print(describe_plan(specs, placement, results=results, timeout_s=timeout_s, written=paths))
+    print(describe_plan(specs, placement, results=results, timeout_s=timeout_s, written=paths, **plan))
     for path, _ in shared:
         print(f"\nalso wrote {path}: the runtime the TrainJobs run on, for a cluster admin to apply once before the "
               f"first of them: kubectl apply -f {path}")

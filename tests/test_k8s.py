@@ -18,6 +18,7 @@ import yaml
 from harness.cli import main
 from harness.launch import k8s_check
 from harness.launch.k8s_check import KUBEFLOW, KUBERNETES, PLAN, TRAINER, check_documents, check_manifest
+from harness.launch.dry_run import left_out_on
 from harness.launch.k8s_manifest import GPU_RESOURCE, RESULTS_MOUNT, START_UP_S, node_script
 from harness.launch.placement.k8s import (FIRST_WORKER, NAME_LIMIT, POD_VARIABLES, RECORD_ON_WORKER,
                                           wait_for_workers)
@@ -63,11 +64,15 @@ def scaling(tmp_path_factory) -> tuple[Path, str]:
 
 def test_the_scaling_matrix_on_four_8_gpu_nodes_gets_one_manifest_per_launch(scaling):
     out, printed = scaling
-    specs = build_matrix("scaling", Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=4))
+    target = Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=4)
+    # The cells these nodes would skip (tensor parallelism across nodes, ...) get no manifest: they are named once.
+    specs, left = left_out_on(build_matrix("scaling", target), target)
     launches = sum(spec.repeats for spec in specs)
     manifests = sorted(out.glob("*.yaml"))
-    assert len(manifests) == launches and sorted(out.iterdir()) == manifests
+    assert left and len(manifests) == launches and sorted(out.iterdir()) == manifests
     assert printed.count("\n  wrote ") == launches and f"{launches} files written" in printed
+    assert f"left out: {len(left)} cells the cluster" in printed
+    assert all(f"  {reason} (" in printed for _, reason in left)
     names = {document["metadata"]["name"] for path in manifests for document in documents(path)[1:]}
     assert len(names) == launches     # every launch, repeats included, a job of its own
 

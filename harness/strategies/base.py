@@ -21,7 +21,7 @@ import math
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -36,6 +36,9 @@ from harness.strategies.loss_scaling import StepOutcome, scaler_step
 from harness.strategies.offload import offload_refusal, saved_on_host
 from harness.strategies.option import Option
 from workloads import Workload
+
+if TYPE_CHECKING:
+    from harness.machine import Machine
 
 # One optimizer for every strategy (torch AdamW, handed to DeepSpeed as a client optimizer), so that
 # strategies differ only in how they distribute the work. One parameter group: ZeRO flattens groups.
@@ -424,15 +427,19 @@ class Strategy(abc.ABC):
         and a size the projection leaves out."""
         return None
 
-    def skip_reason(self, spec: RunSpec) -> str | None:
-        """Why this cell cannot run on this machine (checked before launch), or None."""
+    def skip_reason(self, spec: RunSpec, machine: "Machine | None" = None) -> str | None:
+        """Why this cell cannot run on `machine` (checked before launch), or None. None: this host, as seen
+        here; a Machine: the nodes a dry run plans for (harness.launch.dry_run), whose devices are as it says."""
         refusal = self.layout_refusal(spec) or offload_refusal(spec, self.resolved(spec))
         if refusal:
             return refusal
+        # Judged here even for a planned machine: its nodes run this interpreter (the same path) or an image
+        # built from this checkout, and nothing else tells what they have installed.
         missing = [module for module in self.requires if not _importable(module)]
         if missing:
             return f"{self.name} needs {', '.join(missing)}, which is not installed here"
-        if spec.device is DeviceKind.CUDA and not torch.cuda.is_available():
+        has_cuda = torch.cuda.is_available() if machine is None else machine.device is DeviceKind.CUDA
+        if spec.device is DeviceKind.CUDA and not has_cuda:
             return "device cuda requested but no CUDA device is visible"
         return None
 

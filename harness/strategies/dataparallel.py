@@ -42,15 +42,17 @@ class DataParallel(Strategy):
             raise SpecError("strategy dataparallel cannot take activation_offload: its replicas run in threads, "
                             "which torch's save_on_cpu hook (thread-local) does not reach; use none")
 
-    def skip_reason(self, spec: RunSpec) -> str | None:
+    def skip_reason(self, spec: RunSpec, machine=None) -> str | None:
         if spec.device is not DeviceKind.CUDA:
             return "DataParallel replicates over CUDA devices only; on CPU it would not be parallel"
-        gpus = torch.cuda.device_count()
+        # One process drives every replica: they are the GPUs of one node (a planned machine's, or this host's).
+        gpus = torch.cuda.device_count() if machine is None else (
+            machine.devices_per_node if machine.device is DeviceKind.CUDA else 0)
         if spec.world_size < 2:
             return "DataParallel over one device is not parallel (world size 1)"
         if gpus < spec.world_size:
             return f"DataParallel needs {spec.world_size} GPUs, {gpus} visible"
-        return super().skip_reason(spec)
+        return super().skip_reason(spec, machine)
 
     def start(self, spec: RunSpec) -> RankContext:
         device, _, _ = place_rank(spec.device, 0, 1)

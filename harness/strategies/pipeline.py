@@ -123,14 +123,14 @@ class Pipeline(Strategy):
         OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
     }
 
-    def skip_reason(self, spec: RunSpec) -> str | None:
+    def skip_reason(self, spec: RunSpec, machine=None) -> str | None:
         if spec.precision is Precision.FP16 and spec.device is DeviceKind.CPU:
             # Measured (DeepSpeed 0.19.8, gloo, gpt-tiny at 2 stages): rank 0 failed with "Attempted step but
             # _scale is None".
             return ("fp16 on CPU is DeepSpeed's torch_autocast float16, whose GradScaler the pipeline steps on "
                     "every stage but scales the loss with only on the last (deepspeed/runtime/pipe/engine.py, "
                     "0.19.8), so the first stage fails; its fp16 section, which the pipeline supports, runs on GPUs")
-        return super().skip_reason(spec)
+        return super().skip_reason(spec, machine)
 
     def validate(self, spec: RunSpec) -> None:
         if self.resolved(spec)[ACTIVATION_OFFLOAD_NAME] != "none":
