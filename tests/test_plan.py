@@ -151,7 +151,7 @@ def test_confidence_is_each_strategys_error_over_the_committed_validation_tables
 
     data_parallel = {name: a + b for (name, a), b in zip(cells("validation-table").items(),
                                                         cells("extrapolation-table").values())}
-    for name, errors in {**data_parallel, **cells("hybrid-validation-table")}.items():
+    for name, errors in {**data_parallel, **cells("hybrid-layouts-validation-table")}.items():
         figure = CONFIDENCE[name]
         assert (figure.median_abs_error_pct, figure.max_abs_error_pct, figure.cells) == (
             statistics.median(errors), max(errors), len(errors)), name
