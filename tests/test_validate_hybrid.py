@@ -268,3 +268,32 @@ def test_the_hybrid_table_in_the_docs_and_the_readme_are_the_committed_run_from_
     assert (f"without the layouts' rows, median {without_layouts.median_abs_error:.1%} and p90 "
             f"{without_layouts.p90_abs_error:.1%}; without the degree-1 cells, {without_one_rank.median_abs_error:.1%} "
             f"and {without_one_rank.p90_abs_error:.1%}") in clusters
+
+
+def test_the_8_rank_layout_rows_make_the_extrapolation_worse_as_the_docs_say():
+    # docs/clusters.md, "Extrapolation from a frozen commit": the layouts' rule given 8-rank rows of the emulated
+    # cluster, beside the 2-rank rows the extrapolation was validated on.
+    from pathlib import Path
+
+    from harness.derive.rows import load_rows
+    from harness.project.validate import Design
+    from harness.record import read_rows
+
+    root = Path(__file__).parent.parent
+    reference = root / "results" / "reference" / "extrapolation"
+    rows = load_rows([reference / "cells.jsonl"])
+    comm = read_rows([reference / "comm.jsonl"], kind=COMMBENCH_KIND)
+    eight = read_rows([reference / "comm-ws8-diagnostic.jsonl"], kind=COMMBENCH_KIND)
+    assert {(r["world_size"], r["group_size"]) for r in eight} == {(8, 8)}
+    frozen, priced = (validate(rows, c, design=Design.LARGER) for c in (comm, [*comm, *eight]))
+    assert priced.median_abs_error > frozen.median_abs_error and priced.p90_abs_error > frozen.p90_abs_error
+    clusters = " ".join((root / "docs" / "clusters.md").read_text().split())
+    assert (f"miss by a median of {priced.median_abs_error:.1%} and a p90 of {priced.p90_abs_error:.1%} (against "
+            f"{frozen.median_abs_error:.1%}, {frozen.p90_abs_error:.1%})") in clusters
+
+    def error(cells, strategy, rate):
+        [cell] = [c for c in cells if c.strategy == strategy and c.setting == f"{rate} Mbit/s"]
+        return f"{cell.error:+.1%}"
+
+    for strategy in ("fsdp2", "zero3", "horovod"):
+        assert f"from {error(frozen.cells, strategy, 400)} to {error(priced.cells, strategy, 400)}" in clusters

@@ -333,12 +333,14 @@ def on_nodes(calibration: Calibration, loopback: Calibration | None, row: Mappin
     the network's comm rows measured a layout whose ranks outnumbered the cores (`layouts_by_network`), a group
     of that layout in a step of that world size is priced on them. A row on real hosts, or rows without the
     host's calibration, are priced on `calibration` alone."""
-    if loopback is None or network_of(row) is None:
+    measured = (layouts or {}).get(network_key(row), {})
+    if network_of(row) is None or (loopback is None and not measured):
         return calibration
     world_size = int(spec(row)["world_size"])
     nodes = int(spec(row).get("nnodes") or 1)
-    return NodesCalibration(within_node=loopback, across_nodes=calibration, ranks_per_node=world_size // nodes,
-                            layouts=(layouts or {}).get(network_key(row), {}))
+    # Without the host's rows, a group inside a node is priced as the link prices it (one level), as before.
+    return NodesCalibration(within_node=loopback or calibration, across_nodes=calibration,
+                            ranks_per_node=world_size // nodes, layouts=measured)
 
 
 def _one_rank_cell(cells: Mapping[tuple, list], setting: str, key: tuple) -> list[Mapping[str, Any]]:
