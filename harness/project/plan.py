@@ -537,9 +537,9 @@ def format_plan(planned: Sequence[Planned], model: Transformer, cluster: Cluster
         "MFU and TFLOP/s: the model's FLOPs (no recomputation) over the step and the peak; GPU-hours: "
         f"{settings.tokens:,.0f} tokens at that throughput",
         "confidence: the strategy's |error| over the committed validations of its projection (median, max, cells), "
-        "on an emulated cluster of CPU nodes (results/reference/emulated-reno, extrapolation; emulated-hybrid for "
-        "the hybrids, which the model does not pass): the communication model's record, not a check of compute "
-        "from FLOPs",
+        "on an emulated cluster of CPU nodes (results/reference/emulated-reno, extrapolation; emulated-hybrid-layouts "
+        "for the hybrids, better than copying the source cell and outside the bars): the communication model's "
+        "record, not a check of compute from FLOPs",
         "left out: offload (ZeRO-Offload, FSDP2's CPUOffloadPolicy: its step is the host's optimizer and PCIe "
         "copies, not priced here), sequence parallelism, the pipeline's tied-weight all-reduce and uneven stages",
     ]
