@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from workloads.base import Family, Tie, Workload, count_parameters
 from workloads.gpt import GPT_CONFIGS, GPTWorkload
+from workloads.llama import LLAMA_CONFIGS, LlamaWorkload
 from workloads.resnet import RESNET_CONFIGS, ResNetWorkload
 
 WORKLOADS: dict[str, Workload] = {
@@ -18,6 +19,9 @@ WORKLOADS: dict[str, Workload] = {
     "gpt2-medium": GPTWorkload("gpt2-medium", *GPT_CONFIGS["gpt2-medium"]),
     "gpt2-large": GPTWorkload("gpt2-large", *GPT_CONFIGS["gpt2-large"]),
     "gpt2-xl": GPTWorkload("gpt2-xl", *GPT_CONFIGS["gpt2-xl"]),
+    "llama-tiny": LlamaWorkload("llama-tiny", *LLAMA_CONFIGS["llama-tiny"]),
+    "llama3.2-1b": LlamaWorkload("llama3.2-1b", *LLAMA_CONFIGS["llama3.2-1b"]),
+    "llama3-8b": LlamaWorkload("llama3-8b", *LLAMA_CONFIGS["llama3-8b"]),
 }
 
 

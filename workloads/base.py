@@ -24,6 +24,7 @@ def memory_format_name(memory_format: torch.memory_format) -> str:
 class Family(enum.StrEnum):
     RESNET = "resnet"
     GPT = "gpt"
+    LLAMA = "llama"
 
 
 @dataclass(frozen=True)

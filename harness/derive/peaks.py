@@ -215,7 +215,7 @@ def peak_flops_for(device_name: str, precision: str, tf32_in_use: bool | None,
 # NVIDIA_TF32_OVERRIDE=0 in the environment turns TF32 off inside cuBLAS and cuDNN whatever torch asks.
 # (PyTorch docs, notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later) devices".)
 CONVOLUTION_FAMILIES = ("resnet",)
-MATMUL_FAMILIES = ("gpt",)
+MATMUL_FAMILIES = ("gpt", "llama")
 TF32_MATMUL_PRECISIONS = ("high", "medium")
 
 

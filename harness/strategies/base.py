@@ -21,7 +21,7 @@ import math
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -683,17 +683,18 @@ def replicated_gradients(model: nn.Module) -> tuple[list[torch.Tensor], bool]:
     return [p.grad for p in model.parameters() if p.requires_grad], False
 
 
-BLOCK_CLASS_NAMES = ("Block", "BasicBlock", "Bottleneck")
+BLOCK_CLASS_NAMES = ("Block", "LlamaBlock", "BasicBlock", "Bottleneck")
 
 
 def is_block(layer: nn.Module) -> bool:
     """Layers that are repeated units of the model (residual or transformer blocks), for per-block wrapping; a
     block inside activation checkpointing's wrapper (harness.strategies.checkpointing) is one too."""
     from workloads.gpt import Block
+    from workloads.llama import LlamaBlock
     from workloads.resnet import BasicBlock, Bottleneck
 
     layer = getattr(layer, "_checkpoint_wrapped_module", layer)
-    return isinstance(layer, (Block, BasicBlock, Bottleneck))
+    return isinstance(layer, (Block, LlamaBlock, BasicBlock, Bottleneck))
 
 
 def _importable(module: str) -> bool:

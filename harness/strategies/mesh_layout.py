@@ -9,6 +9,17 @@ from harness.spec import DeviceKind, Layout, RunSpec, SpecError
 from workloads import Family, get_workload
 
 
+def blocks_refusal(workload_name: str) -> str | None:
+    """Why tensor parallelism cannot split a workload's blocks (its layouts name the GPT block's layers), or None."""
+    family = get_workload(workload_name).family
+    if family is Family.GPT:
+        return None
+    if family is Family.LLAMA:
+        return (f"tensor parallelism has no layout of {workload_name}'s blocks (grouped-query attention's fused "
+                "q|k|v, SwiGLU) yet: it splits GPT blocks only")
+    return f"tensor parallelism splits transformer blocks; {workload_name} has none"
+
+
 class MeshLayout:
     """Strategy methods of a (dp, tp) mesh over the `tp` option (a mixin before `Strategy` in the bases)."""
 
@@ -27,8 +38,8 @@ class MeshLayout:
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
         workload, tp = get_workload(spec.workload), self.tp_degree(spec)
-        if workload.family is not Family.GPT:
-            return f"tensor parallelism splits transformer blocks; {spec.workload} has none"
+        if blocks_refusal(spec.workload):
+            return blocks_refusal(spec.workload)
         if workload.config.n_head % tp:
             return f"tensor parallelism of {tp} must divide {spec.workload}'s {workload.config.n_head} heads"
         if spec.device is DeviceKind.CUDA and (spec.world_size // spec.nnodes) % tp:

@@ -40,8 +40,9 @@ from harness.strategies.tensor_parallel import (SlicedParameters, activation_all
                                                 vocabulary_parallel_collectives)
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.mesh_layout import blocks_refusal
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
-from workloads import Family, get_workload
+from workloads import get_workload
 
 MESH_DIMENSION = "tp"     # the mesh's one dimension, and the group's name in the counts
 
@@ -94,8 +95,8 @@ class TensorParallel(Strategy):
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
         workload = get_workload(spec.workload)
-        if workload.family is not Family.GPT:
-            return f"tensor parallelism splits transformer blocks; {spec.workload} has none"
+        if blocks_refusal(spec.workload):
+            return blocks_refusal(spec.workload)
         heads = workload.config.n_head
         if heads % spec.world_size:
             return f"tensor parallelism of {spec.world_size} must divide {spec.workload}'s {heads} heads"
