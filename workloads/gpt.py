@@ -21,6 +21,7 @@ heads, Q head size and T sequence length.
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import asdict, dataclass
 
@@ -133,40 +134,28 @@ class LMHead(nn.Module):
         return F.linear(x, self.weight)
 
 
-class GPTWorkload(Workload):
-    family = Family.GPT
+class DecoderWorkload(Workload):
+    """What a decoder family shares (GPT-2's, Llama's): a config with seq_len, vocab_size, n_layer, n_head,
+    head_dim and padded_vocab_size; layers embedding, blocks, final norm, head; synthetic token streams; PaLM's
+    FLOPs over the family's own `matmul_params`."""
 
-    def __init__(self, name: str, config: GPTConfig, published_params: int | None) -> None:
+    def __init__(self, name: str, config, published_params: int | None) -> None:
         self.name = name
         self.config = config
         self.published_params = published_params
 
-    def build_layers(self) -> list[nn.Module]:
-        c = self.config
-        embedding = TokenEmbedding(c.padded_vocab_size, c.seq_len, c.n_embd)
-        blocks = [Block(c) for _ in range(c.n_layer)]
-        return [embedding, *blocks, FinalNorm(c.n_embd), LMHead(embedding)]
-
     @property
     def layer_count(self) -> int:
         return self.config.n_layer + 3   # embedding, blocks, final norm, head
-
-    def ties(self) -> tuple[Tie, ...]:
-        last = self.config.n_layer + 2
-        return (Tie(key="token_embedding", owner=0, user=last, weight_attr="wte.weight",
-                    user_forward=tied_head_forward),)
 
     def batch(self, seed, step, indices, device):
         c = self.config
         return token_batch(seed, step, indices.to(device), c.seq_len, c.vocab_size)
 
     @property
+    @abc.abstractmethod
     def matmul_params(self) -> int:
-        """N of the PaLM formula: every parameter but the position embedding, the tied matrix once (padded rows
-        included: the head's matmul computes their logits)."""
-        c = self.config
-        per_block = 12 * c.n_embd**2 + 13 * c.n_embd   # qkv, proj, fc, proj weights+biases, 2 LayerNorms
-        return c.padded_vocab_size * c.n_embd + c.n_layer * per_block + 2 * c.n_embd
+        """N of the PaLM formula: each family says which of its parameters take part in matrix multiplies."""
 
     @property
     def train_flops_per_token(self) -> float:
@@ -183,6 +172,29 @@ class GPTWorkload(Workload):
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), **asdict(self.config), "padded_vocab_size": self.config.padded_vocab_size}
+
+
+class GPTWorkload(DecoderWorkload):
+    family = Family.GPT
+
+    def build_layers(self) -> list[nn.Module]:
+        c = self.config
+        embedding = TokenEmbedding(c.padded_vocab_size, c.seq_len, c.n_embd)
+        blocks = [Block(c) for _ in range(c.n_layer)]
+        return [embedding, *blocks, FinalNorm(c.n_embd), LMHead(embedding)]
+
+    def ties(self) -> tuple[Tie, ...]:
+        last = self.config.n_layer + 2
+        return (Tie(key="token_embedding", owner=0, user=last, weight_attr="wte.weight",
+                    user_forward=tied_head_forward),)
+
+    @property
+    def matmul_params(self) -> int:
+        """N of the PaLM formula: every parameter but the position embedding, the tied matrix once (padded rows
+        included: the head's matmul computes their logits)."""
+        c = self.config
+        per_block = 12 * c.n_embd**2 + 13 * c.n_embd   # qkv, proj, fc, proj weights+biases, 2 LayerNorms
+        return c.padded_vocab_size * c.n_embd + c.n_layer * per_block + 2 * c.n_embd
 
 
 def palm_train_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:

@@ -29,15 +29,14 @@ d x n_kv_head x head_dim); every query head still attends over T keys, so the at
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from workloads.base import Family, Tie, Workload
-from workloads.data import token_batch
-from workloads.gpt import VOCAB_ROWS_MULTIPLE, palm_train_flops_per_token
+from workloads.base import Family, Tie
+from workloads.gpt import VOCAB_ROWS_MULTIPLE, DecoderWorkload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,13 +182,8 @@ class LlamaTiedHead(nn.Module):
         return F.linear(x, self.weight)
 
 
-class LlamaWorkload(Workload):
+class LlamaWorkload(DecoderWorkload):
     family = Family.LLAMA
-
-    def __init__(self, name: str, config: LlamaConfig, published_params: int | None) -> None:
-        self.name = name
-        self.config = config
-        self.published_params = published_params
 
     def build_layers(self) -> list[nn.Module]:
         c = self.config
@@ -198,41 +192,17 @@ class LlamaWorkload(Workload):
         head = LlamaTiedHead(embedding) if c.tie_embeddings else LlamaHead(c)
         return [embedding, *blocks, LlamaFinalNorm(c), head]
 
-    @property
-    def layer_count(self) -> int:
-        return self.config.n_layer + 3   # embedding, blocks, final norm, head
-
     def ties(self) -> tuple[Tie, ...]:
         if not self.config.tie_embeddings:
             return ()
         return (Tie(key="token_embedding", owner=0, user=self.config.n_layer + 2,
                     weight_attr="tok_embeddings.weight", user_forward=tied_head_forward),)
 
-    def batch(self, seed, step, indices, device):
-        c = self.config
-        return token_batch(seed, step, indices.to(device), c.seq_len, c.vocab_size)
-
     @property
     def matmul_params(self) -> int:
         """N of the PaLM formula: every parameter but the untied input embedding (a lookup); tied, the matrix once."""
         c = self.config
         return c.parameters - (0 if c.tie_embeddings else c.padded_vocab_size * c.n_embd)
-
-    @property
-    def train_flops_per_token(self) -> float:
-        c = self.config
-        return palm_train_flops_per_token(self.matmul_params, c.n_layer, c.n_head, c.head_dim, c.seq_len)
-
-    @property
-    def train_flops_per_sample(self) -> float:
-        return self.train_flops_per_token * self.config.seq_len
-
-    @property
-    def tokens_per_sample(self) -> int:
-        return self.config.seq_len
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), **asdict(self.config), "padded_vocab_size": self.config.padded_vocab_size}
 
 
 LLAMA_CONFIGS = {
