@@ -362,14 +362,16 @@ HYBRID_STRATEGIES = ("ddp", "fsdp2", "tp", "fsdp2-tp", "autotp", "pipeline")
 
 def hybrid_options(strategy: str, world_size: int, machine: Machine, workload: str) -> dict[str, object]:
     """A hybrid cell's layout: tensor parallelism inside a node at the largest degree dividing the world size,
-    the ranks of a node and the heads (2 where that is 1 and the world size is even: the cell is then skipped
-    with the reason), FSDP2 across; pipeline stages one per node the cell spans, at most one per layer, at
-    least 2 where the world size is even (the largest such divisor of the world size), data parallel over the
-    rest."""
+    the ranks of a node and the heads, the key/value heads where they are fewer (2 where that is 1 and the world
+    size is even: the cell is then skipped with the reason), FSDP2 across; pipeline stages one per node the cell
+    spans, at most one per layer, at least 2 where the world size is even (the largest such divisor of the world
+    size), data parallel over the rest."""
     two_if_even = 2 if world_size % 2 == 0 else 1
     model = get_workload(workload)
-    if strategy in ("fsdp2-tp", "autotp") and model.family is Family.GPT:    # elsewhere skipped, with the reason
-        return {"tp": max(two_if_even, math.gcd(world_size, machine.devices_per_node, model.config.n_head))}
+    if strategy in ("fsdp2-tp", "autotp") and model.family is not Family.RESNET:   # ResNet skipped, with the reason
+        # Grouped-query attention keeps whole key/value heads on a rank too: n_kv_head divides n_head.
+        heads = getattr(model.config, "n_kv_head", model.config.n_head)
+        return {"tp": max(two_if_even, math.gcd(world_size, machine.devices_per_node, heads))}
     if strategy == "pipeline":
         most = max(two_if_even, min(world_size // machine.devices_per_node, model.layer_count))
         return {"stages": max(d for d in range(1, most + 1) if world_size % d == 0)}

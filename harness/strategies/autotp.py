@@ -6,9 +6,12 @@ ZeRO 0, 1 or 2 across the replicas (DeepSpeed's launcher).
 Megatron's layout as `tp` lays it out: `c_attn` column-parallel as three sub-parameters (`shape: [3, -1]`, q, k
 and v each split by heads, so a rank's slice is its heads' q|k|v, which the block chunks in three), `c_fc`
 column-parallel, `attn_proj` and `mlp_proj` row-parallel (LinearAllreduce: partial outputs all-reduced, the bias
-whole). DeepSpeed lays its ranks out as a (dp, tp) mesh (deepspeed/utils/groups.py `_init_tp_mesh_device`): a
-replica's tp ranks are neighbours and see the same samples. Its batch check counts the tp ranks as data
-parallel, so `train_batch_size` is left for DeepSpeed to derive (micro-batch x accumulation x its count).
+whole). A Llama block alike (`llama_layer_specs`): `wqkv` as q, k and v sub-parameters of their own sizes
+(grouped-query attention), `w_gate_up` as gate and up, `wo` and `w_down` row-parallel; its untied head stays whole
+on every rank, as GPT's tied one does. DeepSpeed lays its ranks out as a (dp, tp) mesh (deepspeed/utils/groups.py
+`_init_tp_mesh_device`): a replica's tp ranks are neighbours and see the same samples. Its batch check counts the tp
+ranks as data parallel, so `train_batch_size` is left for DeepSpeed to derive (micro-batch x accumulation x its
+count).
 
 Everything goes through `torch.distributed` (counted without a dispatch mode): the tensor-parallel all-reduces
 in the tp group, ZeRO's reductions among the replicas in the dp group.
@@ -29,15 +32,14 @@ from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, Expe
 from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OPTION, base_config, precision_config,
                                                  start_deepspeed, throughput_timer_state)
 from harness.strategies.mesh_layout import MeshLayout
-from harness.strategies.tensor_parallel import (COLUMN_PARALLEL, ROW_PARALLEL, activation_all_reduces,
-                                                split_parameter_count)
+from harness.strategies.tensor_parallel import BLOCK_LAYOUTS, activation_all_reduces, split_parameter_count
 from harness.strategies.zero import DeepSpeedTrainer, ZeRO, unscaled
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
-from workloads import get_workload
+from workloads import Family, get_workload
 
-# The workload's block in AutoTP's configurable API (deepspeed/module_inject/autotp_config.py TPLayerSpec),
-# matched against parameter names of the nn.Sequential of layers ("3.c_attn.weight").
+# The GPT block in AutoTP's configurable API (deepspeed/module_inject/autotp_config.py TPLayerSpec), matched against
+# parameter names of the nn.Sequential of layers ("3.c_attn.weight").
 LAYER_SPECS = [
     {"patterns": [r".*\.c_attn\.weight$", r".*\.c_attn\.bias$"], "partition_type": "column", "shape": [3, -1],
      "partition_dim": 0},
@@ -47,6 +49,30 @@ LAYER_SPECS = [
 
 
 def split_by_name(name: str) -> bool:
+def llama_layer_specs(config) -> list[dict]:
+    """The Llama block in the same API: `wqkv` column-parallel as three sub-parameters of unequal sizes (q's n_head
+    heads, k's and v's n_kv_head; TPLayerSpec's grouped-query shape), each split by heads so that a rank holds its
+    query heads and the key/value heads they read, q|k|v, as the block splits them; `w_gate_up` as two equal ones
+    (a rank's gate slice and the matching up slice); `wo` and `w_down` row-parallel. No biases."""
+    q_rows, kv_rows = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
+    return [
+        {"patterns": [r".*\.wqkv\.weight$"], "partition_type": "column", "shape": [[q_rows, kv_rows, kv_rows], -1],
+         "partition_dim": 0},
+        {"patterns": [r".*\.w_gate_up\.weight$"], "partition_type": "column", "shape": [2, -1], "partition_dim": 0},
+        {"patterns": [r".*\.wo\.weight$", r".*\.w_down\.weight$"], "partition_type": "row"},
+    ]
+
+
+def layer_specs_of(workload) -> list[dict]:
+    """The `layer_specs` of a workload's block: Llama's sizes its sub-parameters from the workload's heads."""
+    return llama_layer_specs(workload.config) if workload.family is Family.LLAMA else LAYER_SPECS
+
+
+# Every family's split layers by submodule name (harness.strategies.tensor_parallel), for `split_by_name`.
+COLUMN_PARALLEL = tuple(name for layout in BLOCK_LAYOUTS.values() for name in layout.column)
+ROW_PARALLEL = tuple(name for layout in BLOCK_LAYOUTS.values() for name in layout.row)
+
+
     """Whether AutoTP slices the parameter `name` over the tp ranks: the column-parallel layers' weights and
     biases, the row-parallel layers' weights (their biases are added whole after the all-reduce)."""
     *_, module, kind = name.split(".")
@@ -176,7 +202,8 @@ class AutoTP(MeshLayout, Strategy):
         config = {**base_config(spec, self.layout(spec).micro_batches), **precision,
                   "zero_optimization": {"stage": options["zero_stage"]},
                   "tensor_parallel": {"autotp_size": tp,
-                                      "partition_config": {"use_default_specs": False, "layer_specs": LAYER_SPECS}}}
+                                      "partition_config": {"use_default_specs": False,
+                                                           "layer_specs": layer_specs_of(workload)}}}
         if tp == 1:     # nothing to split: DeepSpeed builds no tp group (ZeRO across every rank)
             config.pop("tensor_parallel")
         config.pop("train_batch_size")      # DeepSpeed counts the tp ranks as data parallel: it derives it

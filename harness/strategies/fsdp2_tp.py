@@ -1,7 +1,7 @@
 """2-D parallelism: tensor parallelism inside, FSDP2 across, on one `(dp, tp)` device mesh (torchrun). The
 plan and its order are torchtitan's 2-D recipe (`apply_tp`, then `fully_shard` on the dp mesh; torchtitan
-v0.2.2, torchtitan/models/llama3/infra/parallelize.py): every GPT block put in Megatron's layout over the `tp`
-ranks (harness.strategies.tensor_parallel), then each block and the root sharded by FSDP2 over the `dp` ranks.
+v0.2.2, torchtitan/models/llama3/infra/parallelize.py): every GPT or Llama block put in Megatron's layout over the
+`tp` ranks (harness.strategies.tensor_parallel), then each block and the root sharded by FSDP2 over the `dp` ranks.
 
 The mesh is (world size / tp, tp), row-major as `init_device_mesh` lays it out: rank = dp index x tp + tp
 index, so the `tp` ranks of one replica are neighbours (one node's GPUs) and see the same samples. The

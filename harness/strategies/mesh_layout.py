@@ -4,20 +4,39 @@ GPUs), `world_size / tp` replicas across them, laid out row-major as `init_devic
 
 from __future__ import annotations
 
+import math
+
 from harness.derive.memory import ModelSplit
 from harness.spec import DeviceKind, Layout, RunSpec, SpecError
 from workloads import Family, get_workload
 
 
 def blocks_refusal(workload_name: str) -> str | None:
-    """Why tensor parallelism cannot split a workload's blocks (its layouts name the GPT block's layers), or None."""
-    family = get_workload(workload_name).family
-    if family is Family.GPT:
+    """Why tensor parallelism cannot split a workload's blocks (its layouts split GPT and Llama blocks), or None."""
+    if get_workload(workload_name).family in (Family.GPT, Family.LLAMA):
         return None
-    if family is Family.LLAMA:
-        return (f"tensor parallelism has no layout of {workload_name}'s blocks (grouped-query attention's fused "
-                "q|k|v, SwiGLU) yet: it splits GPT blocks only")
     return f"tensor parallelism splits transformer blocks; {workload_name} has none"
+
+
+def heads_refusal(workload_name: str, tp: int) -> str | None:
+    """Why tensor parallelism of `tp` cannot split a transformer workload's heads, or None: each rank holds whole
+    heads, and under grouped-query attention whole key/value heads too, the ones its query heads read; Llama's
+    SwiGLU width splits as well (gate and up alike)."""
+    config = get_workload(workload_name).config
+    kv_heads = getattr(config, "n_kv_head", None)
+    if kv_heads is None:
+        if config.n_head % tp:
+            return f"tensor parallelism of {tp} must divide {workload_name}'s {config.n_head} heads"
+        return None
+    if config.n_head % tp or kv_heads % tp:
+        both = math.gcd(config.n_head, kv_heads)
+        allowed = [degree for degree in range(1, both + 1) if both % degree == 0]
+        return (f"tensor parallelism of {tp} must divide {workload_name}'s {config.n_head} heads and {kv_heads} "
+                f"key/value heads (allowed: {', '.join(map(str, allowed))})")
+    if config.intermediate_size % tp:
+        return (f"tensor parallelism of {tp} must divide {workload_name}'s SwiGLU width of "
+                f"{config.intermediate_size}")
+    return None
 
 
 class MeshLayout:
@@ -37,11 +56,10 @@ class MeshLayout:
                             f"{spec.world_size // tp} x {spec.micro_batch}")
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
-        workload, tp = get_workload(spec.workload), self.tp_degree(spec)
-        if blocks_refusal(spec.workload):
-            return blocks_refusal(spec.workload)
-        if workload.config.n_head % tp:
-            return f"tensor parallelism of {tp} must divide {spec.workload}'s {workload.config.n_head} heads"
+        tp = self.tp_degree(spec)
+        why = blocks_refusal(spec.workload) or heads_refusal(spec.workload, tp)
+        if why:
+            return why
         if spec.device is DeviceKind.CUDA and (spec.world_size // spec.nnodes) % tp:
             return (f"tp={tp} must divide the {spec.world_size // spec.nnodes} GPUs per node: tensor "
                     "parallelism's all-reduces sit inside every layer and stay within a node")

@@ -1,10 +1,11 @@
 """Tensor parallelism with DTensor (`torch.distributed.tensor.parallel`), started by torchrun: every rank
 holds a slice of each block's four linear layers and runs the whole batch, Megatron's layout
-(harness.strategies.tensor_parallel). The transformer workloads only; a ResNet cell is skipped.
+(harness.strategies.tensor_parallel), of GPT's blocks and Llama's (grouped-query attention: the degree divides the
+key/value heads too). The transformer workloads only; a ResNet cell is skipped.
 
 Every rank sees the same samples (one data-parallel replica of world-size ranks), so the global batch, the
-micro-batches and the losses are the plain loop's. Embeddings, layer norms and the tied head stay whole on
-every rank and compute the same values from the same inputs, so their gradients need no reduction.
+micro-batches and the losses are the plain loop's. Embeddings, norms and the head stay whole on every rank and
+compute the same values from the same inputs, so their gradients need no reduction.
 
 Traffic per optimizer step per rank, K micro-batches of b samples of s tokens, hidden size h, L blocks:
 forward all-reduces each block's two row-parallel outputs, and backward the input gradient of each block's two
@@ -17,8 +18,8 @@ Option `sequence_parallel=true` splits the residual stream along the sequence be
 (harness.strategies.tensor_parallel; Korthikanti et al. 2022): each of those all-reduces becomes a
 reduce-scatter and an all-gather, the head's input and the embedding's gradient are gathered, and the norms'
 partial gradients are summed once a step (`sequence_parallel_collectives`). Option `loss_parallel=true`
-splits the tied vocabulary matrix by rows and computes the cross-entropy on the split logits
-(`vocabulary_parallel_collectives`); the vocabulary must divide by the ranks.
+splits the vocabulary matrices by rows (the tied one; Llama's embedding and untied head alike) and computes the
+cross-entropy on the split logits (`vocabulary_parallel_collectives`); the vocabulary must divide by the ranks.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class TensorParallel(Strategy):
                "sequence_parallel": Option(False, "split the residual stream along the sequence between the "
                                                   "linear layers (Korthikanti et al. 2022): reduce-scatters and "
                                                   "all-gathers in place of the all-reduces"),
-               "loss_parallel": Option(False, "split the tied vocabulary matrix by rows, the embedding's lookups "
+               "loss_parallel": Option(False, "split the vocabulary matrices by rows, the embedding's lookups "
                                               "and the head's logits with it, and compute the cross-entropy on "
                                               "the split logits (torch's loss_parallel)")}
 
@@ -95,11 +96,9 @@ class TensorParallel(Strategy):
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
         workload = get_workload(spec.workload)
-        if blocks_refusal(spec.workload):
-            return blocks_refusal(spec.workload)
-        heads = workload.config.n_head
-        if heads % spec.world_size:
-            return f"tensor parallelism of {spec.world_size} must divide {spec.workload}'s {heads} heads"
+        why = blocks_refusal(spec.workload) or heads_refusal(spec.workload, spec.world_size)
+        if why:
+            return why
         tokens = workload.config.seq_len
         if self.resolved(spec).get("sequence_parallel") and tokens % spec.world_size:
             return (f"sequence parallelism of {spec.world_size} must divide {spec.workload}'s sequence of "
