@@ -58,6 +58,8 @@ SHARED = tuple(s for s in STRATEGIES if s not in ("ps-async", "bare"))
 DEEPSPEED_BUT_AUTOTP = ("zero1", "zero2", "zero3", "pipeline")
 GPT_TINY = (_fp32("gpt-tiny", "gpt-tiny", tuple(s for s in SHARED if s not in DEEPSPEED_BUT_AUTOTP)),
             _fp32("gpt-tiny-deepspeed", "gpt-tiny", DEEPSPEED_BUT_AUTOTP))
+# llama-tiny's cells of the ci matrix (harness.matrix.CI_CELLS_OF): the plain loop, FSDP2 and tp at 2 ranks in fp32.
+LLAMA_TINY = _fp32("llama-tiny", "llama-tiny", ("plain", "fsdp2", "tp"))
 # ResNet-20's smoke cells (the plain loop, DDP), and its other strategies.
 RESNET_SMOKE = _fp32("resnet20-cifar-smoke", "resnet20-cifar", ("plain", "ddp"))
 RESNET = (RESNET_SMOKE, _fp32("resnet20-cifar", "resnet20-cifar",
@@ -101,16 +103,23 @@ ZERO_OFFLOAD = (Stream("zero-offload-optimizer", ("--workload", "gpt-tiny", "--w
                 Stream("zero-offload-param", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy", "zero3",
                                               "--option", "offload_optimizer=cpu", "--option", "offload_param=cpu")))
 
+# torch.compile of each block (harness.strategies.compiling) on gpt-tiny in fp32: the plain loop, DDP and FSDP2 at 2
+# ranks, each judged against the compiled plain loop (tests/test_compile.py).
+COMPILED = Stream("compiled", ("--workload", "gpt-tiny", "--world-sizes", "2", "--strategy", "plain,ddp,fsdp2",
+                               "--option", "compile=true"))
+
 # What each fixture reads, and the order streams launch in: the longest first.
-STREAMS_READ_BY = {"gpt_tiny_fp32": GPT_TINY, "resnet_smoke_fp32": (RESNET_SMOKE,), "resnet_fp32": RESNET,
+STREAMS_READ_BY = {"gpt_tiny_fp32": GPT_TINY, "llama_tiny_fp32": (LLAMA_TINY,), "resnet_smoke_fp32": (RESNET_SMOKE,), "resnet_fp32": RESNET,
                    "hybrid_rows": (HYBRID,), "checkpointed_rows": (GPT_TINY[0], CHECKPOINTED, CHECKPOINTED_EVERY_2),
                    "bf16_rows": BF16, "split_tp_rows": (GPT_TINY[0], SEQUENCE_PARALLEL, LOSS_PARALLEL, BF16[0],
                                                          BOTH_IN_BF16),
-                   "offload_rows": (GPT_TINY[0], *ZERO_OFFLOAD)}
+                   "offload_rows": (GPT_TINY[0], *ZERO_OFFLOAD), "compiled_rows": (COMPILED,)}
 # The fixtures only tests marked `matrix` may read (`make test-matrix`).
-MATRIX_FIXTURES = ("resnet_fp32", "hybrid_rows", "checkpointed_rows", "bf16_rows", "split_tp_rows", "offload_rows")
-LONGEST_FIRST = (CHECKPOINTED, GPT_TINY[1], GPT_TINY[0], RESNET[1], HYBRID, *BF16, ZERO_OFFLOAD[0], RESNET_SMOKE,
-                 SEQUENCE_PARALLEL, LOSS_PARALLEL, CHECKPOINTED_EVERY_2, BOTH_IN_BF16, ZERO_OFFLOAD[1])
+MATRIX_FIXTURES = ("resnet_fp32", "hybrid_rows", "checkpointed_rows", "bf16_rows", "split_tp_rows", "offload_rows",
+                   "compiled_rows")
+LONGEST_FIRST = (CHECKPOINTED, GPT_TINY[1], GPT_TINY[0], RESNET[1], HYBRID, *BF16, ZERO_OFFLOAD[0], LLAMA_TINY,
+                 RESNET_SMOKE,
+                 COMPILED, SEQUENCE_PARALLEL, LOSS_PARALLEL, CHECKPOINTED_EVERY_2, BOTH_IN_BF16, ZERO_OFFLOAD[1])
 
 
 @pytest.fixture(scope="session")
@@ -133,6 +142,13 @@ def gpt_tiny_fp32(stream_bank):
     in tests/test_ddp_cpu.py; the model-state census of tests/test_memory.py). DataParallel's row is skipped
     on CPU."""
     return _by_strategy(stream_bank.rows(*GPT_TINY))
+
+
+@pytest.fixture(scope="session")
+def llama_tiny_fp32(stream_bank):
+    """The plain loop, FSDP2 and tp at world size 2 on llama-tiny in fp32, the ci matrix's llama cells: real rows,
+    {strategy: RunResult} (tests/test_llama.py)."""
+    return _by_strategy(stream_bank.rows(LLAMA_TINY))
 
 
 @pytest.fixture(scope="session")
@@ -193,3 +209,10 @@ def offload_rows(stream_bank):
     offload cell's row] (tests/test_offload.py)."""
     plain = next(r for r in stream_bank.rows(GPT_TINY[0]) if r.spec.strategy == "plain")
     return [plain, *stream_bank.rows(*ZERO_OFFLOAD)]
+
+
+@pytest.fixture(scope="session")
+def compiled_rows(stream_bank):
+    """The plain loop, DDP and FSDP2 on gpt-tiny in fp32 with every block compiled (`compile=true`), the plain loop at
+    1 rank and the others at 2: {strategy: RunResult} (tests/test_compile.py)."""
+    return _by_strategy(stream_bank.rows(COMPILED))

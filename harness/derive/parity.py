@@ -297,9 +297,17 @@ class Parity:
 
 
 def reference_key(spec: Mapping[str, Any]) -> tuple:
-    """What must be equal for two cells to train on identical arithmetic (a row's `spec` dict)."""
+    """What must be equal for two cells to train on identical arithmetic (a row's `spec` dict). Compiled or eager
+    too: inductor fuses kernels and reorders their sums, so a compiled cell is held against the compiled plain loop
+    (harness.strategies.compiling), whose arithmetic it shares, and never the eager one."""
     return (spec["workload"], spec["global_batch"], spec["micro_batch"], spec.get("precision", "fp32"),
-            spec.get("seed", 0), spec.get("device", "cpu"), spec["warmup_steps"] + spec["timed_steps"])
+            spec.get("seed", 0), spec.get("device", "cpu"), spec["warmup_steps"] + spec["timed_steps"],
+            is_compiled(spec))
+
+
+def is_compiled(spec: Mapping[str, Any]) -> bool:
+    """Whether a row's `spec` dict compiled its blocks (`--option compile=true`)."""
+    return bool((spec.get("options") or {}).get("compile"))
 
 
 def held_key(row: Mapping[str, Any]) -> tuple:
@@ -451,7 +459,7 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
         return Parity(Verdict.REFERENCE)
     if reference is None:
         return Parity(Verdict.NO_REFERENCE, note="no ok plain row with the same workload, batch, precision, "
-                                                 "seed, device and steps among the rows read")
+                                                 "seed, device, steps and compile setting among the rows read")
     if is_asynchronous(row["measurements"]):
         return _asynchronous(row, reference)
     skipped = _skipped_steps_verdict(row, reference)
@@ -486,6 +494,8 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
     if key == "bf16-comm" and row["measurements"].get(REDUCE_DTYPES) is None:
         notes.append(f"held to the bf16-comm tolerances: the row does not record {REDUCE_DTYPES}")
     notes.append(floor_note)
+    if is_compiled(row["spec"]):
+        notes.append("held against the compiled plain loop (inductor's fused kernels)")
     return Parity(Verdict.MISMATCH if failed else Verdict.MATCH, failed=failed, deviations=found,
                   tolerances={q: tolerance[q] for q in found}, note="; ".join(n for n in notes if n),
                   tensors=tensors)

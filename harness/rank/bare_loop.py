@@ -24,6 +24,7 @@ from harness.rank.memory_model import reset_peak_memory
 from harness.spec import Precision, RunSpec
 from harness.strategies import Strategy
 from harness.strategies.base import RankContext
+from harness.strategies.compiling import CompileReading, compile_figures, compiles
 from workloads import count_parameters, get_workload
 
 
@@ -52,17 +53,22 @@ def run_bare_loop(spec: RunSpec, strategy: Strategy, context: RankContext) -> di
         step(micro_batches(index))
     timed = [micro_batches(index) for index in range(spec.warmup_steps, spec.warmup_steps + spec.timed_steps)]
     _synchronize(context.device)
+    compiled = compiles(strategy.resolved(spec))
+    readings = {"timed_start": vars(CompileReading.now())} if compiled else {}
     peak_rss_since = reset_peak_memory(context.device)
     started = time.perf_counter()
     for batches in timed:
         step(batches)
     _synchronize(context.device)
     loop_time_s = time.perf_counter() - started
+    if compiled:
+        readings["timed_end"] = vars(CompileReading.now())
     memory = rank_memory(context, peak_rss_since)
     figures = {"loss_per_step": torch.stack(losses).float().tolist(), "loop_time_s": loop_time_s,
                "loop_steps": spec.timed_steps, "hosts": [socket.gethostname()],
                **cell_facts(workload, layout, context, trainer, parameters),
                **memory_figures(context, [memory]), **host_load_figures([host_load(context)]),
+               **compile_figures(compiled, [readings]),
                "compute_only_unavailable_because": strategy.compute_only_unavailable(spec),
                "norms_unavailable_because": "the bare loop reads nothing between its steps",
                # The plain loop's, which parity's arithmetic follows (harness.derive.parity `arithmetic`).

@@ -22,7 +22,7 @@ from torch import nn
 from harness.spec import Precision, RunSpec
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.base import (ComputeOnlyPlan, RankContext, Sharding, Strategy, accumulate, make_adamw)
-from harness.strategies.checkpointing import checkpointed_blocks, interval_of
+from harness.strategies.compiling import blocks_as_run
 from harness.strategies.plain import PlainTrainer
 from harness.rank.timing import StepTimer
 from workloads import Workload
@@ -162,8 +162,10 @@ def compute_only_pass(spec: RunSpec, strategy: Strategy, context: RankContext, w
     plan = strategy.compute_only_plan(spec)
     layout = strategy.layout(spec)
     torch.manual_seed(spec.seed)
-    # Checkpointed as the cell's blocks are: recomputation is the rank's own work, not communication.
-    layers = checkpointed_blocks(workload.build_layers(), interval_of(strategy.resolved(spec)))
+    # Checkpointed and compiled as the cell's blocks are: recomputation is the rank's own work, not communication,
+    # and a compiled cell's own work is its compiled kernels' (the untimed first step compiles them). ZeRO's
+    # engine.compile() compiles its whole module; this pass compiles the blocks, where nearly all the work is.
+    layers = blocks_as_run(workload.build_layers(), strategy.resolved(spec))
     model = nn.Sequential(*layers).to(context.device, dtype=plan.weights_dtype)
     # Autocast or not is the plan's: a 16-bit-weights recipe computes in 16 bits without it.
     run_spec = spec.replace(precision=spec.precision if plan.autocast else Precision.FP32)

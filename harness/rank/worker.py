@@ -40,6 +40,7 @@ from harness.spec import Precision, RunSpec, Status
 from harness.strategies import Strategy, Trainer, get_strategy
 from harness.strategies.base import ExpectedTraffic, GradientsReady, RankContext
 from harness.strategies.checkpointing import count_checkpointed, interval_of, setting
+from harness.strategies.compiling import CompileReading, compile_figures, compiles
 from harness.strategies.offload import ACTIVATION_OFFLOAD_NAME, packed_bytes
 from harness.strategies.state_checkpoint import plan_of, shrunk_spec
 from harness.rank.teardown import exit_without_teardown
@@ -161,6 +162,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     disarm = lambda: None       # noqa: E731
     # A loud fault fires in a group's first attempt alone: the attempt its launcher restarted resumes past it.
     armed = restart_count() == 0
+    # torch.compile's account where the cell compiles: at the first timed step's start and after the last.
+    compiled = compiles(strategy.resolved(spec))
+    compile_readings: dict[str, CompileReading] = {}
 
     def steps(begin: int) -> dict[str, Any] | None:
         """Steps `begin`.. to the end; what a launch that stops after its save returns, else None."""
@@ -189,6 +193,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                 # Peaks of the timed steps alone, for every strategy alike: not the set-up (a whole model on
                 # the device before sharding), nor the warm-up steps.
                 peak_rss_since = reset_peak_memory(context.device)
+            if compiled and timed and "timed_start" not in compile_readings:
+                compile_readings["timed_start"] = CompileReading.now()
             # Functional collectives (DTensor's) are counted in the last warm-up step alone: their dispatch mode
             # would slow the timed ones (harness.rank.comm_counter).
             with timer.measure(record=timed), counter.counting(record=timed,
@@ -249,6 +255,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
         return stopped
 
     trainer.loss_multipliers = None        # a fault in the last step must not reach the passes below
+    if compiled:
+        compile_readings["timed_end"] = CompileReading.now()    # before the passes below compile models of their own
     _phase(context.rank, "timed steps done")
     memory = rank_memory(context, peak_rss_since)   # before the compute-only pass adds a model of its own
     compute_only, compute_only_note = _compute_only_times(spec, strategy, context, workload, trainer)
@@ -268,11 +276,13 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
                               "offloaded": offloaded, "strategy_figures": trainer.rank_figures(),
                               "host_load": host_load(context),
-                              "checkpoint": run.rank_figures() if run else None})
+                              "checkpoint": run.rank_figures() if run else None,
+                              "compile": {name: vars(reading) for name, reading in compile_readings.items()}})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(host_load_figures([r["host_load"] for r in by_rank]))
     measurements.update(_loss_scaling_figures(spec, by_rank))
     measurements.update(_activation_figures(spec, strategy, layers, by_rank))
+    measurements.update(compile_figures(compiled, [r["compile"] for r in by_rank]))
     measurements.update(norms.figures(), gradient_reduce_dtypes=list(reduce_dtypes))
     if run:
         measurements.update(run.restored_norms(context.world_size))

@@ -34,6 +34,7 @@ from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OP
 from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import BLOCK_LAYOUTS, activation_all_reduces, split_parameter_count
 from harness.strategies.zero import DeepSpeedTrainer, ZeRO, unscaled
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Family, get_workload
@@ -48,7 +49,6 @@ LAYER_SPECS = [
 ]
 
 
-def split_by_name(name: str) -> bool:
 def llama_layer_specs(config) -> list[dict]:
     """The Llama block in the same API: `wqkv` column-parallel as three sub-parameters of unequal sizes (q's n_head
     heads, k's and v's n_kv_head; TPLayerSpec's grouped-query shape), each split by heads so that a rank holds its
@@ -73,6 +73,7 @@ COLUMN_PARALLEL = tuple(name for layout in BLOCK_LAYOUTS.values() for name in la
 ROW_PARALLEL = tuple(name for layout in BLOCK_LAYOUTS.values() for name in layout.row)
 
 
+def split_by_name(name: str) -> bool:
     """Whether AutoTP slices the parameter `name` over the tp ranks: the column-parallel layers' weights and
     biases, the row-parallel layers' weights (their biases are added whole after the all-reduce)."""
     *_, module, kind = name.split(".")
@@ -129,9 +130,11 @@ class AutoTP(MeshLayout, Strategy):
     options = {
         "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas", minimum=1),
         "zero_stage": Option(1, "ZeRO stage across the replicas (AutoTP trains with 0, 1 or 2)", choices=(0, 1, 2)),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD, COMPILE_NAME: COMPILE,
         "precision_recipe": PRECISION_OPTION,
     }
+    cannot_compile_because = ("DeepSpeed replaces the blocks' layers with its own tensor-parallel ones inside "
+                              "initialize, and compiling them is not wired here")
 
     def start(self, spec):
         return start_deepspeed(spec)

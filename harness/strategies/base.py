@@ -338,6 +338,9 @@ class Strategy(abc.ABC):
     # The precision recipes its trainer can run and record (`Trainer.precision_recipe`): fp32 and torch.autocast
     # (`recipe_of`) unless its library brings its own; `recipe_refusal` names why another is not one of them.
     precision_recipes: ClassVar[tuple[PrecisionRecipe, ...]] = (PrecisionRecipe.FP32, PrecisionRecipe.AUTOCAST)
+    # Why its cells cannot run `compile=true` (harness.strategies.compiling), or "" where its wrap compiles the blocks.
+    # Every strategy takes the option, so that a matrix's `--option compile=true` never runs one eager unsaid.
+    cannot_compile_because: ClassVar[str] = ""
 
     # ---- before launch -------------------------------------------------------------------------
 
@@ -427,10 +430,18 @@ class Strategy(abc.ABC):
         and a size the projection leaves out."""
         return None
 
+    def compile_refusal(self, spec: RunSpec) -> str | None:
+        """Why a compiled cell (`compile=true`, harness.strategies.compiling) of this strategy cannot run, in one line,
+        or None."""
+        if self.cannot_compile_because and spec.options_dict.get("compile"):
+            return f"{self.name} cannot run compile=true: {self.cannot_compile_because}"
+        return None
+
     def skip_reason(self, spec: RunSpec, machine: "Machine | None" = None) -> str | None:
         """Why this cell cannot run on `machine` (checked before launch), or None. None: this host, as seen
         here; a Machine: the nodes a dry run plans for (harness.launch.dry_run), whose devices are as it says."""
-        refusal = self.layout_refusal(spec) or offload_refusal(spec, self.resolved(spec))
+        refusal = (self.layout_refusal(spec) or offload_refusal(spec, self.resolved(spec))
+                   or self.compile_refusal(spec))
         if refusal:
             return refusal
         # Judged here even for a planned machine: its nodes run this interpreter (the same path) or an image
@@ -688,11 +699,13 @@ BLOCK_CLASS_NAMES = ("Block", "LlamaBlock", "BasicBlock", "Bottleneck")
 
 def is_block(layer: nn.Module) -> bool:
     """Layers that are repeated units of the model (residual or transformer blocks), for per-block wrapping; a
-    block inside activation checkpointing's wrapper (harness.strategies.checkpointing) is one too."""
+    block inside activation checkpointing's wrapper (harness.strategies.checkpointing) or compiled
+    (harness.strategies.compiling) is one too."""
     from workloads.gpt import Block
     from workloads.llama import LlamaBlock
     from workloads.resnet import BasicBlock, Bottleneck
 
+    layer = getattr(layer, "_orig_mod", layer)            # torch.compile's OptimizedModule
     layer = getattr(layer, "_checkpoint_wrapped_module", layer)
     return isinstance(layer, (Block, LlamaBlock, BasicBlock, Bottleneck))
 

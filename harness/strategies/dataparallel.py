@@ -17,6 +17,7 @@ from harness.spec import DeviceKind, RunSpec, SpecError
 from harness.strategies.base import ExpectedTraffic, RankContext, Strategy, place_rank
 from harness.strategies.plain import plain_trainer
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 
@@ -28,7 +29,9 @@ class DataParallel(Strategy):
     description = "torch.nn.DataParallel over the visible GPUs (one process)"
     comm_interception = "none: DataParallel copies through torch.cuda.comm, which is not intercepted"
     options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
-               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD, COMPILE_NAME: COMPILE}
+    cannot_compile_because = ("DataParallel copies the module onto every GPU in each forward, and compiling those "
+                              "replicas is not wired here")
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "one process drives every GPU; its scatter/gather is not separable from its compute"

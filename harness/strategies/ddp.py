@@ -28,7 +28,8 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroB
                                      unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
-from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
@@ -81,6 +82,7 @@ class DDP(Strategy):
                                choices=(None, True, False)),
         "broadcast_buffers": Option(True, "broadcast BatchNorm buffers from rank 0 before each forward"),
         OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        COMPILE_NAME: COMPILE,
     }
 
     def start(self, spec):
@@ -108,7 +110,7 @@ class DDP(Strategy):
         options = self.resolved(spec)
         if options["static_graph"] is None:
             options["static_graph"] = self.layout(spec).micro_batches == 1
-        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options))).to(context.device)
+        model = nn.Sequential(*blocks_as_run(layers, options)).to(context.device)
         ddp = DistributedDataParallel(
             model,
             device_ids=[context.device.index] if context.device.type == "cuda" else None,

@@ -32,7 +32,8 @@ from harness.strategies.base import (ADAMW_STATE_BYTES, AUTOCAST_DTYPES, Compute
                                      optimizer_description, recipe_of, torchrun_context, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
-from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
@@ -97,6 +98,7 @@ class FSDP2(Strategy):
         "mixed_precision": Option("autocast", "bf16/fp16 recipe: torch.autocast over fp32 shards, or FSDP2's "
                                   "MixedPrecisionPolicy (16-bit params, fp32 reduce)", choices=("autocast", "policy")),
         OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        COMPILE_NAME: COMPILE,
     }
 
     def start(self, spec):
@@ -166,8 +168,8 @@ class FSDP2(Strategy):
             run_spec = spec.replace(precision=Precision.FP32)   # the policy casts; no autocast on top
         # fp16's scaler, with the policy too (its fp16 gradients are reduced in fp32 and still need unscaling).
         scaler = scaler_for(spec, context.device)
-        # Checkpointing wraps each block before fully_shard does (torchtitan's order).
-        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options))).to(context.device)
+        # Checkpointing, then compile, wraps each block before fully_shard does (torchtitan's order).
+        model = nn.Sequential(*blocks_as_run(layers, options)).to(context.device)
         blocks = [layer for layer in model if is_block(layer)]
         for block in blocks:
             fully_shard(block, **shard_kwargs)

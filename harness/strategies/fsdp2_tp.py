@@ -38,7 +38,8 @@ from harness.strategies.tensor_parallel import (SlicedParameters, activation_all
                                                 split_parameter_count)
 from harness.strategies.tp import TensorParallel
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
-from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import get_workload
 
@@ -71,7 +72,7 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
     name = "fsdp2-tp"
     description = "2-D: DTensor tensor parallelism inside, FSDP2 across, on a (dp, tp) mesh (torchrun)"
     options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
-               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD, COMPILE_NAME: COMPILE,
                "tp": Option(2, "tensor-parallel ranks (neighbours); world_size / tp replicas are sharded by "
                                "FSDP2", minimum=1),
                # As `fsdp2` passes it, to every unit the root included: the two strategies shard alike.
@@ -132,8 +133,8 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         label_group(mesh.get_group(DP), DP)
         model = nn.Sequential(*layers).to(context.device)
         blocks = parallelize_blocks(list(model), mesh[TP])
-        # torchtitan's order: tensor parallelism, then checkpointing, then fully_shard.
-        model = nn.Sequential(*checkpointed_blocks(list(model), interval_of(self.resolved(spec))))
+        # torchtitan's order: tensor parallelism, then checkpointing and compile, then fully_shard.
+        model = nn.Sequential(*blocks_as_run(list(model), self.resolved(spec)))
         reshard = self.resolved(spec)["reshard_after_forward"]
         for layer in model:
             if is_block(layer):

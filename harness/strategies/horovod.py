@@ -35,7 +35,8 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, MicroB
                                      recipe_of, replicated_gradients, replicated_parameters, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
-from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
@@ -113,6 +114,7 @@ class Horovod(Strategy):
                                       minimum=0),
         "cycle_time_ms": Option(1.0, "background cycle time in ms (horovodrun --cycle-time-ms)", minimum=0),
         OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        COMPILE_NAME: COMPILE,
     }
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
@@ -167,7 +169,7 @@ class Horovod(Strategy):
     def wrap(self, spec, context, workload, layers):
         import horovod.torch as hvd
 
-        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(self.resolved(spec)))).to(context.device)
+        model = nn.Sequential(*blocks_as_run(layers, self.resolved(spec))).to(context.device)
         optimizer = make_adamw(model.parameters(), context.device)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)   # not the optimizer: see the docstring
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),

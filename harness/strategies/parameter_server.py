@@ -32,6 +32,7 @@ from harness.spec import Layout, Precision, RunSpec, SpecError
 from harness.strategies.base import (ComputeOnlyPlan, ExpectedCollective, ExpectedTraffic, MicroBatch, Option, Strategy, Trainer,
                                      TrafficBytes, accumulate, make_adamw, optimizer_description, recipe_of, torchrun_context,
                                      Sharding, unwrapped_parameter_names)
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
@@ -204,8 +205,9 @@ class ParameterServer(Strategy):
         "servers": Option(1, "dedicated server ranks, the last of the launch (placement=dedicated)", minimum=1),
         "placement": Option(DEDICATED, "dedicated: servers run no model; colocated: every worker serves a shard",
                             choices=PLACEMENTS),
-        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        OPTION_NAME: ACTIVATION_CHECKPOINTING, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD, COMPILE_NAME: COMPILE,
     }
+    cannot_compile_because = "the parameter server's workers and servers are not wired to compile here"
 
     def _roles(self, spec: RunSpec) -> Roles:
         options = self.resolved(spec)

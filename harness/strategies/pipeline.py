@@ -26,6 +26,7 @@ from harness.strategies.base import (BLOCK_CLASS_NAMES, ExpectedCollective, Expe
                                      PrecisionRecipe, Strategy, Trainer, half_dtype_names, make_adamw,
                                      optimizer_description)
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, interval_of
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OPTION, base_config, precision_config,
@@ -121,7 +122,10 @@ class Pipeline(Strategy):
                                    choices=("parameters", "uniform")),
         "precision_recipe": PRECISION_OPTION,
         OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+        COMPILE_NAME: COMPILE,
     }
+    cannot_compile_because = ("DeepSpeed runs the stages' layers inside train_batch's schedule, and its "
+                              "PipelineModule.compile is not wired here")
 
     def skip_reason(self, spec: RunSpec, machine=None) -> str | None:
         if spec.precision is Precision.FP16 and spec.device is DeviceKind.CPU:

@@ -18,7 +18,8 @@ from harness.strategies.base import (ExpectedTraffic, MicroBatch, RankContext, S
                                      replicated_gradients, replicated_parameters, unwrapped_parameter_names)
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
-from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import Workload
 
@@ -76,7 +77,7 @@ class Plain(Strategy):
     description = "single device, no wrapper: the reference loop"
     comm_interception = "none: one process, no communication"
     options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
-               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD}
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD, COMPILE_NAME: COMPILE}
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "the plain loop has no communication to expose"
@@ -97,5 +98,4 @@ class Plain(Strategy):
                            backend="none", shared_device=False)
 
     def wrap(self, spec, context, workload, layers):
-        checkpointed = checkpointed_blocks(layers, interval_of(self.resolved(spec)))
-        return plain_trainer(spec, context, workload, nn.Sequential(*checkpointed))
+        return plain_trainer(spec, context, workload, nn.Sequential(*blocks_as_run(layers, self.resolved(spec))))

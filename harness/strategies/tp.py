@@ -40,8 +40,9 @@ from harness.strategies.tensor_parallel import (SlicedParameters, activation_all
                                                 sequence_parallel_collectives, split_parameter_count,
                                                 vocabulary_parallel_collectives)
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
-from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
-from harness.strategies.mesh_layout import blocks_refusal
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
+from harness.strategies.mesh_layout import blocks_refusal, heads_refusal
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME
 from workloads import get_workload
 
@@ -81,7 +82,7 @@ class TensorParallel(Strategy):
     comm_interception = ("torch.distributed collectives, and DTensor's functional collectives in the last "
                          "warm-up step (a dispatch mode)")
     options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
-               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+               ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD, COMPILE_NAME: COMPILE,
                "sequence_parallel": Option(False, "split the residual stream along the sequence between the "
                                                   "linear layers (Korthikanti et al. 2022): reduce-scatters and "
                                                   "all-gathers in place of the all-reduces"),
@@ -184,8 +185,8 @@ class TensorParallel(Strategy):
         loss_parallel = bool(self.resolved(spec).get("loss_parallel"))
         blocks = parallelize_blocks(list(model), mesh, sequence_parallel=sequence_parallel,
                                     loss_parallel=loss_parallel)
-        # Checkpointing wraps the blocks tensor parallelism has split (torchtitan's order).
-        model = nn.Sequential(*checkpointed_blocks(list(model), interval_of(self.resolved(spec))))
+        # Checkpointing, then compile, wraps the blocks tensor parallelism has split (torchtitan's order).
+        model = nn.Sequential(*blocks_as_run(list(model), self.resolved(spec)))
         return TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
                          workload=workload, spec=spec, precision_recipe=recipe_of(spec),
                          scaler=scaler_for(spec, context.device, mixed_tensors=True), tp_coordinate=context.rank,

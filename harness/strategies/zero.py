@@ -60,6 +60,7 @@ from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OP
 from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
+from harness.strategies.compiling import OPTION_NAME as COMPILE_NAME, compiles
 from harness.strategies.offload import ACTIVATION_OFFLOAD, ACTIVATION_OFFLOAD_NAME, saved_on_host
 from workloads import Workload
 
@@ -269,6 +270,9 @@ class ZeRO(Strategy):
             # deepspeed.checkpointing.configure, never by the engine.
             OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT,
             ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
+            # DeepSpeed's own `engine.compile()`: the whole module, its ZeRO hooks included, with the accelerator's
+            # backend (inductor on CPU and CUDA), not the per-block compile the torch strategies share.
+            COMPILE_NAME: Option(False, "compile the module with DeepSpeed's engine.compile()", choices=(False, True)),
         }
         if stage < 3:
             options["allgather_bucket_size"] = Option(500_000_000, "elements all-gathered at a time", minimum=1)
@@ -438,6 +442,8 @@ class ZeRO(Strategy):
         else:
             optimizer, described = make_adamw(model.parameters(), context.device), optimizer_description(context.device)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        if compiles(self.resolved(spec)):
+            engine.compile()
         zero = engine._config.zero_config
         resolved = {**config, "zero_optimization": {**config["zero_optimization"],
                                                     "overlap_comm": zero.overlap_comm}}
