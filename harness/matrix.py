@@ -71,6 +71,8 @@ class BatchPlan:
 CPU_PLANS = {
     "resnet20-cifar": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=3, timed_steps=10),
     "gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=3, timed_steps=10),
+    # gpt-tiny's plan: the two transformer families' cells side by side at the same batch and steps.
+    "llama-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=3, timed_steps=10),
 }
 # The batches a bare training loop (bf16 autocast, fused AdamW) ran at on one H100 80GB (ResNet-50 at 256
 # images, ~3,970 img/s and 11.1 GiB peak; GPT-2 small at 16 x 1024 tokens, ~341k tokens/s and 14.5 GiB peak): they
@@ -328,8 +330,13 @@ def zero_memory(machine: Machine, select: Selection) -> list[RunSpec]:
 # needs the optimizer state the first update makes); the collectives are counted over the three timed ones.
 # The same steps as the test suite's shared cells (tests/launch_streams.py), so those rows meet the same
 # expectations. A figure that does not depend on the machine needs no more steps than that.
-CI_PLANS = {kind: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=3)}
+CI_PLANS = {kind: {name: BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=3)
+                   for name in ("gpt-tiny", "llama-tiny")}
             for kind in DeviceKind}
+# The exact gate runs every strategy on gpt-tiny, and on llama-tiny the machinery its family brings of its own, one
+# cell each: FSDP2's per-block units around grouped-query blocks and an untied head, and tp's layout (q split by
+# heads, k and v by key/value heads), beside the plain loop.
+CI_CELLS_OF = {"llama-tiny": ("plain", "fsdp2", "tp")}
 
 
 # Every strategy whose figures do not depend on the machine: ps-async's losses depend on the order its workers'
@@ -338,22 +345,26 @@ EXACT_STRATEGIES = tuple(name for name in ALL_BUT_REFERENCES if name != ASYNCHRO
 
 
 def ci(machine: Machine, select: Selection) -> list[RunSpec]:
-    """The exact gate's cells: the plain loop, and every other strategy at two ranks, on gpt-tiny in fp32.
-    Five steps each; CI holds their counted collectives, model-state census, parameters, parity verdict and
-    first losses to committed expectations (`python -m harness expect`, harness.derive.expectations). Two
-    ranks even where there is one device, as in smoke."""
+    """The exact gate's cells: the plain loop, and every other strategy at two ranks, on gpt-tiny in fp32, and
+    llama-tiny's (`CI_CELLS_OF`). Five steps each; CI holds their counted collectives, model-state census,
+    parameters, parity verdict and first losses to committed expectations (`python -m harness expect`,
+    harness.derive.expectations). Two ranks even where there is one device, as in smoke."""
     if select.workloads is None:
-        select = dataclasses.replace(select, workloads=("gpt-tiny",))
+        select = dataclasses.replace(select, workloads=("gpt-tiny", "llama-tiny"))
     cells = Cells(machine, select, Plan(EXACT_STRATEGIES, (2,), repeats=1, precision=Precision.FP32))
     for workload, plan in _plans(machine, select, CI_PLANS, "exact-gate plan").items():
-        cells.strong(workload, plan)
+        for strategy in CI_CELLS_OF.get(workload, cells.chosen):
+            for world_size in cells.sizes_for(strategy):
+                cells.add(workload, plan, strategy, world_size, plan.global_batch(cells.largest))
     return cells.specs
 
 
 # Short runs: a hybrid cell's questions are its parity, its traffic by group and its memory, which need the
-# warm-up step that counts DTensor's collectives and a few timed steps; gpt-tiny's 4 heads allow TP 2 and 4.
+# warm-up step that counts DTensor's collectives and a few timed steps; gpt-tiny's 4 heads allow TP 2 and 4,
+# llama-tiny's 2 key/value heads TP 2 alone (its tp cell at 4 ranks is skipped, with the reason).
 HYBRID_PLANS = {
-    DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=5)},
+    DeviceKind.CPU: {name: BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=5)
+                     for name in ("gpt-tiny", "llama-tiny")},
     DeviceKind.CUDA: {name: BatchPlan(micro_batch=2, per_device_batch=4, warmup_steps=5, timed_steps=20)
                       for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
 }
@@ -380,9 +391,9 @@ def hybrid_options(strategy: str, world_size: int, machine: Machine, workload: s
 
 def hybrid(machine: Machine, select: Selection) -> list[RunSpec]:
     """Tensor parallelism (`tp`; DeepSpeed's `autotp` with ZeRO-1 across), 2-D FSDP2 x TP (`fsdp2-tp`) and
-    pipeline x data parallel beside DDP and FSDP2 on the transformers, at world sizes 2 and 4 on CPU (gpt-tiny,
-    fp32 and bf16, each against the plain loop in its precision) and 2, 4, ... up to the devices on GPUs (GPT-2
-    small to xl in bf16); TP stays inside a node and pipeline stages span nodes (`hybrid_options`)."""
+    pipeline x data parallel beside DDP and FSDP2 on the transformers, at world sizes 2 and 4 on CPU (gpt-tiny and
+    llama-tiny, fp32 and bf16, each against the plain loop in its precision) and 2, 4, ... up to the devices on
+    GPUs (GPT-2 small to xl in bf16); TP stays inside a node and pipeline stages span nodes (`hybrid_options`)."""
     on_cpu = machine.device is DeviceKind.CPU
     sizes = (2, 4) if on_cpu else _powers_of_two_up_to(machine.devices)[1:] or (2,)
     precisions = (Precision.FP32, Precision.BF16) if on_cpu else (Precision.BF16,)
@@ -546,7 +557,7 @@ def reference(machine: Machine, select: Selection) -> list[RunSpec]:
     only move bytes skipped, with the reason). scripts/gpu-reference.sh runs it on a lent GPU."""
     cells = Cells(machine, select, Plan(REFERENCE_BF16[1:], (1,), repeats=1, precision=Precision.BF16))
     plans = _plans(machine, select, PLANS)
-    transformers = [w for w in plans if get_workload(w).family is Family.GPT]
+    transformers = [w for w in plans if get_workload(w).family is not Family.RESNET]
     for workload, plan in sorted(plans.items(), key=lambda item: item[0] not in transformers):
         for strategy in REFERENCE_BF16:
             cells.add(workload, plan, strategy, 1, plan.micro_batch)

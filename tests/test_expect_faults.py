@@ -1,5 +1,5 @@
 """The exact gate on real rows: the ci matrix's cells as the suite launches them (tests/conftest.py's gpt-tiny
-cells at 2 ranks: the same specs and steps) meet the committed expectations, and a change planted in DDP's
+and llama-tiny cells at 2 ranks: the same specs and steps) meet the committed expectations, and a change planted in DDP's
 cell (harness.rank.faults) to its traffic (one extra all-reduce per step), its memory (an fp32 copy of the
 weights) or its losses (the learning rate x 1.1), or in FSDP2's to its memory outside the census (an fp32 copy
 of its shards kept on the trainer), fails `harness expect` with one line per figure it moved, each naming the
@@ -27,9 +27,9 @@ PLANTS = {TRAFFIC: "ddp", MEMORY: "ddp", LOSSES: "ddp", UNTRACKED: "fsdp2"}     
 
 
 @pytest.fixture(scope="module")
-def honest(gpt_tiny_fp32):
-    """The ci matrix's cells, launched by the suite's shared fixture, as rows."""
-    rows = [row.to_dict() for row in gpt_tiny_fp32.values()]
+def honest(gpt_tiny_fp32, llama_tiny_fp32):
+    """The ci matrix's cells, launched by the suite's shared fixtures, as rows."""
+    rows = [row.to_dict() for row in (*gpt_tiny_fp32.values(), *llama_tiny_fp32.values())]
     committed = load(CI)["versions"]
     if versions(rows) != committed:
         pytest.skip(f"this machine runs other versions than the expectations were recorded under ({committed}): "
@@ -56,14 +56,17 @@ def run_expect(tmp_path, capsys, rows) -> tuple[int, list[str]]:
 
 
 def with_planted(honest, row):
-    """The honest rows with the planted row in place of its strategy's."""
-    return [row if each["spec"]["strategy"] == row["spec"]["strategy"] else each for each in honest]
+    """The honest rows with the planted row in place of its cell's (its strategy's on its workload)."""
+    def cell(r):
+        return r["spec"]["workload"], r["spec"]["strategy"]
+    return [row if cell(each) == cell(row) else each for each in honest]
 
 
 def test_the_suites_ci_cells_meet_the_committed_expectations(honest, tmp_path, capsys):
     code, out = run_expect(tmp_path, capsys, honest)
     assert code == 0, "\n".join(out)
-    assert out == [f"13 cells, {out[0].split()[2]} figures: as expected"]    # the plain loop and 12 strategies
+    # gpt-tiny's plain loop and 12 strategies, llama-tiny's plain loop, FSDP2 and tp
+    assert out == [f"16 cells, {out[0].split()[2]} figures: as expected"]
 
 
 def test_one_extra_all_reduce_per_step_fails_on_ddps_traffic(honest, planted, tmp_path, capsys):
@@ -79,7 +82,7 @@ def test_one_extra_all_reduce_per_step_fails_on_ddps_traffic(honest, planted, tm
                 "(expected -> measured)" for r in (0, 1) for name, more in added.items()]
     assert code == 1
     assert sorted(out[:-1]) == sorted(expected)
-    assert out[-1].startswith("14 difference(s) from the expectations over 13 cells")
+    assert out[-1].startswith("14 difference(s) from the expectations over 16 cells")
 
 
 def test_an_fp32_copy_of_the_weights_fails_on_ddps_census(honest, planted, tmp_path, capsys):
@@ -124,4 +127,4 @@ def test_an_fp32_copy_of_the_weights_kept_on_the_trainer_fails_on_fsdp2s_tensors
     assert row["measurements"]["memory_outside_census_flagged"] is False
     assert code == 1
     assert out[:-1] == expected
-    assert out[-1].startswith("2 difference(s) from the expectations over 13 cells")
+    assert out[-1].startswith("2 difference(s) from the expectations over 16 cells")

@@ -18,7 +18,7 @@ SHAPES = CPU_SHAPES + GPU_SHAPES
 
 # Written out here, not read from harness.matrix: samples per data-parallel replica per step at the
 # matrix's largest data-parallel size (docs/methodology.md, "Batch plans").
-PER_DEVICE = {"gpt-tiny": 8, "resnet20-cifar": 8, "resnet50": 256, "gpt2-small": 16}
+PER_DEVICE = {"gpt-tiny": 8, "llama-tiny": 8, "resnet20-cifar": 8, "resnet50": 256, "gpt2-small": 16}
 MEMORY_PER_DEVICE = {"gpt-tiny": 4, "gpt2-small": 1, "gpt2-medium": 1, "gpt2-large": 1, "gpt2-xl": 1}
 ONE_NODE_ONLY = {"dataparallel"}    # one process driving one node's GPUs
 DATA_PARALLEL = {"ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3"}
@@ -152,15 +152,18 @@ def test_zero_memory_runs_at_the_largest_size_and_smoke_at_two_ranks(machine):
 
 
 @pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
-def test_ci_runs_the_plain_loop_and_every_other_strategy_at_two_ranks_on_gpt_tiny_for_five_steps(machine):
+def test_ci_runs_every_strategy_on_gpt_tiny_and_llama_tinys_own_cells_at_two_ranks_for_five_steps(machine):
     specs = build_matrix("ci", machine)
-    pairs = sorted((s.strategy, s.world_size) for s in specs)
+    pairs = sorted((s.strategy, s.world_size) for s in specs if s.workload == "gpt-tiny")
     # DataParallel's one process drives one node's devices: none at 2 ranks on a one-device node.
     one_node = ["dataparallel"] if machine.devices_per_node >= 2 else []
     others = ["autotp", "ddp", "fsdp2", "fsdp2-tp", "horovod", "pipeline", "ps", "tp", "zero1", "zero2", "zero3"]
     assert pairs == sorted([("plain", 1)] + [(name, 2) for name in one_node + others])
+    # llama-tiny: one cell each of what its family brings (FSDP2 around its blocks and untied head, tp's layout).
+    assert sorted((s.strategy, s.world_size) for s in specs if s.workload == "llama-tiny") == [
+        ("fsdp2", 2), ("plain", 1), ("tp", 2)]
     assert {(s.workload, s.precision.value, s.global_batch, s.micro_batch, s.warmup_steps, s.timed_steps)
-            for s in specs} == {("gpt-tiny", "fp32", 16, 4, 2, 3)}
+            for s in specs} == {("gpt-tiny", "fp32", 16, 4, 2, 3), ("llama-tiny", "fp32", 16, 4, 2, 3)}
 
 
 def test_parameter_server_cells_in_the_generic_matrices_are_colocated_so_their_workers_are_the_world_size():
