@@ -20,6 +20,7 @@ VERSIONS = {"python": "3.11.7", "torch": "2.13.0+cpu", "deepspeed": "0.19.8", "h
             "cudnn": None, "nccl": None}
 DDP = "gpt-tiny/ddp/ws2/gb16/mb4/fp32/cpu"
 PLAIN = "gpt-tiny/plain/ws1/gb16/mb4/fp32/cpu"
+LLAMA_PLAIN = "llama-tiny/plain/ws1/gb16/mb4/fp32/cpu"
 LOSSES = [6.0, 5.9, 5.7, 5.6, 5.5]      # the plain loop's: its largest move over steps 0-3 is 0.2 (5.9 -> 5.7)
 
 
@@ -314,8 +315,12 @@ def test_the_committed_ci_figures_agree_with_the_model_by_hand():
         assert ddp[f"wire bytes per step on rank {rank}"] == 4 * parameters
     # Horovod all-reduces each of the 52 gradients on its own (its fusion happens below the counted calls).
     assert cells["gpt-tiny/horovod/ws2/gb16/mb4/fp32/cpu"]["all_reduce calls per step on rank 0"] == 52
-    assert {cell["parity verdict"] for name, cell in cells.items() if name not in (PLAIN,)
+    assert {cell["parity verdict"] for name, cell in cells.items() if name not in (PLAIN, LLAMA_PLAIN)
             and cell["status"] == "ok"} == {"match"}
+    # llama-tiny (tests/test_llama_cells.py works its count by hand): fp32 weights and gradients on the plain loop.
+    llama = cells[LLAMA_PLAIN]
+    assert llama["parameters"] == 262_720 and llama["parity verdict"] == "reference"
+    assert llama["census bytes of weights on rank 0"] == llama["census bytes of gradients on rank 0"] == 4 * 262_720
     assert cells["gpt-tiny/dataparallel/ws2/gb16/mb4/fp32/cpu"] == {"status": "skipped"}
 
 
