@@ -81,7 +81,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from harness.derive.activations import rank_activation_bytes
+from harness.derive.activations import block_sizes, rank_activation_bytes
 from harness.derive.beyond_ws1 import one_rank_launches
 from harness.derive.harness_overhead import BARE_STRATEGY
 from harness.derive.checkpoint import CheckpointContents, MeasuredCheckpoint, measured_checkpoint
@@ -197,9 +197,10 @@ class Basis:
     # Traffic in groups of the strategy's own (tensor parallelism's "tp", a 2-D mesh's "dp"): its schedule at a
     # target is the strategy's expected traffic for the cell at that size (`grouped_schedule_at`).
     grouped: bool = False
-    # A transformer's shape (seq_len, n_embd, n_head, n_layer: a row's workload_description, or described), for
-    # the activations a rank holds; None where not known (a ResNet's, a description without one).
-    shape: Mapping[str, int] | None = None
+    # A transformer's shape (seq_len, n_embd, n_head, n_layer; a Llama's n_kv_head and intermediate_size, and the
+    # device it ran on, too: `transformer_shape` of a row's workload_description, or described), for the
+    # activations a rank holds; None where not known (a ResNet's, a description without one).
+    shape: Mapping[str, Any] | None = None
     # The whole model's parameters, each once (a row's `parameters`): what a checkpoint saves, where `parameters` is
     # a tensor-parallel rank's slice. None: `parameters`.
     model_parameters: int | None = None
@@ -656,11 +657,16 @@ def activations_at(basis: Basis, world_size: int, global_batch: int, micro_batch
     """(every block whole, every block checkpointed): what the busiest rank's blocks hold for backward at
     `world_size` (harness.derive.activations.rank_activation_bytes), split as the strategy splits a replica there
     (tensor-parallel ranks, pipeline stages: `StrategyFacts.model_split`; data parallelism splits none), or
-    (None, None) without a shape, under a recipe the formula does not describe (bf16 weights), or under sequence
-    parallelism, whose saved tensors it was not checked against."""
+    (None, None) without a shape, under a recipe the formula does not describe (bf16 weights; a Llama block in fp32
+    on CUDA: harness.derive.activations.block_sizes), or under sequence parallelism, whose saved tensors it was not
+    checked against."""
     shape = basis.shape
     compute_bytes = ACTIVATION_COMPUTE_BYTES.get(basis.recipe)
     if shape is None or compute_bytes is None or basis.options.get("sequence_parallel"):
+        return None, None
+    # GPT's hidden and heads; a Llama block's key/value heads, MLP width and RMSNorm kernel (its device's) too.
+    block = block_sizes(shape, device=str(shape.get("device", "cpu")), compute_bytes=compute_bytes)
+    if block is None:
         return None, None
     if basis.layout_schedule is not None:       # a described hybrid: its layout as the plan lays it out
         _, split, _ = basis.layout_schedule(world_size=world_size, global_batch=global_batch, gpus_per_node=None)
@@ -670,9 +676,9 @@ def activations_at(basis: Basis, world_size: int, global_batch: int, micro_batch
                                                      options=basis.options, precision=basis.precision,
                                                      world_size=world_size, global_batch=global_batch,
                                                      micro_batch=basis.micro_batch) if basis.grouped else (1, 1))
-    sizes = dict(seq_len=int(shape["seq_len"]), micro_batch=basis.micro_batch, hidden=int(shape["n_embd"]),
-                 heads=int(shape["n_head"]), layers=int(shape["n_layer"]), compute_bytes=compute_bytes,
-                 tensor_parallel=tensor_parallel, stages=stages, micro_batches=micro_batches)
+    sizes = dict(seq_len=int(shape["seq_len"]), micro_batch=basis.micro_batch, layers=int(shape["n_layer"]),
+                 compute_bytes=compute_bytes, tensor_parallel=tensor_parallel, stages=stages,
+                 micro_batches=micro_batches, **block)
     return rank_activation_bytes(**sizes), rank_activation_bytes(**sizes, checkpointed=True)
 
 
@@ -944,7 +950,7 @@ def _basis(rows: Sequence[Mapping[str, Any]], facts: StrategyFacts, host: Calibr
                  gradient_bytes=gradient_bytes, gathered_bytes=gathered_bytes, exposed_fraction=fraction,
                  overlap_source=source, compute_source=compute_source,
                  run_ids=tuple(str(r.get("run_id", "")) for r in rows), notes=notes, grouped=grouped,
-                 shape=transformer_shape(m.get("workload_description")),
+                 shape=transformer_shape(m.get("workload_description"), s["device"]),
                  model_parameters=int(m.get("parameters") or parameters), measured_checkpoint=median_save(rows))
 
 
@@ -956,11 +962,19 @@ def median_save(rows: Sequence[Mapping[str, Any]]) -> MeasuredCheckpoint | None:
     return saves[len(saves) // 2] if saves else None
 
 
-def transformer_shape(described: Mapping[str, Any] | None) -> dict[str, int] | None:
-    """A row's `workload_description` as the shape `activations_at` reads, where it is a transformer's."""
-    if not described or described.get("family") != "gpt":
+# What `activations_at` reads of a row's `workload_description`, by family: a Llama block's bytes also follow
+# its key/value heads and its MLP's width (harness.derive.activations.llama_block_activations).
+SHAPE_KEYS = {"gpt": ("seq_len", "n_embd", "n_head", "n_layer"),
+              "llama": ("seq_len", "n_embd", "n_head", "n_layer", "n_kv_head", "intermediate_size")}
+
+
+def transformer_shape(described: Mapping[str, Any] | None, device: str = "cpu") -> dict[str, Any] | None:
+    """A row's `workload_description` as the shape `activations_at` reads, where it is a transformer's: its family,
+    its sizes (`SHAPE_KEYS`) and the row's `device`, whose kernels decide what a Llama block's RMSNorm saves."""
+    family = (described or {}).get("family")
+    if family not in SHAPE_KEYS:
         return None
-    return {key: int(described[key]) for key in ("seq_len", "n_embd", "n_head", "n_layer")}
+    return {"family": family, "device": str(device), **{key: int(described[key]) for key in SHAPE_KEYS[family]}}
 
 
 def on_the_wire(schedule: Sequence[Scheduled], facts: StrategyFacts, strategy: str, options: Mapping[str, Any],
