@@ -140,3 +140,76 @@ def test_a_real_block_saves_what_the_formula_says_whole_and_at_tp_2(tmp_path):
     # What checkpointing saved on gpt-tiny's block in fp32: everything but the input, of the formula's
     # s b h (2 x 4 + 2 x 4 + 12 x 4) + 16 s b + 4 a s b = 256 x 64 x 64 + 16 x 256 + 16 x 256 = 1,056,768 B.
     assert measured["tiny-tp1-fp32"] - measured["tiny-recompute-fp32"] == 1_056_768 - 65_536
+
+
+def test_the_block_with_bf16_weights_by_hand():
+    from harness.derive.activations import rank_activation_bytes
+
+    # gpt-tiny's block under bf16 weights (no autocast): s b h = 16,384 values, s b = 256 tokens. Whole, 8 B a value:
+    # the 2 layer norms' bf16 inputs and the 2 column-parallel inputs, 2 B each; split, 12 bf16 values (24 B);
+    # statistics, on the CPU 2 norms x (mean, reciprocal deviation) in bf16 (8 B a token) and the fp32 log-sum-exp
+    # (4 heads x 4 B a token); no weight copies.
+    cpu = block_activations(seq_len=64, micro_batch=4, hidden=64, heads=4, compute_bytes=2, bf16_weights=True)
+    assert (cpu.whole, cpu.split, cpu.statistics, cpu.weight_copies) == (
+        16_384 * 8, 16_384 * 24, 8 * 256 + 4 * 4 * 256, 0)
+    assert cpu.total == 131_072 + 393_216 + 2_048 + 4_096 == 530_432
+    # CUDA's layer norm keeps its statistics in fp32: 16 B a token.
+    cuda = block_activations(seq_len=64, micro_batch=4, hidden=64, heads=4, compute_bytes=2, bf16_weights=True,
+                             fused_norm=True)
+    assert cuda.total == 530_432 + 8 * 256
+    # fused_norm changes nothing without bf16 weights (autocast's layer norms run in fp32 on either device).
+    autocast = dict(seq_len=64, micro_batch=4, hidden=64, heads=4, compute_bytes=2)
+    assert block_activations(**autocast, fused_norm=True) == block_activations(**autocast)
+    # The odd shape (s 32, b 3, h 48, a 6) at TP 2: s b h = 4,608, s b = 96; 3 heads a rank.
+    odd = block_activations(seq_len=32, micro_batch=3, hidden=48, heads=6, tp=2, compute_bytes=2, bf16_weights=True)
+    assert (odd.whole, odd.split, odd.statistics) == (4_608 * 8, 4_608 * 24 / 2, 8 * 96 + 4 * 3 * 96)
+    # Checkpointed, its bf16 input: 2 x 16,384 B; 4 such blocks of a stage.
+    assert recomputed_block_activations(seq_len=64, micro_batch=4, hidden=64, bf16_weights=True) == 32_768
+    tiny = dict(seq_len=64, micro_batch=4, hidden=64, heads=4, layers=4, compute_bytes=2, bf16_weights=True)
+    assert rank_activation_bytes(**tiny) == 4 * 530_432
+    assert rank_activation_bytes(**tiny, fused_norm=True) == 4 * (530_432 + 8 * 256)
+    assert rank_activation_bytes(**tiny, checkpointed=True) == 4 * 32_768
+    with pytest.raises(ValueError, match="bf16_weights"):
+        block_activations(seq_len=64, micro_batch=4, hidden=64, heads=4, compute_bytes=4, bf16_weights=True)
+
+
+def _saved_bytes(block, x, recompute: bool = False) -> int:
+    """The storages a block's forward saves for backward, parameters left out, each once (no autocast)."""
+    import torch
+    import torch.utils.checkpoint
+
+    parameters = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        if recompute:
+            torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        else:
+            block(x)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", ["tiny", "odd"])
+def test_a_real_block_with_bf16_weights_saves_what_the_formula_says(name):
+    import torch
+
+    from workloads import get_workload
+    from workloads.gpt import Block, GPTConfig
+
+    config, batch = {"tiny": (get_workload("gpt-tiny").config, 4),
+                     "odd": (GPTConfig(vocab_size=64, seq_len=32, n_layer=1, n_embd=48, n_head=6), 3)}[name]
+    torch.manual_seed(0)
+    block = Block(config).to(torch.bfloat16)
+    x = torch.randn(batch, config.seq_len, config.n_embd, dtype=torch.bfloat16, requires_grad=True)
+    shape = dict(seq_len=config.seq_len, micro_batch=batch, hidden=config.n_embd)
+    predicted = block_activations(**shape, heads=config.n_head, compute_bytes=2, bf16_weights=True).total
+    assert _saved_bytes(block, x) == predicted
+    assert _saved_bytes(block, x, recompute=True) == recomputed_block_activations(**shape, bf16_weights=True)
+    if name == "tiny":
+        assert (_saved_bytes(block, x), _saved_bytes(block, x, recompute=True)) == (530_432, 32_768)

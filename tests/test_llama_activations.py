@@ -248,3 +248,48 @@ def test_a_projected_llama_cell_holds_its_blocks_tensor_parallel_share_at_every_
     [basis], _ = bases_from_rows([row, plain], REGISTRY_FACTS)
     [point] = project(basis, (8,), RING, REGISTRY_FACTS, (Scaling.WEAK,))[0]
     assert (point.activation_bytes_per_rank, point.activation_bytes_checkpointed_per_rank) == (None, None)
+
+
+def test_the_llama_block_with_bf16_weights_by_hand():
+    from harness.derive.activations import rank_activation_bytes
+
+    # llama-tiny under bf16 weights (no autocast), on the CPU: the composite RMSNorm still keeps an fp32 copy of its
+    # input and the fp32 x / rms(x) (16 B a value for the two norms), the two linear inputs are bf16 (4 B); 1,056
+    # bf16 values a token split; the fp32 statistics (2 norms x 4 B and 4 heads x 4 B a token); the bf16 rotary
+    # tables; no weight copies: autocast's 976,896 B less its 98,304 B of copies.
+    cpu = llama_block_activations(**TINY, compute_bytes=2, bf16_weights=True)
+    assert (cpu.whole, cpu.split, cpu.statistics, cpu.rotary, cpu.weight_copies) == (
+        16_384 * 20, 256 * 1_056 * 2, 256 * 8 + 256 * 4 * 4, 2 * 64 * 16 * 2, 0)
+    assert cpu.total == 327_680 + 540_672 + 6_144 + 4_096 == 878_592 == 976_896 - 98_304
+    # CUDA's fused RMSNorm keeps its bf16 input alone: 2 + 2 B a value for the norms instead of 16.
+    cuda = llama_block_activations(**TINY, compute_bytes=2, bf16_weights=True, fused_norm=True)
+    assert cuda.whole == 16_384 * (2 * 2 + 2 * 2)
+    assert cuda.total == 878_592 - 16_384 * 12
+    # TP 2: the split values and the log-sum-exp halve, the rest stays whole.
+    assert llama_block_activations(**TINY, tp=2, compute_bytes=2, bf16_weights=True).total == (
+        327_680 + 540_672 / 2 + 2_048 + 2_048 + 4_096)
+    # Checkpointed, the bf16 input: 2 x 16,384 B.
+    assert rank_activation_bytes(seq_len=64, micro_batch=4, hidden=64, heads=4, kv_heads=2, intermediate=192,
+                                 layers=4, compute_bytes=2, bf16_weights=True, checkpointed=True) == 4 * 32_768
+
+
+@pytest.mark.parametrize("name, shape, config", [("tiny", TINY, None), ("odd", ODD, ODD_CONFIG)])
+def test_a_real_llama_block_with_bf16_weights_saves_what_the_formula_says(name, shape, config):
+    config = config or get_workload("llama-tiny").config
+    torch.manual_seed(0)
+    block = LlamaBlock(config).to(torch.bfloat16)
+    x = torch.randn(shape["micro_batch"], config.seq_len, config.n_embd, dtype=torch.bfloat16, requires_grad=True)
+    found = {recompute: saved_bytes(block, x, bf16=False, recompute=recompute) for recompute in (False, True)}
+    total = {recompute: sum(size * count for size, count in counts.items()) for recompute, counts in found.items()}
+    predicted = llama_block_activations(**shape, compute_bytes=2, bf16_weights=True).total
+    inputs = recomputed_block_activations(seq_len=shape["seq_len"], micro_batch=shape["micro_batch"],
+                                          hidden=shape["hidden"], bf16_weights=True)
+    assert total == {False: predicted, True: inputs}
+    if name == "tiny":
+        assert total == {False: 878_592, True: 32_768}
+        # Storage by storage (bytes: how many): 65,536 = s b h x 4, the norms' fp32 upcast inputs and fp32 x / rms(x)
+        # (4); 32,768 = s b h x 2, wqkv's, wo's and gate|up's bf16 inputs and the rotated q (4); 1,024, the fp32
+        # reciprocal RMSs (2); 2,048, the bf16 cos and sin (2); 4,096, the log-sum-exp; 16,384, the rotated k; 65,536
+        # again, wqkv's whole bf16 output, which v views; 196,608, gate|up's output; 98,304, silu(gate) and the product.
+        assert found[False] == Counter({65_536: 5, 32_768: 4, 1_024: 2, 2_048: 2, 4_096: 1, 16_384: 1,
+                                        196_608: 1, 98_304: 2})

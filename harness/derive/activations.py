@@ -67,6 +67,76 @@ applies and `scaled_dot_product_attention` falls back to its math kernel, which 
 
 Checkpointed whole (activation checkpointing, full recomputation), a block keeps only its input: 4 s b h
 bytes (`recomputed_block_activations`), the Llama block as GPT's (measured on both).
+
+Recipes that keep bf16 weights (DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy; `bf16_weights`) run the
+blocks on bf16 parameters without autocast: the residual stream is bf16, the norms get bf16 input, and there are no
+weight copies. Measured on the CPU, to the byte, on gpt-tiny's and llama-tiny's blocks and on a second shape each,
+`.to(torch.bfloat16)` and fed bf16 input (tests/test_activations.py, tests/test_llama_activations.py):
+
+- GPT's block: the layer norms save their bf16 input (e_n = 2 where autocast's is 4) and every other term is
+  autocast's at e_c = 2, but for the norms' statistics: `layer_norm_cpu` keeps its mean and reciprocal deviation in
+  its parameters' dtype, bf16 (8 s b where autocast's fp32 ones are 16 s b), where `layer_norm_cuda` keeps them in
+  the input's accumulate type, fp32 (aten/src/ATen/native/cuda/layer_norm_kernel.cu; read from code, not measured:
+  `fused_norm`, CUDA's kernels). So s b h (4 + 4 + 24 / t) + 8 s b + 4 a s b / t on the CPU, 16 s b on CUDA;
+- Llama's block on the CPU: autocast's bf16 terms exactly, less the weight copies. The composite RMSNorm
+  (`rms_norm_composite`, aten/src/ATen/native/layer_norm.cpp) upcasts its input to fp32 and multiplies x / rms(x)
+  by its weight in fp32, so it keeps an fp32 copy of its bf16 input and the fp32 x / rms(x), the 2 x 4 bytes a value
+  autocast's fp32 input costs. On CUDA (`fused_norm`; read from code, not measured) `rms_norm` calls the fused
+  kernel, the weight's dtype being the input's, whose backward keeps its bf16 input, its weight and the per-token
+  statistic (assumed fp32, the accumulate type `layer_norm_cuda` keeps; its kernel was not read): 2 bytes a value
+  for each norm's input, no normalised copy;
+- checkpointed, a block keeps its bf16 input: 2 s b h bytes (measured on both; torch's checkpoint is the same code
+  on CUDA).
+
+Attention's terms are those above at e_c = 2 on both devices: the CUDA flash kernel saves q, k, v, its output and
+the fp32 log-sum-exp as the CPU's does (and two int64 random-number offsets, 16 B a block, which the H200's census
+shows and these terms leave out). Tensor parallelism splits the same terms as under autocast (read from the plan in
+harness/strategies/tensor_parallel.py; not measured with bf16 weights).
+
+The logits and the loss (`loss_bytes`), measured on the CPU on gpt-tiny's and llama-tiny's heads (fp32, bf16 autocast;
+tests/test_loss_memory.py). `Workload.loss` is `cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())`,
+which torch runs as `log_softmax` then `nll_loss`, and `accumulate` (harness/strategies/base.py) holds the logits
+(`outputs`) while backward runs. With T tokens a micro-batch and V logit columns (the padded vocabulary rows):
+
+- held, from the loss's forward through its backward: the fp32 log-probabilities, 4 T V, which `_log_softmax` saves
+  (its derivative reads its result) and `nll_loss` saves again (the same tensor: one storage); and the logits the
+  caller holds, e_c T V (2 under autocast or bf16 weights, 4 in fp32, where `.float()` returns the same tensor and
+  makes nothing). The fp32 copy `.float()` makes under autocast is saved by nobody and freed with the forward. The
+  caller's logits stay held through the blocks' backward too; the log-probabilities go with the loss's backward;
+- transient, the loss backward's peak beyond that: `nll_loss_backward`'s gradient, a zeroed 4 T V, and
+  `_log_softmax_backward_data`'s output, 4 T V, alive at once: 8 T V. The cast of that gradient back to bf16 under
+  autocast (2 T V, `_to_copy`'s backward) comes after both the log-probabilities and nll_loss's gradient are freed,
+  so it raises no peak (logits, fp32 gradient and bf16 gradient, 8 T V, under the 6 + 8 T V before it).
+
+Measured on the CPU at T 192, V 512 (micro-batch 3 of gpt-tiny's and llama-tiny's 64 tokens, their padded
+vocabularies), with saved_tensors_hooks and a live-tensor tracker: the loss saves 393,216 B (4 T V) and nll_loss's
+4-byte total_weight, and the peak of what the head and the loss make, from the head's forward through the loss's
+backward, is held + transient to the byte besides the head's own tensors and two fp32 scalars: 1,572,872 B in fp32
+(16 T V + 8), 1,466,376 B under autocast (14 T V + 8 + the head's bf16 copies of its input and weight, 2 T h + 2 V h).
+Not measured on CUDA, where the loss runs the same ops; an H200 row agrees (gpt2-small, plain loop, bf16 autocast,
+T = 16 x 1024, V 50,257 unpadded then: ../shared/gpu-h200/rows.jsonl at a3663fd): its saved-activation census is,
+to the byte, the blocks' terms, the 4 T V and total_weight, the position indices, the final norm's and the head's
+saved tensors and the flash kernel's offsets (tests/test_loss_memory.py), and its peak allocated bytes are its
+weights, its optimizer states, the census and 2 T V + 8 T V to 0.45% of the peak (84 MB above them: 1.02% of the
+2 T V + 8 T V, not accounted for).
+
+**An MLP of another width, sequence parallelism** (for layouts `harness plan` describes and published runs it lays
+out; not measured here). A GPT-style block whose MLP is f wide instead of 4 h (`ffn`) saves GeLU's input and output at
+f each: its split term is s b (4 h + 2 f) e_c / t, 12 h at f = 4 h. Under Megatron's sequence parallelism
+(Korthikanti et al. 2022, sec. 4.2.2 and Table 2, "tensor + sequence parallel": s b h (34 / t + 5 a s / (h t))) the
+norms and the column-parallel layers' inputs, and the norms' per-token statistics, are split along the sequence
+over the t ranks as well (`sequence_parallel`: whole / t, the norms' statistics / t); the rest as above.
+
+Under tensor parallelism with `loss_parallel` (harness/strategies/tensor_parallel.py: the head column-parallel, its
+logits a DTensor split over the vocabulary) every one of these tensors is T x V / t on each rank, and torch's
+loss_parallel (torch/distributed/tensor/parallel/loss.py) computes the loss on the local columns with all-reduces
+of one value a token: its log-softmax saves its T x V / t result, and its backward, fused into nll_loss's
+(`_nll_loss_and_log_softmax_backward`), keeps a zeroed gradient, exp(log-probabilities) and their sum alive at once,
+then the gradient, the sum and their product: 12 T V / t transient, not 8. Measured at t = 2 on the CPU, as rank 0
+of torch's FakeProcessGroup (collectives that move nothing: a rank's bytes, not its values), with the CPU allocator's
+events: 4 T V / t saved to the byte, and a peak of held + transient + the head's copies and 6,348 B (33 B a token)
+of the per-token index and mask tensors loss_parallel adds, which the terms leave out. Without `loss_parallel` the
+head and its logits are whole on every tensor-parallel rank: t = 1.
 """
 
 from __future__ import annotations
@@ -80,6 +150,10 @@ LAYER_NORM_INPUT_BYTES = 4          # the residual stream is fp32 (autocast keep
 LAYER_NORM_STATISTICS_BYTES = 16    # two layer norms x (mean, reciprocal deviation) x fp32, per token
 LOG_SUM_EXP_BYTES = 4               # fp32, per head and token
 RMS_NORM_STATISTICS_BYTES = 8       # two RMSNorms x a reciprocal root mean square x fp32, per token
+BF16_BYTES = 2                      # under bf16 weights: the residual stream, the norms' inputs, every activation
+LOG_PROBS_BYTES = 4                 # the loss's log-softmax output: fp32 (`.float()` before cross_entropy)
+LOSS_BACKWARD_TRANSIENT = 8         # nll_loss's zeroed gradient + log_softmax backward's output, fp32, per logit
+LOSS_PARALLEL_TRANSIENT = 12        # loss_parallel's fused backward: gradient, exp(log-probs), their sum, per logit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,62 +175,90 @@ class BlockActivations:
         return self.activations + self.weight_copies
 
 
-def block_activations(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
-                      compute_bytes: int = 4) -> BlockActivations:
-    """The bytes above for a block of `hidden` features and `heads` heads on `micro_batch` samples of `seq_len`
-    tokens, split over `tp` ranks, computing in `compute_bytes` per value (4: fp32, 2: bf16 autocast)."""
-    if tp < 1 or heads % tp or hidden % heads:
-        raise ValueError(f"tensor parallelism of {tp} must divide the {heads} heads, which must divide {hidden}")
+def _check_bf16_weights(bf16_weights: bool, compute_bytes: int) -> None:
     if compute_bytes not in (2, 4):
         raise ValueError(f"compute_bytes must be 4 (fp32) or 2 (bf16 autocast), got {compute_bytes}")
+    if bf16_weights and compute_bytes != BF16_BYTES:
+        raise ValueError(f"bf16_weights computes in bf16: compute_bytes must be 2, got {compute_bytes}")
+
+
+def block_activations(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
+                      compute_bytes: int = 4, bf16_weights: bool = False, fused_norm: bool = False,
+                      ffn: int | None = None, sequence_parallel: bool = False) -> BlockActivations:
+    """The bytes above for a block of `hidden` features and `heads` heads on `micro_batch` samples of `seq_len`
+    tokens, split over `tp` ranks, computing in `compute_bytes` per value (4: fp32, 2: bf16 autocast, or bf16 weights
+    where `bf16_weights`: a bf16 residual stream and no weight copies). `fused_norm` where the layer norms are CUDA's
+    kernel, which keeps its statistics in fp32 under bf16 weights too (the CPU's keeps them in bf16); it changes
+    nothing in fp32 or under autocast. `ffn`: the MLP's width (None: 4 h, the workloads'); `sequence_parallel`:
+    Megatron's, splitting the whole terms and the norms' statistics over the `tp` ranks (module docstring)."""
+    if tp < 1 or heads % tp or hidden % heads:
+        raise ValueError(f"tensor parallelism of {tp} must divide the {heads} heads, which must divide {hidden}")
+    _check_bf16_weights(bf16_weights, compute_bytes)
     tokens = seq_len * micro_batch
     values = tokens * hidden
+    norm_input_bytes = BF16_BYTES if bf16_weights else LAYER_NORM_INPUT_BYTES
+    # The CPU's layer norm keeps its statistics in its parameters' dtype: half of the fp32 ones under bf16 weights.
+    norm_statistics = LAYER_NORM_STATISTICS_BYTES // (2 if bf16_weights and not fused_norm else 1)
+    width = 4 * hidden if ffn is None else ffn
+    along_sequence = tp if sequence_parallel else 1
     return BlockActivations(
-        whole=values * (2 * LAYER_NORM_INPUT_BYTES + 2 * compute_bytes),
-        split=values * 12 * compute_bytes / tp,
-        statistics=LAYER_NORM_STATISTICS_BYTES * tokens + LOG_SUM_EXP_BYTES * heads * tokens / tp,
-        weight_copies=2 * 12 * hidden * hidden / tp if compute_bytes == 2 else 0.0)
+        whole=values * (2 * norm_input_bytes + 2 * compute_bytes) / along_sequence,
+        split=tokens * (4 * hidden + 2 * width) * compute_bytes / tp,
+        statistics=norm_statistics * tokens / along_sequence + LOG_SUM_EXP_BYTES * heads * tokens / tp,
+        weight_copies=2 * (4 * hidden + 2 * width) * hidden / tp if compute_bytes == 2 and not bf16_weights else 0.0)
 
 
 def llama_block_activations(*, seq_len: int, micro_batch: int, hidden: int, heads: int, kv_heads: int,
-                            intermediate: int, tp: int = 1, compute_bytes: int = 4,
-                            fused_norm: bool = False) -> BlockActivations:
+                            intermediate: int, tp: int = 1, compute_bytes: int = 4, fused_norm: bool = False,
+                            bf16_weights: bool = False, sequence_parallel: bool = False) -> BlockActivations:
     """The Llama block's bytes (module docstring) for `hidden` features, `heads` query heads and `kv_heads`
     key/value heads, an MLP `intermediate` wide, on `micro_batch` samples of `seq_len` tokens, split over `tp`
     ranks, computing in `compute_bytes` per value; `fused_norm` where RMSNorm is torch's fused kernel (CUDA),
-    which keeps no normalised copy of its input."""
+    which keeps no normalised copy of its input; `bf16_weights` where the block's parameters are bf16 and no
+    autocast runs (no weight copies; the fused kernel's input bf16, the composite's fp32 copies as under
+    autocast); `sequence_parallel` as `block_activations` takes it."""
     if tp < 1 or heads % tp or kv_heads % tp or intermediate % tp:
         raise ValueError(f"tensor parallelism of {tp} must divide the {heads} heads, the {kv_heads} key/value heads "
                          f"and the MLP's width {intermediate}")
     if hidden % heads or heads % kv_heads:
         raise ValueError(f"the {heads} heads must divide {hidden}, and the {kv_heads} key/value heads the heads")
-    if compute_bytes not in (2, 4):
-        raise ValueError(f"compute_bytes must be 4 (fp32) or 2 (bf16 autocast), got {compute_bytes}")
+    _check_bf16_weights(bf16_weights, compute_bytes)
     tokens = seq_len * micro_batch
     head_dim = hidden // heads
     kv_width = kv_heads * head_dim
     # wqkv's output whole (v is a view of it), the rotated q and k, the attention's output; gate|up, silu, product.
     split_width = 3 * hidden + 3 * kv_width + 4 * intermediate
-    norm_input_bytes = LAYER_NORM_INPUT_BYTES * (1 if fused_norm else 2)     # x, and x / rms(x) unfused
+    # The composite upcasts a bf16 input to fp32 (x and x / rms(x), fp32, on either recipe); the fused kernel keeps
+    # its input as it came: the fp32 residual stream under autocast, the bf16 one under bf16 weights.
+    if fused_norm:
+        norm_input_bytes = BF16_BYTES if bf16_weights else LAYER_NORM_INPUT_BYTES
+    else:
+        norm_input_bytes = 2 * LAYER_NORM_INPUT_BYTES
+    copies = 2 * hidden * (2 * hidden + 2 * kv_width + 3 * intermediate) / tp
+    along_sequence = tp if sequence_parallel else 1
     return BlockActivations(
-        whole=tokens * hidden * (2 * norm_input_bytes + 2 * compute_bytes),
+        whole=tokens * hidden * (2 * norm_input_bytes + 2 * compute_bytes) / along_sequence,
         split=tokens * split_width * compute_bytes / tp,
-        statistics=RMS_NORM_STATISTICS_BYTES * tokens + LOG_SUM_EXP_BYTES * heads * tokens / tp,
-        weight_copies=2 * hidden * (2 * hidden + 2 * kv_width + 3 * intermediate) / tp if compute_bytes == 2 else 0.0,
+        statistics=RMS_NORM_STATISTICS_BYTES * tokens / along_sequence + LOG_SUM_EXP_BYTES * heads * tokens / tp,
+        weight_copies=copies if compute_bytes == 2 and not bf16_weights else 0.0,
         rotary=2 * seq_len * head_dim * compute_bytes)
 
 
 def block_bytes(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1, compute_bytes: int = 4,
-                kv_heads: int | None = None, intermediate: int | None = None,
-                fused_norm: bool = False) -> BlockActivations:
-    """A GPT block's bytes (`block_activations`), or a Llama block's (`llama_block_activations`) where its
-    `intermediate` width is given (`kv_heads` then defaulting to `heads`)."""
+                kv_heads: int | None = None, intermediate: int | None = None, fused_norm: bool = False,
+                bf16_weights: bool = False, ffn: int | None = None,
+                sequence_parallel: bool = False) -> BlockActivations:
+    """A GPT block's bytes (`block_activations`, its MLP `ffn` wide), or a Llama block's (`llama_block_activations`)
+    where its `intermediate` width is given (`kv_heads` then defaulting to `heads`); `fused_norm` (CUDA's norm
+    kernels), `bf16_weights` and `sequence_parallel` passed on to either."""
     if intermediate is None:
         return block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
-                                 compute_bytes=compute_bytes)
+                                 compute_bytes=compute_bytes, bf16_weights=bf16_weights, fused_norm=fused_norm,
+                                 ffn=ffn, sequence_parallel=sequence_parallel)
     return llama_block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads,
                                    kv_heads=heads if kv_heads is None else kv_heads, intermediate=intermediate,
-                                   tp=tp, compute_bytes=compute_bytes, fused_norm=fused_norm)
+                                   tp=tp, compute_bytes=compute_bytes, fused_norm=fused_norm,
+                                   bf16_weights=bf16_weights, sequence_parallel=sequence_parallel)
 
 
 def block_sizes(shape: Mapping[str, Any], *, device: str, compute_bytes: int) -> dict[str, Any] | None:
@@ -176,34 +278,89 @@ def block_sizes(shape: Mapping[str, Any], *, device: str, compute_bytes: int) ->
     return {**sizes, "kv_heads": kv_heads, "intermediate": int(shape["intermediate_size"]), "fused_norm": on_cuda}
 
 
-def recomputed_block_activations(*, seq_len: int, micro_batch: int, hidden: int) -> float:
+def recomputed_block_activations(*, seq_len: int, micro_batch: int, hidden: int, bf16_weights: bool = False) -> float:
     """The bytes a block checkpointed whole keeps for backward, per micro-batch (full recomputation: Korthikanti
     et al. 2022, sec. 5 and Table 2, "full recompute", 2 s b h a layer at their 2-byte activations): its input
-    alone, the fp32 residual stream (LAYER_NORM_INPUT_BYTES, under autocast too), whole on every
-    tensor-parallel rank; everything else, the bf16 weight copies (and a Llama block's rotary tables) included, is
-    made again in backward. Measured with torch's non-reentrant checkpoint on GPT's block and Llama's
-    (tests/test_activations.py, tests/test_llama_activations.py)."""
-    return LAYER_NORM_INPUT_BYTES * seq_len * micro_batch * hidden
+    alone, the fp32 residual stream (LAYER_NORM_INPUT_BYTES, under autocast too; the bf16 one under
+    `bf16_weights`), whole on every tensor-parallel rank; everything else, the bf16 weight copies (and a Llama
+    block's rotary tables) included, is made again in backward. Measured with torch's non-reentrant checkpoint on
+    GPT's block and Llama's, fp32, autocast and bf16 weights (tests/test_activations.py,
+    tests/test_llama_activations.py)."""
+    return (BF16_BYTES if bf16_weights else LAYER_NORM_INPUT_BYTES) * seq_len * micro_batch * hidden
 
 
 def rank_activation_bytes(*, seq_len: int, micro_batch: int, hidden: int, heads: int, layers: int, compute_bytes: int,
                           tensor_parallel: int = 1, stages: int = 1, micro_batches: int = 1,
                           checkpointed: bool = False, kv_heads: int | None = None, intermediate: int | None = None,
-                          fused_norm: bool = False) -> float:
+                          fused_norm: bool = False, bf16_weights: bool = False) -> float:
     """What the busiest rank's blocks hold for backward at their peak, for a layout: each block whole
     (`block_bytes` at `tensor_parallel`: GPT's, or Llama's where `intermediate` is given) or, `checkpointed`, its
     input alone (`recomputed_block_activations`), times the blocks of a stage, ceil(layers / stages), times the
     micro-batches a stage holds in flight: under 1F1B at most the pipeline's depth (Narayanan et al. 2021,
     "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", sec. 2.2.1), so
     min(stages, micro_batches) at the first stage, the busiest; one without a pipeline, whose micro-batches run
-    forward and backward one after another."""
+    forward and backward one after another. `bf16_weights` for a recipe that keeps bf16 weights (module docstring)."""
     if checkpointed:
-        per_block = recomputed_block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden)
+        per_block = recomputed_block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden,
+                                                 bf16_weights=bf16_weights)
     else:
         per_block = block_bytes(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads,
                                 tp=tensor_parallel, compute_bytes=compute_bytes, kv_heads=kv_heads,
-                                intermediate=intermediate, fused_norm=fused_norm).total
+                                intermediate=intermediate, fused_norm=fused_norm, bf16_weights=bf16_weights).total
     return -(-layers // stages) * min(stages, micro_batches) * per_block
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossBytes:
+    """Bytes the logits and the loss hold on one rank, per micro-batch (module docstring, "The logits and the
+    loss")."""
+
+    saved: float        # the fp32 log-probabilities autograd keeps for backward (a saved-activation census counts them)
+    logits: float       # the logits the caller holds while backward runs, in the compute dtype (no census counts them)
+    transient: float    # what the loss's backward adds at its peak, beyond `held`
+
+    @property
+    def held(self) -> float:
+        return self.saved + self.logits
+
+    @property
+    def peak(self) -> float:
+        return self.held + self.transient
+
+
+def loss_bytes(*, tokens: int, vocab_rows: int, compute_bytes: int, tp: int = 1,
+               loss_parallel: bool = False) -> LossBytes:
+    """The logits' and the loss's bytes on one rank for `tokens` tokens a micro-batch and `vocab_rows` logit columns
+    (a workload's `padded_vocab_size`), the logits in `compute_bytes` per value (4: fp32; 2: bf16 autocast or bf16
+    weights): held, 4 T V saved + e_c T V logits; transient, 8 T V (nll_loss's gradient and log_softmax backward's
+    output at once). With `loss_parallel` (torch's, over `tp` tensor-parallel ranks) every term is T x V / t and the
+    transient 12 T V / t (its fused backward). Without it the logits are whole on every rank, whatever the tensor
+    parallelism: `tp` must then be 1."""
+    if tokens < 1 or vocab_rows < 1:
+        raise ValueError(f"tokens and vocab_rows must be >= 1, got {tokens} and {vocab_rows}")
+    if compute_bytes not in (2, 4):
+        raise ValueError(f"compute_bytes must be 4 (fp32) or 2 (bf16), got {compute_bytes}")
+    if tp < 1 or vocab_rows % tp:
+        raise ValueError(f"the logits' {vocab_rows} columns must split evenly over tp = {tp} ranks")
+    if tp > 1 and not loss_parallel:
+        raise ValueError(f"only loss_parallel splits the logits: tp must be 1 without it, got {tp}")
+    logits = tokens * vocab_rows / tp
+    return LossBytes(saved=LOG_PROBS_BYTES * logits, logits=compute_bytes * logits,
+                     transient=(LOSS_PARALLEL_TRANSIENT if loss_parallel else LOSS_BACKWARD_TRANSIENT) * logits)
+
+
+def fused_loss_bytes(*, tokens: int, vocab_rows: int, compute_bytes: int) -> LossBytes:
+    """A fused cross-entropy's bytes (flash-attention's, flash_attn/ops/triton/cross_entropy.py at 0251105a: its
+    forward saves the logits, an fp32 log-sum-exp and the labels, its backward writes the logits' gradient into a
+    new tensor like them unless `inplace_backward`), which llm-foundry's MPT trains with by default
+    (`loss_fn='fused_crossentropy'`, llmfoundry/models/mpt/modeling_mpt.py at 8c8dd48): the logits held, e_c T V,
+    and their gradient, e_c T V, at the backward's peak; 4 T of log-sum-exp. Read from the code, not measured: the
+    published runs' loss (harness.project.published_runs), not the workloads'."""
+    if tokens < 1 or vocab_rows < 1:
+        raise ValueError(f"tokens and vocab_rows must be >= 1, got {tokens} and {vocab_rows}")
+    logits = tokens * vocab_rows
+    return LossBytes(saved=LOG_SUM_EXP_BYTES * tokens, logits=compute_bytes * logits,
+                     transient=compute_bytes * logits)
 
 
 def korthikanti_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1) -> float:
@@ -221,8 +378,9 @@ def predicted_activation_bytes(row_spec: Mapping[str, Any], m: Mapping[str, Any]
     Llama's shape, for a Llama block in fp32 on CUDA (`block_sizes`), for
     the pipeline, whose stages hold several micro-batches in flight, for recipes that keep bf16 weights
     (DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy: a bf16 residual stream and no weight copies, which
-    the terms above do not describe), and for sequence parallelism, whose saved tensors these terms have not
-    been checked against (tests/test_activations.py measures tp without it)."""
+    the terms describe with `bf16_weights` but rows are not predicted with here yet), and for sequence
+    parallelism, whose saved tensors these terms have not been checked against (tests/test_activations.py
+    measures tp without it)."""
     shape = m.get("workload_description") or {}
     if shape.get("family") not in ("gpt", "llama") or row_spec["strategy"] == "pipeline":
         return None
