@@ -104,6 +104,20 @@ class ModelSplit:
         return parameters / (self.tensor_parallel * self.pipeline_stages)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankParameters:
+    """What one rank of a described layout holds, for the memory a strategy keeps beyond its model states
+    (`Strategy.working_memory_bytes`, harness.project.rank_memory): parameter counts before any data-parallel
+    sharding, as the rank's tensor-parallel and pipeline share of the model."""
+
+    held: float                 # every parameter the rank holds
+    unit: float                 # one block as the rank holds it: what a sharded unit gathers at once
+    outside_blocks: float       # the embeddings, the final norm and the head as the rank holds them
+    largest_module: float       # the most parameters one module holds (a block, or a vocabulary matrix)
+    data_parallel: int
+    micro_batches: int
+
+
 def zero_plan(stage: int, data_parallel: int, weights: float, gradients: float, optimizer: float,
               basis: str) -> ModelStatePlan:
     """The paper's partitioning (sec. 5.1): stage 1 shards the optimizer state over the N_d data-parallel

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from harness.derive.checkpoint import CheckpointContents
-from harness.derive.memory import ModelSplit, ModelStatePlan
+from harness.derive.memory import ModelSplit, ModelStatePlan, RankParameters
 from harness.spec import SpecError
 
 
@@ -163,6 +163,20 @@ class RegistryFacts:
                 for c in activation_all_reduces(micro_batch=micro_batch, seq_len=seq_len, n_embd=hidden,
                                                 n_layer=layers, micro_batches=micro_batches, tp=tp, half=half,
                                                 group="tp")]
+
+    def working_memory(self, strategy: str, options: Mapping[str, Any], rank: RankParameters,
+                       recipe: str) -> dict[str, float]:
+        """The bytes the strategy keeps beyond model states and activations on a rank holding `rank`, by name
+        (`Strategy.working_memory_bytes`)."""
+        chosen, resolved = self._strategy(strategy, options)
+        return {name: float(value) for name, value in
+                chosen.working_memory_bytes(rank, self._recipe(recipe), resolved).items()}
+
+    def usual_mixed_recipe(self, strategy: str) -> tuple[str, dict[str, Any]]:
+        """(the 16-bit recipe the strategy's users run, the options that select it) (`Strategy.usual_mixed_recipe`)."""
+        chosen, _ = self._strategy(strategy, {})
+        recipe, options = chosen.usual_mixed_recipe()
+        return recipe.value, dict(options)
 
     def _recipe(self, recipe: str):
         from harness.strategies import PrecisionRecipe

@@ -159,6 +159,17 @@ class AutoTP(MeshLayout, Strategy):
         """ZeRO-1/2 among the replicas; stage 0 all-reduces the gradients once a step, as DDP does."""
         return f"zero{options['zero_stage']}" if options["zero_stage"] else "ddp"
 
+    def usual_mixed_recipe(self):
+        """DeepSpeed's bf16 section, as ZeRO's users run it."""
+        return PrecisionRecipe.DEEPSPEED_BF16, {"precision_recipe": PrecisionRecipe.DEEPSPEED_BF16.value}
+
+    def working_memory_bytes(self, rank, recipe, options):
+        """ZeRO's buckets among the replicas (stages 1-2 at DeepSpeed's default bucket sizes), none at stage 0."""
+        if not options["zero_stage"]:
+            return {}
+        zero = ZeRO(stage=options["zero_stage"])
+        return zero.working_memory_bytes(rank, recipe, zero.resolve_options({}))
+
     def described_traffic_bytes(self, parameters, recipe, options):
         """fp32 among the replicas under torch.autocast too (`expected_traffic`: AutoTP's layers are not exact
         nn.Linear modules, so the torch_autocast section reduces none of their gradients in bf16)."""

@@ -29,7 +29,7 @@ from torch import nn
 from harness.derive.checkpoint import CheckpointContents, held_once
 from harness.derive.comm import Collective
 from harness.derive.exposed import SAME_WORK
-from harness.derive.memory import ModelSplit, ModelStatePlan, zero_plan
+from harness.derive.memory import ModelSplit, ModelStatePlan, RankParameters, zero_plan
 from harness.rank.memory_model import ModelStateTensors
 from harness.spec import DeviceKind, Layout, OptionValue, Precision, RunSpec, SpecError
 from harness.strategies.loss_scaling import StepOutcome, scaler_step
@@ -400,6 +400,20 @@ class Strategy(abc.ABC):
         a model known by its parameter count alone; None where its replicas are the whole of its traffic (the
         data-parallel strategies' own `expected_collectives`) or it has none (`tp`)."""
         return None
+
+    def usual_mixed_recipe(self) -> tuple[PrecisionRecipe, dict[str, OptionValue]]:
+        """The 16-bit recipe this strategy's users run, and the options that select it (`harness plan` lays each
+        strategy out so; the GPU matrices run FSDP2 so): torch.autocast over fp32 weights unless its library brings
+        its own (DeepSpeed's bf16 section, FSDP2's MixedPrecisionPolicy)."""
+        return PrecisionRecipe.AUTOCAST, {}
+
+    def working_memory_bytes(self, rank: RankParameters, recipe: PrecisionRecipe,
+                             options: Mapping[str, OptionValue]) -> dict[str, float]:
+        """Bytes this strategy keeps on a rank beyond its model states and the activations at its step's peak, by
+        name, for a rank of a described layout (`harness plan`, `harness memory`): its communication buffers
+        ("buckets"), parameters gathered from their shards ("gathered"), unsharded gradients kept from one
+        micro-batch to the next ("accumulated gradients"). None here: a strategy that keeps any says which."""
+        return {}
 
     def checkpoint_holds(self, options: Mapping[str, OptionValue]) -> tuple[str, ...]:
         """The model-state components (harness.derive.memory.COMPONENTS) its checkpoint writes: weights and optimizer

@@ -3,15 +3,21 @@
 Each repeated block (residual or transformer block) is sharded as its own unit and then the root, as
 PyTorch's FSDP2 examples do, so a block's parameters are gathered just before it runs and freed after.
 Gradient accumulation keeps gradient sync off on all but the last micro-batch (FSDP2's equivalent of
-DDP's `no_sync`). In bf16 the default recipe is torch.autocast around fp32 sharded weights, like every
-other strategy; FSDP2's own MixedPrecisionPolicy (bf16 parameters for compute, fp32 gradient reduction)
-is the `mixed_precision=policy` option.
+DDP's `no_sync`; `gradient_sync=last`, the default): one reduce-scatter a step, but torch then keeps every
+parameter's *unsharded* gradient, in the reduce dtype, from the first micro-batch to the last
+(`FSDPParam.to_accumulated_grad_if_needed`, torch/distributed/fsdp/_fully_shard/_fsdp_param.py): 4 bytes a
+parameter the rank holds, whole. `gradient_sync=every` reduce-scatters after every micro-batch (K a step), as
+Composer's FSDP trainer does under accumulation, and keeps sharded gradients alone. In bf16 the default recipe
+is torch.autocast around fp32 sharded weights, like every other strategy; FSDP2's own MixedPrecisionPolicy
+(bf16 parameters for compute, fp32 gradient reduction) is the `mixed_precision=policy` option, the recipe its
+users run (`usual_mixed_recipe`).
 
 Traffic per optimizer step per rank, with K micro-batches: every forward all-gathers each unit's
 parameters and every backward gathers them again (2K; K when reshard_after_forward is off, which keeps
 them from forward to backward), and the gradients are reduce-scattered once, on the last micro-batch
-(gradient sync is off on the others). The policy gathers its bf16 `param_dtype` (2 bytes per parameter)
-and reduces in its fp32 `reduce_dtype` (4 bytes); autocast and fp32 move fp32 both ways.
+(gradient sync is off on the others), or after every micro-batch with `gradient_sync=every`. The policy
+gathers its bf16 `param_dtype` (2 bytes per parameter) and reduces in its fp32 `reduce_dtype` (4 bytes);
+autocast and fp32 move fp32 both ways.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 from torch import nn
 
 from harness.derive.comm import Collective
-from harness.derive.memory import offloaded_to_host, zero_plan
+from harness.derive.memory import RankParameters, offloaded_to_host, zero_plan
 from harness.rank.memory_model import torch_model_state_tensors
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, AUTOCAST_DTYPES, ComputeOnlyPlan, ExpectedCollective,
@@ -45,10 +51,12 @@ class FSDP2Trainer(Trainer):
     workload: Workload | None = None
     spec: RunSpec | None = None
     scaler: torch.amp.GradScaler | None = None      # fp16's (harness.strategies.loss_scaling)
+    sync_every_micro_batch: bool = False            # `gradient_sync=every`: reduce-scatter each micro-batch
 
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
-                          no_sync=self._no_sync, multipliers=self.loss_multipliers, scaler=self.scaler)
+                          no_sync=None if self.sync_every_micro_batch else self._no_sync,
+                          multipliers=self.loss_multipliers, scaler=self.scaler)
         if self.scaler is not None:
             # Each rank unscales its shards; the scaler all-reduces the inf/NaN verdict over the DTensors' mesh,
             # so that every rank steps or skips together.
@@ -84,6 +92,35 @@ class FSDP2Trainer(Trainer):
             self.model.set_requires_gradient_sync(True)
 
 
+GRADIENT_SYNC_NAME = "gradient_sync"
+GRADIENT_SYNC = Option("last", "under gradient accumulation: reduce-scatter on the last micro-batch only (unsharded "
+                       "fp32 gradients kept meanwhile) or after every micro-batch", choices=("last", "every"))
+
+
+def reduce_scatters_a_step(options, micro_batches: int) -> int:
+    """Reduce-scatters of each unit a step: once, or once a micro-batch under `gradient_sync=every`."""
+    return micro_batches if options.get(GRADIENT_SYNC_NAME, "last") == "every" else 1
+
+
+def fully_shard_working_memory(rank: RankParameters, gathered_bytes: int, options) -> dict[str, float]:
+    """What fully_shard keeps beyond the sharded states at a rank's peak (module docstring; `fsdp2`, `fsdp2-tp`):
+
+    - gathered: the root unit (embeddings, final norm, head), which fully_shard keeps gathered from forward to
+      backward, and two blocks (the one running and the next, prefetched), in the gather dtype; every unit with
+      `reshard_after_forward` off, which keeps them all from forward to backward;
+    - accumulated gradients, under `gradient_sync=last` with more than one micro-batch: every parameter's unsharded
+      gradient in fp32 (the reduce dtype, or the parameters' own fp32 under autocast); otherwise one unit's
+      unsharded gradient awaiting its reduce-scatter, in the parameters' dtype and again in fp32 where they differ."""
+    if options.get("reshard_after_forward", True):
+        gathered = (rank.outside_blocks + 2 * rank.unit) * gathered_bytes
+    else:
+        gathered = rank.held * gathered_bytes
+    if rank.micro_batches > 1 and options.get(GRADIENT_SYNC_NAME, "last") == "last":
+        return {"gathered": gathered, "accumulated gradients": 4.0 * rank.held}
+    unsharded = rank.largest_module * (gathered_bytes + (4 if gathered_bytes != 4 else 0))
+    return {"gathered": gathered, "gradients awaiting reduce-scatter": unsharded}
+
+
 class FSDP2(Strategy):
     name = "fsdp2"
     launcher = "torchrun"
@@ -97,6 +134,7 @@ class FSDP2(Strategy):
                                  "step on the host (GPU only)", choices=("none", "cpu")),
         "mixed_precision": Option("autocast", "bf16/fp16 recipe: torch.autocast over fp32 shards, or FSDP2's "
                                   "MixedPrecisionPolicy (16-bit params, fp32 reduce)", choices=("autocast", "policy")),
+        GRADIENT_SYNC_NAME: GRADIENT_SYNC,
         OPTION_NAME: ACTIVATION_CHECKPOINTING, CHECKPOINT_NAME: CHECKPOINT, ACTIVATION_OFFLOAD_NAME: ACTIVATION_OFFLOAD,
         COMPILE_NAME: COMPILE,
     }
@@ -124,7 +162,17 @@ class FSDP2(Strategy):
             ExpectedCollective(collective=Collective.ALL_GATHER, size_bytes=traffic.parameters_gathered,
                                calls=gathers, ranks=data_parallel),
             ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=traffic.gradients_reduced,
-                               calls=1, ranks=data_parallel)))
+                               calls=reduce_scatters_a_step(options, micro_batches), ranks=data_parallel)))
+
+    def usual_mixed_recipe(self):
+        """FSDP2's MixedPrecisionPolicy (bf16 gathers, fp32 reduce), as torchtitan runs it."""
+        return PrecisionRecipe.FSDP_MP_POLICY, {"mixed_precision": "policy"}
+
+    def working_memory_bytes(self, rank, recipe, options):
+        gathered = 2 if recipe is PrecisionRecipe.FSDP_MP_POLICY else ADAMW_STATE_BYTES[recipe][0]
+        if options.get("offload_policy", "none") != "none":
+            return {"gathered": (rank.outside_blocks + 2 * rank.unit) * gathered}
+        return fully_shard_working_memory(rank, gathered, options)
 
     def compute_only_plan(self, spec: RunSpec) -> ComputeOnlyPlan:
         """The unwrapped model and AdamW over this rank's chunk of each parameter's rows (FSDP2 shards dim 0
@@ -176,5 +224,6 @@ class FSDP2(Strategy):
         fully_shard(model, **shard_kwargs)
         return FSDP2Trainer(context=context, model=model, optimizer=make_adamw(model.parameters(), step_device),
                             workload=workload, spec=run_spec, precision_recipe=recipe, scaler=scaler,
+                            sync_every_micro_batch=options[GRADIENT_SYNC_NAME] == "every",
                             config={**options, "sharded_units": len(blocks) + 1,
                                     **optimizer_description(step_device)})

@@ -13,7 +13,8 @@ calls among the dp ranks, one per unit (each block, and the root holding the emb
 the head), each of the parameters this rank's tp slice holds of that unit (the split layers divided by tp, the
 rest whole), in fp32: every unit all-gathered twice per micro-batch (forward, and again in backward after being
 freed; once with reshard_after_forward off), and every unit's gradient reduce-scattered once, on the last
-micro-batch. `reshard_after_forward` is passed to every unit, the root included, as `fsdp2` passes it, so that
+micro-batch (after every micro-batch with `gradient_sync=every`, as `fsdp2` takes it).
+`reshard_after_forward` is passed to every unit, the root included, as `fsdp2` passes it, so that
 the two shard alike (fully_shard's own default would keep the root gathered from forward to backward, as
 torchtitan leaves it: measured, K x (2 x 4 + 1) all-gathers on gpt-tiny instead of K x (2 x 4 + 2)). At dp 1 FSDP2
 issues none (measured: gpt-tiny at tp 2, world size 2, counted only the 64 tensor-parallel all-reduces).
@@ -32,7 +33,8 @@ from harness.spec import RunSpec
 from harness.strategies.base import (ADAMW_STATE_BYTES, ExpectedCollective, ExpectedTraffic, Option, is_block,
                                      make_adamw, optimizer_description, recipe_of)
 from harness.strategies.loss_scaling import scaler_for
-from harness.strategies.fsdp2 import FSDP2Trainer
+from harness.strategies.fsdp2 import (GRADIENT_SYNC, GRADIENT_SYNC_NAME, FSDP2Trainer, fully_shard_working_memory,
+                                     reduce_scatters_a_step)
 from harness.strategies.mesh_layout import MeshLayout
 from harness.strategies.tensor_parallel import (SlicedParameters, activation_all_reduces, parallelize_blocks,
                                                 split_parameter_count)
@@ -77,7 +79,8 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
                                "FSDP2", minimum=1),
                # As `fsdp2` passes it, to every unit the root included: the two strategies shard alike.
                "reshard_after_forward": Option(True, "free gathered parameters after forward, the root's too "
-                                               "(ZeRO-3 behaviour); False keeps them until backward")}
+                                               "(ZeRO-3 behaviour); False keeps them until backward"),
+               GRADIENT_SYNC_NAME: GRADIENT_SYNC}
 
     def validate(self, spec: RunSpec) -> None:
         MeshLayout.validate(self, spec)
@@ -93,6 +96,11 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
 
     def across_replicas(self, options):
         return "fsdp2"          # fully_shard over the dp ranks, of each rank's tensor-parallel slice
+
+    def working_memory_bytes(self, rank, recipe, options):
+        """FSDP2's (harness.strategies.fsdp2.fully_shard_working_memory) over this rank's tensor-parallel slice, in
+        the parameters' own fp32 (this strategy runs torch.autocast, not the MixedPrecisionPolicy)."""
+        return fully_shard_working_memory(rank, ADAMW_STATE_BYTES[recipe][0], options)
 
     def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
         tp, layout, config = self.tp_degree(spec), self.layout(spec), get_workload(spec.workload).config
@@ -112,7 +120,8 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
                                       calls=gathered * layout.micro_batches * count, ranks=layout.data_parallel,
                                       group=DP, stride=tp)
                    for size, count in sorted(units.items()) if count]
-        reduces = [ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=size, calls=count,
+        reduced = reduce_scatters_a_step(self.resolved(spec), layout.micro_batches)
+        reduces = [ExpectedCollective(collective=Collective.REDUCE_SCATTER, size_bytes=size, calls=reduced * count,
                                       ranks=layout.data_parallel, group=DP, stride=tp)
                    for size, count in sorted(units.items()) if count]
         return ExpectedTraffic(collectives=(*collectives, *gathers, *reduces))
@@ -142,6 +151,7 @@ class FSDP2TensorParallel(MeshLayout, TensorParallel):
         fully_shard(model, mesh=mesh[DP], reshard_after_forward=reshard)
         return FSDP2TPTrainer(context=context, model=model, optimizer=make_adamw(model.parameters(), context.device),
                               workload=workload, spec=spec, precision_recipe=recipe_of(spec),
+                              sync_every_micro_batch=self.resolved(spec)[GRADIENT_SYNC_NAME] == "every",
                               # FSDP2's scaler shares its overflow verdict over the dp ranks, not the tp ranks: an
                               # inf in one tp rank's shard alone left that rank skipping and the other stepping
                               # (measured), so the verdict is summed over every rank.

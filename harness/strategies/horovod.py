@@ -124,6 +124,12 @@ class Horovod(Strategy):
                                                                size_bytes=traffic.gradients_reduced, calls=1,
                                                                ranks=data_parallel),))
 
+    def working_memory_bytes(self, rank, recipe, options):
+        """The tensor fusion buffer (Horovod's docs, "Tensor Fusion": HOROVOD_FUSION_THRESHOLD, here
+        --fusion-threshold-mb), allocated once on the device beside the gradients; none with fusion off."""
+        threshold = float(options["fusion_threshold_mb"]) * 2 ** 20
+        return {"buckets": threshold} if threshold > 0 else {}
+
     def wire_calls(self, *, collective, counted_calls, bytes_per_step, backward_s, options):
         """Tensor fusion (Horovod's docs, "Tensor Fusion"; horovodrun --cycle-time-ms, --fusion-threshold-mb):
         every cycle the background thread packs the tensors submitted since the last one into fusion buffers

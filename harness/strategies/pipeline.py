@@ -190,6 +190,10 @@ class Pipeline(Strategy):
                               basis=f"{recipe.value}: DeepSpeed BF16_Optimizer, bf16 weights and gradients, fp32 "
                                     f"master partition + AdamW moments over the data-parallel replicas")
 
+    def usual_mixed_recipe(self):
+        """DeepSpeed's bf16 section (its BF16_Optimizer), the recipe its users run."""
+        return PrecisionRecipe.DEEPSPEED_BF16, {"precision_recipe": PrecisionRecipe.DEEPSPEED_BF16.value}
+
     def model_split(self, replicas, tensor_parallel, options) -> ModelSplit:
         """`replicas` pipelines of the `stages` option's stages, each stage holding its cut of the layers."""
         return ModelSplit(data_parallel=replicas, pipeline_stages=options["stages"])

@@ -247,6 +247,10 @@ def deepspeed_model_state_tensors(engine: Any) -> ModelStateTensors:
         note="DeepSpeed's reduction buckets (ipg buffers) are communication buffers, not model states, and are "
              "not counted")
 
+# DeepSpeed's default stage3_max_live_parameters (runtime/zero/config.py): parameters gathered at once, at most.
+STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
+
+
 class ZeRO(Strategy):
     launcher = "deepspeed"
     checkpoint_method = "deepspeed"
@@ -313,6 +317,31 @@ class ZeRO(Strategy):
             gradients, gathered = 2, 2 if self.stage == 3 else 4
         return TrafficBytes(parameters=parameters, gradients_reduced=gradients * parameters,
                             parameters_gathered=gathered * parameters)
+
+    def usual_mixed_recipe(self):
+        """DeepSpeed's bf16 section (bf16 weights, fp32 master copies), the recipe its users run."""
+        return PrecisionRecipe.DEEPSPEED_BF16, {"precision_recipe": PrecisionRecipe.DEEPSPEED_BF16.value}
+
+    def working_memory_bytes(self, rank, recipe, options):
+        """DeepSpeed's buffers beyond the model states (its 0.19.8 source; harness.derive.memory's census leaves
+        them out): the reduction buckets, `reduce_bucket_size` elements for each dtype gradients are reduced in
+        (`ipg_buckets`: one a dtype, bf16 and fp32 both under the torch_autocast section), allocated whole with
+        contiguous_gradients on whatever the model's size, twice under overlap_comm in stages 1-2
+        (stage_1_and_2.py `setup_buckets`; stage3.py allocates one a dtype); and in stage 3 the parameters
+        gathered from their shards: the largest module the rank gathers and the prefetch bucket ahead of it, at
+        most stage3_max_live_parameters (1e9, DeepSpeed's default, not an option here), in the gather dtype."""
+        terms: dict[str, float] = {}
+        if options.get("contiguous_gradients", True) and options.get("offload_optimizer", "none") == "none":
+            reduced_in = {PrecisionRecipe.FP32: 4, PrecisionRecipe.AUTOCAST: 2 + 4}.get(recipe, 2)
+            overlap = options.get("overlap_comm")
+            overlap = self.stage == 3 if overlap is None else overlap
+            copies = 2 if overlap and self.stage < 3 else 1
+            terms["buckets"] = float(options["reduce_bucket_size"]) * reduced_in * copies
+        if self.stage == 3:
+            gathered_in = 4 if recipe is PrecisionRecipe.FP32 else 2
+            live = min(STAGE3_MAX_LIVE_PARAMETERS, rank.largest_module + options["prefetch_bucket_size"])
+            terms["gathered"] = live * gathered_in
+        return terms
 
     def gradient_reduce_dtypes(self, spec, model):
         """As `traffic_bytes`: fp32; all bf16 in the bf16 section; under torch_autocast bf16 for the
