@@ -14,6 +14,10 @@ batch. The per-device batch is what one data-parallel replica takes per step at 
 data-parallel size the matrix contains; the matrix's global batch is the per-device batch times that
 size, so every smaller world size (a divisor of it) splits the same global batch with the same
 micro-batch.
+
+A 16-bit cell of a strategy whose users run another recipe than the strategy's default (`USERS_RECIPES`: FSDP2's
+MixedPrecisionPolicy) runs that recipe on GPUs in every matrix (`Cells.add`), the strategy's default beside it as a
+variant in `full`; the user's --option wins over both.
 """
 
 from __future__ import annotations
@@ -90,6 +94,19 @@ GPU_PLANS = {
 REFERENCES = (REFERENCE_STRATEGY, BARE_STRATEGY)
 ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES if name not in REFERENCES)
 ASYNCHRONOUS_PS = "ps-async"
+
+# The strategies whose users' 16-bit recipe (`Strategy.usual_mixed_recipe`) the GPU matrices run in each 16-bit cell
+# (`Cells.users_recipe`): FSDP2's users gather bf16 parameters for compute and reduce gradients in fp32 with its
+# MixedPrecisionPolicy, as torchtitan does, where FSDP2's default here is autocast over fp32 shards, as every other
+# strategy's. CPU matrices keep the default, which the CPU parity noise and the committed expectations were measured
+# on, and `full` runs the policy beside it. (DeepSpeed's users' bf16 section is `harness plan`'s recipe for ZeRO; the
+# matrices keep its torch_autocast section, every ZeRO row's so far, whose parity tolerances are measured.)
+USERS_RECIPES = ("fsdp2",)
+# Families the users' recipes do not run on: a BatchNorm's fp32 running statistics meet its 16-bit weight ("expected
+# scalar type BFloat16 but found Float" on CPU, measured on ResNet-20; "Expected running_mean to have type BFloat16"
+# on GPUs, pytorch/torchtitan#674). FSDP2 runs it only with each BatchNorm in a fully_shard unit of its own under an
+# fp32 policy, which the strategy does not do: ResNet's cells keep autocast.
+BATCH_NORM_FAMILIES = (Family.RESNET,)
 
 
 def _plans(machine: Machine, select: Selection, plans: dict[DeviceKind, dict[str, BatchPlan]],
@@ -192,10 +209,12 @@ class Cells:
         return int(self.select.options_for(strategy).get("servers", 1))
 
     def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int,
-            options: dict[str, object] | None = None, precision: Precision | None = None, nnodes: int = 1) -> None:
+            options: dict[str, object] | None = None, precision: Precision | None = None, nnodes: int = 1,
+            own_recipe: bool = False) -> None:
         """One cell; `options` are the matrix's choice for it (the user's --option wins), `precision` replaces the
-        plan's, and `nnodes` asks for a cell that spans nodes whatever its placement would choose (one that loses a
-        node on purpose)."""
+        plan's, `nnodes` asks for a cell that spans nodes whatever its placement would choose (one that loses a
+        node on purpose), and `own_recipe` keeps the strategy's own 16-bit recipe where its users run another
+        (`users_recipe`): the variant beside theirs."""
         if strategy not in self.chosen:
             return
         if options is None:     # two-way model parallelism where there are two ranks; a parameter server whose
@@ -203,7 +222,8 @@ class Cells:
             options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)},
                        "autotp": {"tp": min(2, world_size)}, "ps": {"placement": "colocated"}}.get(strategy, {})
         repeats = self.repeats
-        if strategy in REFERENCES and self.select.repeats is None:
+        if strategy in REFERENCES and self.select.repeats is None and precision in (None, self.plan.precision):
+            # The bare loop runs in the plan's precision alone: a plain loop in another is parity's reference only.
             repeats = max(repeats, self.plan.reference_repeats)
         if strategy == REFERENCE_STRATEGY and self.machine.device.value not in DETERMINISTIC_DEVICES:
             # Parity's tolerances there follow the plain loop's own launch-to-launch noise (harness.derive.parity).
@@ -213,8 +233,30 @@ class Cells:
                       warmup_steps=plan.warmup_steps, timed_steps=plan.timed_steps,
                       repeats=repeats, device=self.machine.device, nnodes=nnodes)
         fields.update(self.select.overrides)
-        spec = checked(RunSpec(**fields, options={**options, **self.select.options_for(strategy)}))
+        given = {**options, **self.select.options_for(strategy)}
+        spec = RunSpec(**fields, options=given)
+        if not own_recipe:      # beneath the matrix's own options and the user's, which win
+            spec = spec.replace(options={**self.users_recipe(workload, strategy, spec.precision), **given})
+        spec = checked(spec)
         self._by_cell.setdefault(spec.cell_id, spec)
+
+    def users_recipe(self, workload: str, strategy: str, precision: Precision) -> dict[str, object]:
+        """The options of the 16-bit recipe `strategy`'s users run (`USERS_RECIPES`) where the matrix's cells take
+        it: on GPUs, in bf16 or fp16, on a family it runs on (`BATCH_NORM_FAMILIES`); {} elsewhere."""
+        if self.machine.device is not DeviceKind.CUDA or not precision.is_mixed:
+            return {}
+        if get_workload(workload).family in BATCH_NORM_FAMILIES:
+            return {}
+        return dict(get_strategy(strategy).usual_mixed_recipe()[1]) if strategy in USERS_RECIPES else {}
+
+    def users_recipe_variants(self, workload: str, plan: BatchPlan, global_batch: int) -> None:
+        """Each strategy of `USERS_RECIPES` with its own recipe, at its smallest world size, beside the cells that
+        run its users': the recipe every earlier row of the cell ran, and what the users' costs or saves. Where
+        the users' recipe does not apply (on CPU, on ResNet) it is the cell already there, added once."""
+        for strategy in USERS_RECIPES:
+            sizes = self.sizes_for(strategy)
+            if sizes:
+                self.add(workload, plan, strategy, min(sizes), global_batch, own_recipe=True)
 
     def strong(self, workload: str, plan: BatchPlan) -> None:
         """Every chosen strategy at each of its world sizes on the matrix's one global batch, and the plain
@@ -271,14 +313,44 @@ def full(machine: Machine, select: Selection) -> list[RunSpec]:
     """Every strategy on both workload families at world sizes 1, 2, 4, ... up to the devices x nodes
     (DataParallel up to one node's devices; fp32 on CPU, bf16 and GATE_REPEATS launches on GPU), with the plain loop and the bare
     loop beside it (the harness's own cost) at world size 1, 5 launches each unless --repeats says otherwise (the
-    5 a bootstrap interval of their medians needs: one launch a side is a draw of the machine's noise)."""
+    5 a bootstrap interval of their medians needs: one launch a side is a draw of the machine's noise).
+    On GPUs FSDP2 runs its users' MixedPrecisionPolicy on GPT-2 (USERS_RECIPES), with autocast beside it at the
+    smallest world size; ResNet keeps autocast (BATCH_NORM_FAMILIES). On CPU, beside the fp32 cells, FSDP2 with
+    the policy in bf16 at world sizes 1 and 2 on the transformers and the plain loop in bf16, their parity
+    reference, one launch (`policy_on_cpu`)."""
     repeats = GATE_REPEATS if machine.device is DeviceKind.CUDA else 1
     sizes = _powers_of_two_up_to(machine.devices)
     cells = Cells(machine, select, Plan((BARE_STRATEGY, *ALL_BUT_REFERENCES), sizes, repeats=repeats,
                                         precision=_precision(machine), reference_repeats=HARNESS_OVERHEAD_LAUNCHES))
     for workload, plan in _plans(machine, select, PLANS).items():
         cells.strong(workload, plan)
+        cells.users_recipe_variants(workload, plan, plan.global_batch(cells.largest))
+        if machine.device is DeviceKind.CPU:
+            policy_on_cpu(cells, workload, plan)
     return cells.specs
+
+
+# FSDP2's policy on CPU at one rank (the bf16 weights' arithmetic alone) and two (its bf16 gathers and fp32
+# reduce-scatters besides); larger sizes add no other arithmetic.
+POLICY_SIZES_ON_CPU = (1, 2)
+
+
+def policy_on_cpu(cells: Cells, workload: str, plan: BatchPlan) -> None:
+    """FSDP2 with its users' MixedPrecisionPolicy in bf16 at POLICY_SIZES_ON_CPU, at the matrix's global batch, and
+    the plain loop in bf16 beside it: the same reference key, the policy's rows held to parity's bf16-weights
+    tolerances. Only where the user chose FSDP2 (the bf16 plain loop has nothing else to judge), the family runs the
+    policy (not ResNet-20: BATCH_NORM_FAMILIES) and the user set no --precision, which puts every cell in one
+    precision (the policy is then theirs to ask for, with --option mixed_precision=policy)."""
+    if ("fsdp2" not in cells.chosen or get_workload(workload).family in BATCH_NORM_FAMILIES
+            or "precision" in dict(cells.select.overrides)):
+        return
+    global_batch = plan.global_batch(cells.largest)
+    sizes = [size for size in cells.sizes_for("fsdp2") if size in POLICY_SIZES_ON_CPU]
+    if sizes:
+        cells.add(workload, plan, REFERENCE_STRATEGY, 1, global_batch, precision=Precision.BF16)
+    for world_size in sizes:
+        cells.add(workload, plan, "fsdp2", world_size, global_batch, options=dict(get_strategy("fsdp2").usual_mixed_recipe()[1]),
+                  precision=Precision.BF16)
 
 
 DATA_PARALLEL = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3")
@@ -551,10 +623,12 @@ REFERENCE_OFFLOAD = (("zero1", {"offload_optimizer": "cpu"}), ("zero2", {"offloa
 
 def reference(machine: Machine, select: Selection) -> list[RunSpec]:
     """The GPU reference set at world size 1, one launch a cell (the plain loop twice on a GPU, parity's noise floor):
-    plain, bare, DDP, FSDP2, ZeRO-1/2/3 and Horovod on GPT-2 small and ResNet-50 in bf16; plain, DDP, ZeRO-2/3 in fp16
-    on GPT-2 small; ZeRO-1/2/3 with offload_optimizer, ZeRO-3 with offload_param too and FSDP2 with offload_policy on
-    GPT-2 small in bf16. full's batch plans; on CPU the same cells on gpt-tiny and ResNet-20 (the offload cells that
-    only move bytes skipped, with the reason). scripts/gpu-reference.sh runs it on a lent GPU."""
+    plain, bare, DDP, FSDP2, ZeRO-1/2/3 and Horovod on GPT-2 small and ResNet-50 in bf16 (FSDP2 on GPT-2 small with its
+    users' MixedPrecisionPolicy, USERS_RECIPES; its autocast is full's variant); plain, DDP, ZeRO-2/3 in fp16 on GPT-2
+    small; ZeRO-1/2/3 with offload_optimizer, ZeRO-3 with offload_param too and FSDP2 with offload_policy (and the
+    policy) on GPT-2 small in bf16. full's batch plans; on CPU the same cells on the tiny workloads, FSDP2 with autocast
+    (the offload cells that only move bytes skipped, with the reason). scripts/gpu-reference.sh runs it on a lent
+    GPU."""
     cells = Cells(machine, select, Plan(REFERENCE_BF16[1:], (1,), repeats=1, precision=Precision.BF16))
     plans = _plans(machine, select, PLANS)
     transformers = [w for w in plans if get_workload(w).family is not Family.RESNET]

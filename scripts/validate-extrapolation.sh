@@ -22,7 +22,7 @@ git rev-parse HEAD > "$out/commit"
 for rate in "$@"; do
     "$python" -m harness comm --world-size 2 --emulate-link "$rate" --emulate-nodes "$nodes" \
         --collectives all_reduce,all_gather,reduce_scatter --max-bytes 2M --warmup 2 --iters 10 --out "$out/comm.jsonl"
-    "$python" -m harness run --matrix full --workload gpt-tiny --strategy plain,ddp,horovod,zero1,zero2,zero3,fsdp2 \
+    "$python" -m harness run --matrix full --precision fp32 --workload gpt-tiny --strategy plain,ddp,horovod,zero1,zero2,zero3,fsdp2 \
         --world-sizes 1,2,"$nodes" --repeats "$repeats" --emulate-link "$rate" --emulate-nodes "$nodes" \
         --out "$out/cells.jsonl" --allow-failed-cells   # a failed cell is a row the validation reports
 done

@@ -13,7 +13,7 @@ mkdir -p "$out"
 for rate in "$@"; do
     "$python" -m harness comm --world-size 2 --emulate-link "$rate" --collectives all_reduce,all_gather,reduce_scatter \
         --max-bytes 2M --warmup 2 --iters 10 --out "$out/comm.jsonl"
-    "$python" -m harness run --matrix full --workload gpt-tiny --strategy plain,ddp,horovod,zero1,zero2,zero3,fsdp2 \
+    "$python" -m harness run --matrix full --precision fp32 --workload gpt-tiny --strategy plain,ddp,horovod,zero1,zero2,zero3,fsdp2 \
         --world-sizes 1,2,4 --repeats "$repeats" --emulate-link "$rate" --out "$out/cells.jsonl" \
         --allow-failed-cells   # a failed cell is a row the validation reports
 done

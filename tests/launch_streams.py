@@ -46,7 +46,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # this machine has, wherever the suite runs: the cells' threads per rank follow it. One launch a cell: the tests judge
 # figures that do not depend on the machine (the full matrix's own 5 launches of the plain and bare loops are for the
 # harness's cost, which tests/test_bare_loop.py judges on its own rows).
-COMMON = ("run", "--matrix", "full", "--device", "cpu", "--cpus-per-node", "2",
+# fp32 unless a stream says otherwise (a later --precision wins): the full matrix's bf16 policy cells and their bf16
+# plain loop (harness.matrix.full) are streams of their own (tests/test_fsdp2_policy_cells.py).
+COMMON = ("run", "--matrix", "full", "--device", "cpu", "--cpus-per-node", "2", "--precision", "fp32",
           "--warmup-steps", "2", "--timed-steps", "3", "--timeout", "300", "--repeats", "1")
 
 
