@@ -31,6 +31,7 @@ Exit statuses, the same for every command:
 from __future__ import annotations
 
 import argparse
+import decimal
 import importlib.util
 import math
 import os
@@ -101,21 +102,29 @@ def _int_csv(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
 
 
-SIZE_SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+SIZE_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 BYTE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# The largest count a command takes: a 64-bit integer's, far beyond any model, batch or token budget, and below
+# where a float would stop holding whole numbers apart (2^53 is already 9e15).
+COUNT_LIMIT = 2**63 - 1
 
 
-def _count(text: str, suffixes: dict[str, float] = SIZE_SUFFIXES) -> int:
-    """'124M', '1.5B', '4096' -> a whole number (byte sizes use binary K/M/G)."""
+def _count(text: str, suffixes: dict[str, int] = SIZE_SUFFIXES) -> int:
+    """'124M', '1.5B', '8.03B', '4096', '1e9' -> a whole number, exactly (decimal arithmetic: 8.03B is
+    8,030,000,000, not a float's 8,029,999,999); byte sizes use binary K/M/G. Not a number, not finite, not whole,
+    below 1 or past COUNT_LIMIT: an ArgumentTypeError naming what is allowed."""
     raw = text.strip().upper().removesuffix("IB").removesuffix("I")
     unit = raw[-1] if raw and raw[-1] in suffixes and not raw[-1].isdigit() else ""
+    allowed = (f"a positive whole number with an optional suffix ({', '.join(s for s in suffixes if s)}), "
+               f"at most {COUNT_LIMIT:.3g}")
     try:
-        value = float(raw[: len(raw) - len(unit)]) * suffixes[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number with an optional suffix "
-                                         f"({', '.join(s for s in suffixes if s)}), got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        value = decimal.Decimal(raw[: len(raw) - len(unit)]) * suffixes[unit]
+    except decimal.InvalidOperation:
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+    if not value.is_finite() or value < 1 or value > COUNT_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}: {value.normalize():f} is not whole")
     return int(value)
 
 
@@ -142,16 +151,14 @@ def _threshold(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected a number or METRIC=NUMBER, got {text!r}") from None
 
 
-def _shape(text: str) -> dict[str, int]:
-    """SEQ,HIDDEN,HEADS,LAYERS[,VOCAB] of a transformer (`harness project --shape`, `harness plan --shape`)."""
+def _shape(text: str) -> dict[str, object]:
+    """--shape of `harness plan`, `memory` and `project` (harness.project.model.parse_shape)."""
+    from harness.project.model import parse_shape
+
     try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        values = []
-    if len(values) not in (4, 5) or min(values) < 1 or values[1] % values[2]:
-        raise argparse.ArgumentTypeError(f"expected SEQ,HIDDEN,HEADS,LAYERS[,VOCAB], whole numbers >= 1 with the heads "
-                                         f"dividing the hidden size, got {text!r}")
-    return dict(zip(("seq_len", "n_embd", "n_head", "n_layer", "vocab_size"), values))
+        return parse_shape(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -176,6 +183,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise SpecError(message)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --shape, --params and --seq-len: a described decoder (harness.project.model.described)."""
+    from harness.project.model import SHAPE_SYNTAX
+
+    parser.add_argument("--model", help="a preset: every transformer workload (gpt2-small ... llama3-8b) and public "
+                        "shapes (llama3.2-3b, llama3-70b, llama3.1-405b, gpt3-175b)")
+    parser.add_argument("--shape", type=_shape, help=SHAPE_SYNTAX)
+    parser.add_argument("--params", type=_count, help="parameters, e.g. 7B (default: the shape's own count)")
+    parser.add_argument("--seq-len", type=int, help="tokens a sample, instead of the preset's")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", help="with --dry-run for GPU nodes (--gpus-per-node): the cluster its wall time "
                      "and GPU-hours are projected on, a preset (dgx-h100-ib, dgx-a100-ib, aws-p4d, aws-p5, "
                      f"commodity-100gbe) or a .toml file (default {DRY_RUN_CLUSTER}; its GPUs a node are --gpus-per-node)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="with --cluster: override a "
+                     "cluster key for the dry run's projection, e.g. inter_node_bandwidth_GBps=100")
     run.add_argument("--allow-failed-cells", action="store_true", help=f"exit 0 even when a launch ended failed, "
                      f"oom or timeout (default: exit {EXIT_CELLS_FAILED} after the whole matrix has run)")
     run.add_argument("--hostfile", type=Path, help="DeepSpeed/MPI hostfile ('HOST slots=N' lines): run the "
@@ -244,14 +264,22 @@ def build_parser() -> argparse.ArgumentParser:
                      "the datasheet table (which has no CPUs) and recorded as the user's")
 
     memory = commands.add_parser(
-        "memory", help="predicted model-state memory per rank for every strategy",
-        description="Model states (weights, gradients, optimizer state) per rank of every strategy, for a model of "
-                    "--params parameters on --dp data-parallel replicas, each a group of tp ranks (fsdp2-tp, autotp: "
-                    "--option tp=N) or of pipeline stages (pipeline: --option stages=N); GPUs = dp x tp x stages, "
-                    "and tp alone is one group of tp ranks. Each strategy's own plan over the parameters one of its "
-                    "ranks holds (every parameter counted as split tp ways: no model shape is taken); a strategy "
-                    "that cannot run --recipe shows '-', and every '-' has its reason printed under the table.")
-    memory.add_argument("--params", type=_count, required=True, help="parameters, e.g. 124M, 1.5B")
+        "memory", help="predicted memory per rank for every strategy: model states, and with a model's shape every "
+                       "other term",
+        description="Model states (weights, gradients, optimizer state) per rank of every strategy, for a model "
+                    "(--params, or --model PRESET / --shape for every term) on --dp data-parallel replicas, each a "
+                    "group of tp ranks (fsdp2-tp, autotp: --option tp=N) or of pipeline stages (pipeline: --option "
+                    "stages=N); GPUs = dp x tp x stages, and tp alone is one group of tp ranks. Each strategy's own "
+                    "plan over the parameters one of its ranks holds: with a shape, the embeddings, norms and an "
+                    "untied head whole on every tp rank; with --params alone every parameter split tp ways. With a "
+                    "shape, also the activations, the logits and loss, the strategy's buckets, gathered parameters "
+                    "and accumulated gradients and the allowance, at --micro-batch samples and --micro-batches a "
+                    "step, as `harness plan` counts them. A strategy that cannot run --recipe shows '-', and every "
+                    "'-' has its reason printed under the table.")
+    add_model_arguments(memory)
+    memory.add_argument("--micro-batch", type=int, default=1, help="with a shape: samples a forward (default 1)")
+    memory.add_argument("--micro-batches", type=int, default=1, help="with a shape: micro-batches a replica runs a "
+                        "step (default 1; above 1 FSDP2 keeps unsharded gradients between them)")
     memory.add_argument("--dp", type=int, required=True, help="data-parallel replicas, each one rank, a group of "
                         "tp ranks or a pipeline of stages")
     memory.add_argument("--recipe", default="autocast", help="precision recipe: fp32, autocast, deepspeed-bf16, "
@@ -313,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--largest-source", type=int, default=2, help="with --validate --design larger: the "
                          "largest world size a prediction may start from (default 2)")
     project.add_argument("--params", type=_count, help="a description instead of rows: parameters, e.g. 1.5B")
+    project.add_argument("--model", help="a description from a preset (its parameters and shape): every transformer "
+                         "workload and public shapes (llama3-70b, gpt3-175b, ...)")
     project.add_argument("--compute-ms", type=float, help="with --params: compute time of one step on one device "
                          "(default, with --shape and a --cluster naming its gpu: FLOPs / (peak x --mfu), as plan)")
     project.add_argument("--mfu", type=float, help="with --params --shape and no --compute-ms: fraction of the GPU's "
@@ -328,8 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--global-batch", type=int, help="with --params: strong scaling's global batch (default: "
                          "batch per device x the largest world size)")
     project.add_argument("--recipe", help="with --params: precision recipe for memory (default autocast)")
-    project.add_argument("--shape", type=_shape, help="with --params: a transformer's SEQ,HIDDEN,HEADS,LAYERS, for "
-                         "the activations a rank holds (every block whole and checkpointed) beside its model states")
+    project.add_argument("--shape", type=_shape, help="with --params: a transformer's SEQ,HIDDEN,HEADS,LAYERS[,...] "
+                         "(as plan takes it), for the activations a rank holds (every block whole and checkpointed) "
+                         "beside its model states")
     project.add_argument("--exposed-fraction", type=float, help="with --params: f, exposed time over "
                          "priced communication, >= 0 (default 1: no overlap; above 1: collectives cost more in the "
                          "step than priced)")
@@ -343,14 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     planner = commands.add_parser(
         "plan", help="every layout of a described model on a described cluster: what fits, ranked by projected step",
         description="Every layout (DDP, Horovod, ZeRO-1/2/3, FSDP2, tp, fsdp2-tp, autotp, the pipeline; activation "
-                    "checkpointing off and on) of a transformer of --params parameters and --shape on --nodes nodes "
-                    "of --cluster: memory per GPU, whether it fits, projected step time from FLOPs and the cluster's "
-                    "links, throughput, MFU, GPU-hours for --tokens and the confidence of its projection; then the "
-                    "fastest layout's `run --dry-run` on that cluster. Projected, not measured (docs/projection.md, "
-                    "\"Planning a layout\").")
-    planner.add_argument("--params", type=_count, required=True, help="parameters, e.g. 7B")
-    planner.add_argument("--shape", type=_shape, required=True, help="SEQ,HIDDEN,HEADS,LAYERS[,VOCAB], e.g. "
-                         "4096,4096,32,32")
+                    "checkpointing off and on) of a decoder (--model PRESET, or --shape with or without --params) on "
+                    "--nodes nodes of --cluster: every byte a GPU needs by term, whether it fits, the projected step "
+                    "with its range (compute at the MFU fitted on published GPU runs, communication on the "
+                    "cluster's links), throughput, MFU, GPU-hours for --tokens; the layouts equivalent within the "
+                    "error grouped, and the simplest one's `run --dry-run` on that cluster. Projected, not measured "
+                    "(docs/projection.md, \"Planning a layout\"; docs/published-runs.md).")
+    add_model_arguments(planner)
     planner.add_argument("--cluster", required=True, help="a preset (dgx-h100-ib, dgx-a100-ib, aws-p4d, aws-p5, "
                          "commodity-100gbe) or a cluster TOML file naming its gpu and gpu_memory_GiB")
     planner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster key, "
@@ -363,9 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--global-batch", type=int, help="samples a step, instead of --global-batch-tokens")
     planner.add_argument("--micro-batch", type=int, help="samples a forward (default: the largest power of two "
                          "that fits)")
-    planner.add_argument("--mfu", type=float, help="fraction of the peak a GPU's compute runs at (default 0.4, an "
-                         "assumption)")
-    planner.add_argument("--recipe", help="precision recipe: autocast (default) or fp32")
+    planner.add_argument("--mfu", type=float, help="the compute MFU, a fraction of the peak (default: fitted on "
+                         "published GPU runs for the cluster's GPU, the model's size and recomputation)")
+    planner.add_argument("--recipe", help="precision recipe of every layout: users (default: each strategy's own, "
+                         "FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16 section, autocast elsewhere), autocast, "
+                         "fp32")
     planner.add_argument("--peak-tflops", type=float, help="one GPU's peak TFLOP/s, instead of its datasheet's")
 
     report = commands.add_parser("report", help="Markdown + self-contained HTML report, CSV and Parquet")
@@ -495,11 +527,17 @@ def dry_run_cluster(args: argparse.Namespace, target: Machine | None) -> tuple[A
     if args.cluster is not None and not gpu_plan:
         raise SpecError(f"--cluster {args.cluster} prices a dry run of GPU nodes; allowed only with --dry-run "
                         "--gpus-per-node N")
+    if args.set and not gpu_plan:
+        raise SpecError("--set overrides the cluster a dry run of GPU nodes is priced on; allowed only with "
+                        "--dry-run --gpus-per-node N")
     if not gpu_plan:
         return None, ""
     from harness.project.cells import cluster_peaks
 
-    cluster = load_cluster(args.cluster or DRY_RUN_CLUSTER, {"gpus_per_node": target.devices_per_node})
+    from harness.project.cluster import parse_overrides
+
+    overrides = {**parse_overrides(args.set), "gpus_per_node": target.devices_per_node}
+    cluster = load_cluster(args.cluster or DRY_RUN_CLUSTER, overrides)
     cluster_peaks(cluster)      # a cluster without a known GPU fails here, before any manifest is written
     source = "--cluster" if args.cluster else "assumed: the default, --cluster PRESET|FILE.toml to change it"
     return cluster, f"{source}; {target.devices_per_node} GPUs a node as --gpus-per-node says"
@@ -676,9 +714,13 @@ def command_list(args: argparse.Namespace) -> int:
 
 def command_memory(args: argparse.Namespace) -> int:
     """Each strategy's model states per rank (`model_state_plan` over the parameters one of its ranks holds, as its
-    `model_split` lays out --dp replicas), DeepSpeed's estimate beside ZeRO-2/3's, and under the table the reason for
-    every figure left "-"."""
+    `model_split` lays out --dp replicas), DeepSpeed's estimate beside ZeRO-2/3's, with a model's shape every other
+    term `harness plan` counts (harness.project.rank_memory), and under the table the reason for every figure left
+    "-"."""
     from harness.derive.memory import plan_bytes
+    from harness.project.facts import REGISTRY_FACTS
+    from harness.project.model import described
+    from harness.project.rank_memory import ALLOWANCE_TEXT, layout_memory
     from harness.strategies import STRATEGIES, PrecisionRecipe
 
     recipes = [recipe.value for recipe in PrecisionRecipe]
@@ -686,6 +728,18 @@ def command_memory(args: argparse.Namespace) -> int:
         raise SpecError(f"recipe {args.recipe!r} is not one of: {', '.join(recipes)}")
     if args.dp < 1:
         raise SpecError(f"--dp must be >= 1, got {args.dp}")
+    if args.micro_batch < 1 or args.micro_batches < 1:
+        raise SpecError(f"--micro-batch and --micro-batches must be >= 1, got {args.micro_batch} and "
+                        f"{args.micro_batches}")
+    model = None
+    if args.model is not None or args.shape is not None:
+        model = described(args.model, args.params, args.shape, args.seq_len)
+    elif args.params is None:
+        raise SpecError("describe the model: --params N (model states alone), or --model PRESET or --shape "
+                        "(every term)")
+    elif args.seq_len is not None:
+        raise SpecError("--seq-len changes a preset's or a shape's sequence: give --model or --shape with it")
+    parameters = model.parameters if model is not None else args.params
     gpus_per_node = args.dp if args.gpus_per_node is None else args.gpus_per_node
     if gpus_per_node < 1 or args.dp % gpus_per_node:
         raise SpecError(f"--dp {args.dp} must be a whole number of nodes of --gpus-per-node {gpus_per_node} "
@@ -708,7 +762,7 @@ def command_memory(args: argparse.Namespace) -> int:
     use_deepspeed = not args.no_deepspeed and importlib.util.find_spec("deepspeed") is not None
     recipe = PrecisionRecipe(args.recipe)
     gib = float(1 << 30)
-    largest_layer = args.largest_layer or args.params // 20
+    largest_layer = args.largest_layer or parameters // 20
 
     rows, refused, no_estimate, splits = [], {}, [], {}
     for name, strategy in STRATEGIES.items():
@@ -721,43 +775,65 @@ def command_memory(args: argparse.Namespace) -> int:
         layout = f"{split.data_parallel}x{split.tensor_parallel}x{split.pipeline_stages}"
         shown_options = f"  [{', '.join(f'{k}={v}' for k, v in taken.items())}]" if taken else ""
         refusal = strategy.recipe_refusal(recipe)
+        if refusal is None and model is not None:
+            from harness.project.layouts import shape_refusal
+
+            refusal = shape_refusal(split, model, None) or None
         if refusal:
             refused[name] = refusal
             rows.append(f"{name:<13} {layout:>12} {'-':>11} {'-':>12} {'-':>10} {'-':>10} {'-':>10} {'-':>9} "
-                        f"{'-':>19}{shown_options}")
+                        f"{'-':>19}" + (f" {'-':>11} {'-':>8} {'-':>8} {'-':>10}" if model else "") + shown_options)
             continue
         plan = strategy.model_state_plan(split.data_parallel, recipe, options)
-        states = plan_bytes(plan, split.evenly_held(args.params))
+        vocabulary_split = bool(options.get("loss_parallel"))
+        held = (model.held_by_rank(split.tensor_parallel, split.pipeline_stages, vocabulary_split)
+                if model is not None else split.evenly_held(parameters))
+        states = plan_bytes(plan, held)
         per_parameter = "+".join(f"{getattr(plan, c).bytes_per_parameter:g}" for c in ("weights", "gradients",
                                                                                         "optimizer"))
         # DeepSpeed divides the sharded states by num_nodes x num_gpus_per_node: all --dp GPUs, so the estimate is
         # for the same cluster as the columns beside it.
-        estimate = (strategy.deepspeed_estimate_bytes(args.params, largest_layer, gpus_per_node, nodes, options)
+        estimate = (strategy.deepspeed_estimate_bytes(parameters, largest_layer, gpus_per_node, nodes, options)
                     if use_deepspeed else None)
         if estimate is None:
             no_estimate.append(name)
         shown = f"{estimate / gib:>19.3f}" if estimate is not None else f"{'-':>19}"
-        rows.append(f"{name:<13} {layout:>12} {per_parameter:>11} {states['weights'] / gib:>12.3f} "
-                    f"{states['gradients'] / gib:>10.3f} {states['optimizer'] / gib:>10.3f} "
-                    f"{states['total'] / gib:>10.3f} {states['host'] / gib:>9.3f} {shown}{shown_options}")
+        row = (f"{name:<13} {layout:>12} {per_parameter:>11} {states['weights'] / gib:>12.3f} "
+               f"{states['gradients'] / gib:>10.3f} {states['optimizer'] / gib:>10.3f} "
+               f"{states['total'] / gib:>10.3f} {states['host'] / gib:>9.3f} {shown}")
+        if model is not None:
+            terms = layout_memory(model=model, strategy=name, options=taken, split=split, recipe=recipe.value,
+                                  micro_batch=args.micro_batch, micro_batches=args.micro_batches,
+                                  checkpointed=options.get("activation_checkpointing", "none") not in ("none", None),
+                                  facts=REGISTRY_FACTS, vocabulary_split=vocabulary_split)
+            row += (f" {terms.activations / gib:>11.3f} {terms.logits / gib:>8.3f} {terms.working_total / gib:>8.3f} "
+                    f"{terms.total / gib:>10.3f}")
+        rows.append(row + shown_options)
 
-    print(f"model states per rank, {args.params:,} parameters, recipe {args.recipe}: each strategy's own bytes per "
-          f"parameter and sharding (Rajbhandari et al. 2020, sec. 5.1)")
+    described_as = model.describe() if model is not None else f"{parameters:,} parameters"
+    print(f"memory per rank, {described_as}, recipe {args.recipe}: each strategy's own bytes per parameter and "
+          f"sharding (Rajbhandari et al. 2020, sec. 5.1)")
     print(f"layout dp x tp x pp: --dp {args.dp} data-parallel replicas, each a group of tp x pp ranks (GPUs = "
           f"dp x tp x pp); a rank holds 1/(tp x pp) of the parameters, and its strategy's plan shards their "
           f"states over the dp replicas or not")
     print(f"{'strategy':<13} {'dp x tp x pp':>12} {'bytes w+g+o':>11} {'weights GiB':>12} {'grads GiB':>10} "
-          f"{'optim GiB':>10} {'total GiB':>10} {'host GiB':>9} {'DeepSpeed est. GiB':>19}")
+          f"{'optim GiB':>10} {'states GiB':>10} {'host GiB':>9} {'DeepSpeed est. GiB':>19}"
+          + (f" {'activations':>11} {'logits':>8} {'working':>8} {'GPU total':>10}" if model else ""))
     for row in rows:
         print(row)
     for degree in sorted({split.tensor_parallel for split in splits.values()} - {1}):
         names = [name for name, split in splits.items() if split.tensor_parallel == degree]
         default = "" if "tp" in given else " (the tp option's default; --option tp=N sets it)"
-        print(f"tp={degree}{default}, {', '.join(names)}: every parameter counted as split {degree} ways "
-              f"({args.params / degree:,.0f} a rank before any data-parallel sharding); a model's embeddings, "
-              f"layer norms and row-parallel biases stay whole on every tp rank and would add (1 - 1/{degree}) x "
-              f"their parameters x the bytes a parameter (memory takes no model shape; a run's row records the "
-              f"rank's own count, parameters_held_by_rank)")
+        if model is not None:
+            print(f"tp={degree}{default}, {', '.join(names)}: each block's split layers divided {degree} ways, its "
+                  f"norms and row-parallel biases, the embeddings and the head whole on every tp rank "
+                  f"({model.held_by_rank(degree):,.0f} a rank before any data-parallel sharding; tp with "
+                  "loss_parallel=true splits the vocabulary matrices too)")
+        else:
+            print(f"tp={degree}{default}, {', '.join(names)}: every parameter counted as split {degree} ways "
+                  f"({parameters / degree:,.0f} a rank before any data-parallel sharding); a model's embeddings, "
+                  f"layer norms and row-parallel biases stay whole on every tp rank and would add (1 - 1/{degree}) x "
+                  f"their parameters x the bytes a parameter: --model or --shape counts them")
     for name, split in splits.items():
         if split.data_parallel != args.dp:
             print(f"{name}: one group of {split.ranks} ranks whatever --dp says: it has no data-parallel replicas")
@@ -766,6 +842,12 @@ def command_memory(args: argparse.Namespace) -> int:
         default = "" if "stages" in given else " (the stages option's default; --option stages=N sets it)"
         print(f"stages={stages}{default}, {', '.join(names)}: the layers cut into {stages} stages, each counted as "
               f"holding 1/{stages} of the parameters; a stage that holds a tied weight's copy holds more")
+    if model is not None:
+        print(f"activations, logits: at micro-batch {args.micro_batch} of {model.seq_len} tokens, "
+              f"{args.micro_batches} micro-batch(es) a step (harness.derive.activations: the family's block and the "
+              f"workloads' loss); working: the strategy's buckets, gathered parameters and accumulated gradients; "
+              f"GPU total: every term on the busiest GPU, the allowance included ({ALLOWANCE_TEXT}), as "
+              "`harness plan` counts it")
     if use_deepspeed:
         print(f"DeepSpeed est.: its estimate_zero{{2,3}}_model_states_mem_needs, with the offload options given, for "
               f"{args.dp} GPUs ({nodes} node(s) x {gpus_per_node} GPUs), largest layer {largest_layer:,} parameters")
@@ -860,14 +942,14 @@ def command_project(args: argparse.Namespace) -> int:
 
 
 def command_plan(args: argparse.Namespace) -> int:
-    """The plan's table, then the fastest layout's `run --dry-run` on the cluster's nodes (harness.project.plan)."""
+    """The plan's table, then the `run --dry-run` of the simplest layout among those equivalent within the error, on
+    the cluster and overrides given (harness.project.plan)."""
     from harness.project.cluster import load_cluster
-    from harness.project.plan import (DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, DEFAULT_RECIPE, Settings, Transformer,
-                                      format_plan, plan)
+    from harness.project.model import described
+    from harness.project.plan import (DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_RECIPE, Settings, equivalent, format_plan,
+                                      plan)
 
-    shape = args.shape
-    model = Transformer(parameters=args.params, seq_len=shape["seq_len"], hidden=shape["n_embd"],
-                        heads=shape["n_head"], layers=shape["n_layer"], vocab=shape.get("vocab_size"))
+    model = described(args.model, args.params, args.shape, args.seq_len)
     samples = args.global_batch
     if samples is None:
         tokens = args.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS
@@ -875,48 +957,57 @@ def command_plan(args: argparse.Namespace) -> int:
             raise SpecError(f"--global-batch-tokens {tokens:,} is not a whole number of {model.seq_len}-token samples")
         samples = tokens // model.seq_len
     settings = Settings(global_batch=samples, tokens=float(args.tokens), recipe=args.recipe or DEFAULT_RECIPE,
-                        mfu=DEFAULT_MFU if args.mfu is None else args.mfu, micro_batch=args.micro_batch,
+                        mfu=args.mfu, micro_batch=args.micro_batch,
                         peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12)
     cluster = load_cluster(args.cluster, args.set)
     planned = plan(model, cluster, args.nodes, settings)
     print(format_plan(planned, model, cluster, args.nodes, settings))
-    winner = next((p for p in planned if p.fits), None)
-    if winner is None:
+    group = equivalent(planned)
+    if not group:
         print("\nno layout fits: nothing to run")
         return 0
-    argv, workload = winner_run_arguments(winner, model, cluster.gpus_per_node, args.nodes, settings.recipe)
-    print(f"\nfastest: {winner.layout.label}, micro-batch {winner.micro_batch}. parbench runs registered workloads "
-          f"only, none of this shape: the run below lays out the same strategy, options, ranks and batch on {workload} "
-          f"(the largest of its GPU transformers this layout takes), to check the launch on the cluster, not this "
-          f"model's step. Its placement uses placeholder hosts; give --hostfile (or --slurm, --placement k8s) to run it:")
+    chosen = group[0]
+    argv, workload = plan_run_arguments(chosen, model, cluster.gpus_per_node, args.nodes, args.cluster, args.set)
+    what = (f"{workload} itself" if workload == model.name else
+            f"{workload}, the largest of the hybrid matrix's GPU transformers this layout takes (it has none of this "
+            f"shape): it checks the launch on the cluster, not this model's step")
+    print(f"\nfollowed: {chosen.layout.label}, micro-batch {chosen.micro_batch}, the simplest of the "
+          f"{len(group)} equivalent within the error. The run below lays it out on {what}. Its placement uses "
+          f"placeholder hosts; give --hostfile (or --slurm, --placement k8s) to run it:")
     print("python -m harness " + " ".join(shlex.quote(part) for part in argv))
     return command_run(build_parser().parse_args(argv))
 
 
-def winner_run_arguments(winner: Any, model: Any, gpus_per_node: int, nodes: int,
-                         recipe: str) -> tuple[list[str], str]:
-    """(`harness run` arguments of the winner's layout as a dry run, the stand-in workload): the hybrid matrix's GPU
-    transformer with the most parameters whose heads the layout's tensor-parallel degree divides and whose layers
-    its stages do not outnumber."""
+def plan_run_arguments(chosen: Any, model: Any, gpus_per_node: int, nodes: int, cluster: str,
+                       overrides: Sequence[str]) -> tuple[list[str], str]:
+    """(`harness run` arguments of the chosen layout as a dry run on `cluster` with `overrides`, the workload it
+    runs): the model itself where the hybrid matrix runs it on GPUs, else that matrix's GPU transformer with the
+    most parameters whose heads the layout's tensor-parallel degree divides and whose layers its stages do not
+    outnumber."""
     from harness.matrix import HYBRID_PLANS
     from workloads import get_workload
 
-    layout = winner.layout
+    layout = chosen.layout
     split = layout.split
 
     def takes(name: str) -> bool:
         config = get_workload(name).config
         return config.n_head % split.tensor_parallel == 0 and split.pipeline_stages <= config.n_layer
 
-    candidates = [name for name in HYBRID_PLANS[DeviceKind.CUDA] if takes(name)]
-    if not candidates:
-        raise SpecError(f"no GPU transformer of parbench's takes {layout.label}")
-    workload = max(candidates, key=lambda name: get_workload(name).published_params or 0)
+    if model.name in HYBRID_PLANS[DeviceKind.CUDA]:
+        workload = model.name
+    else:
+        candidates = [name for name in HYBRID_PLANS[DeviceKind.CUDA] if takes(name)]
+        if not candidates:
+            raise SpecError(f"no GPU transformer of parbench's takes {layout.label}")
+        workload = max(candidates, key=lambda name: get_workload(name).published_params or 0)
     argv = ["run", "--matrix", "hybrid", "--workload", workload, "--strategy", layout.strategy,
-            "--world-sizes", str(split.ranks), "--global-batch", str(winner.micro_batch * winner.micro_batches
+            "--world-sizes", str(split.ranks), "--global-batch", str(chosen.micro_batch * chosen.micro_batches
                                                                       * split.data_parallel),
-            "--micro-batch", str(winner.micro_batch), "--precision", "bf16" if recipe == "autocast" else "fp32",
-            "--device", "cuda", "--gpus-per-node", str(gpus_per_node), "--nnodes", str(nodes)]
+            "--micro-batch", str(chosen.micro_batch), "--precision", "fp32" if layout.recipe == "fp32" else "bf16",
+            "--device", "cuda", "--gpus-per-node", str(gpus_per_node), "--nnodes", str(nodes), "--cluster", cluster]
+    for pair in overrides:
+        argv += ["--set", pair]
     for key, value in layout.options:
         if key != "activation_checkpointing" or value != "none":
             argv += ["--option", f"{key}={value}"]

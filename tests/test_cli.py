@@ -119,7 +119,7 @@ def test_memory_asks_deepspeed_for_the_cluster_of_dp_gpus_not_one_node_of_gpus_p
     (["comm", "--timeout", "0"], "argument --timeout: expected a positive, finite number of seconds, got '0'"),
     (["reproduce", "3f2a9c", "--timeout", "-5"], "argument --timeout: expected a positive, finite number of "
                                                  "seconds, got '-5'"),
-    (["memory", "--params", "lots", "--dp", "2"], "expected a number with an optional suffix"),
+    (["memory", "--params", "lots", "--dp", "2"], "expected a positive whole number with an optional suffix"),
     (["memory", "--params", "1M", "--dp", "2", "--recipe", "fp8"], "recipe 'fp8' is not one of"),
     (["comm", "--world-size", "1"], "--world-size must be >= 2"),
     (["comm", "--collectives", "all_reduce,gossip"], "unknown collective 'gossip'"),

@@ -1,6 +1,7 @@
 """A dry run for a GPU cluster (harness.launch.dry_run): judged against the nodes it describes, not this host
-(cells they would skip left out and named), with the kept cells' projected wall time and GPU-hours in the
-header. In-process, nothing launched."""
+(cells they would skip left out and named), with the kept cells' projected wall time, their GPU-hours and the
+reservation's in the header, compute at the MFU parbench's plain loop measured on a GPU where it has a row, else the
+one fitted on published runs. In-process, nothing launched."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from harness.launch.placement import LocalPlacement
 from harness.machine import Machine
 from harness.project.cluster import load_cluster
 from harness.project.cells import cell_step
-from harness.project.plan import DEFAULT_MFU
 from harness.spec import DeviceKind, RunSpec
 from harness.strategies import get_strategy
 from workloads import get_workload
@@ -45,39 +45,64 @@ def test_a_cells_wall_time_and_gpu_hours_are_the_hand_worked_figures():
     #   PaLM's FLOPs a token: 6N + 12 L H Q T = 1396992 + 12 x 4 x 4 x 16 x 64 = 1396992 + 196608 = 1593600
     #   a sample: x 64 tokens = 101,990,400 FLOPs
     assert get_workload("gpt-tiny").train_flops_per_sample == 101_990_400
-    assert PEAKS[H100].bf16 == 989.4e12 and DEFAULT_MFU == 0.4
-    # The plain loop at one GPU, no collectives: a step = 65536 samples x 101,990,400 / (989.4e12 x 0.4)
+    assert PEAKS[H100].bf16 == 989.4e12
+    # At a compute MFU of 0.4 (given), the plain loop at one GPU, no collectives: a step = 65536 samples x
+    # 101,990,400 / (989.4e12 x 0.4)
     #   = 6.68403e12 / 3.9576e14 = 0.0168891 s
     # A launch starts in 3.6 s (harness.ab.LAUNCH_SECONDS["plain"]) and runs 2 + 998 = 1000 steps; 3 repeats:
     #   wall = 3 x (3.6 + 1000 x 0.0168891) = 3 x 20.4891 = 61.4674 s; GPU-hours = 61.4674 x 1 GPU / 3600 = 0.0170743
     cluster = load_cluster("dgx-h100-ib")
-    [cell] = project_cells([tiny("plain", 1)], cluster)
+    [cell] = project_cells([tiny("plain", 1)], cluster, mfu=0.4)
     assert cell.start_s == 3.6
     assert math.isclose(cell.step_s, 0.0168891, rel_tol=1e-5)
     assert math.isclose(cell.wall_s, 61.4674, rel_tol=1e-5)
     assert math.isclose(cell.gpu_hours, 0.0170743, rel_tol=1e-5)
-    # The header sums the cells it can price; the cell's own line shows the formula's terms.
-    text = describe_plan([tiny("plain", 1)], LocalPlacement(), results=Path("r.jsonl"), timeout_s=60,
-                         target=EIGHT_GPUS, cluster=cluster, cluster_source="a test's")
-    assert ("projected, not measured: 0.0171 h of launches one after another, 0.0171 GPU-hours, for 1 of the 1 "
-            "cells") in text
-    assert "  projected: 3 x (3.6 s + 1000 steps x 0.0169 s) = 61 s, 0.0171 GPU-hours" in text
-    assert "cluster dgx-h100-ib (a test's): NVIDIA H100 80GB HBM3" in text
+    # The header sums the cells it can price, the cells' GPU-hours and the reservation's (1 node x 8 GPUs x the wall:
+    # 8 x 0.0170743 = 0.136594); the cell's own line shows the formula's terms.
+    header = projected_lines([cell], cluster, "a test's", nodes=1)
+    assert header[0] == ("projected, not measured: 0.0171 h of launches one after another; 0.0171 GPU-hours in the "
+                         "cells (each its own GPUs), 0.137 GPU-hours reserved (1 node(s) x 8 GPUs x the wall time), "
+                         "for 1 of the 1 cells")
+    assert "cluster dgx-h100-ib (a test's): NVIDIA H100 80GB HBM3" in header[1]
+    assert header[2] == "  compute MFU of 1 cell(s): given"
+
+
+def test_a_cell_parbench_measured_on_a_gpu_is_priced_at_its_measured_step():
+    # results/reference/h200/a3663fd/rows.jsonl: the plain loop on one H200 (the H100 SXM's dense peaks), GPT-2
+    # small in bf16 at 16 x 1024 tokens: a median step of 72.9 ms; ResNet-50 at 256 images: 104.8 ms (its README).
+    # The same cells on an H100 cluster at world size 1 are priced at the MFU those steps measured: the same step.
+    cluster = load_cluster("dgx-h100-ib")
+    for workload, batch, measured_ms in (("gpt2-small", 16, 72.9), ("resnet50", 256, 104.8)):
+        spec = RunSpec(workload=workload, strategy="plain", world_size=1, global_batch=batch, micro_batch=batch,
+                       precision="bf16", device="cuda")
+        step = cell_step(spec, cluster)
+        assert step.compute_from.startswith("its plain loop measured on an H200")
+        assert math.isclose(step.step_s * 1e3, measured_ms, abs_tol=0.1)      # the README rounds to 0.1 ms
+    # A transformer parbench never ran on a GPU is priced at the fitted compute MFU; a CNN never run is unknown.
+    llama = RunSpec(workload="llama3.2-1b", strategy="plain", world_size=1, global_batch=4, micro_batch=4,
+                    precision="bf16", device="cuda")
+    assert cell_step(llama, cluster).compute_from == "fitted on published runs"
+    resnet18 = RunSpec(workload="resnet18", strategy="plain", world_size=1, global_batch=64, micro_batch=64,
+                       precision="bf16", device="cuda")
+    assert "no GPU row of resnet18 in bf16" in cell_step(resnet18, cluster).unknown
 
 
 def test_gpu_hours_count_every_gpu_of_the_cell_and_its_collectives_add_to_its_step():
     cluster = load_cluster("dgx-h100-ib")
-    one, eight = project_cells([tiny("plain", 1), tiny("ddp", 8)], cluster)
+    one, eight = project_cells([tiny("plain", 1), tiny("ddp", 8)], cluster, mfu=0.4)
     # DDP at 8 ranks: each computes an eighth of the 65536 samples, 0.0168891 / 8 = 0.00211114 s, then its
     # gradients' all-reduce, priced on the cluster's links (> 0); 8 GPUs for its wall time.
-    step = cell_step(tiny("ddp", 8), cluster)
+    step = cell_step(tiny("ddp", 8), cluster, mfu=0.4)
     assert math.isclose(step.compute_s, 0.0168891 / 8, rel_tol=1e-5) and step.comm_s > 0
     assert eight.step_s == step.compute_s + step.comm_s
     assert math.isclose(eight.wall_s, 3 * (5.2 + 1000 * eight.step_s))        # LAUNCH_SECONDS["ddp"] = 5.2
     assert math.isclose(eight.gpu_hours, eight.wall_s * 8 / 3600)
-    header = projected_lines([one, eight], cluster, "a test's")[0]
-    assert f"{(one.wall_s + eight.wall_s) / 3600:.3g} h" in header
-    assert f"{one.gpu_hours + eight.gpu_hours:.3g} GPU-hours, for 2 of the 2 cells" in header
+    header = projected_lines([one, eight], cluster, "a test's", nodes=4)[0]
+    wall = one.wall_s + eight.wall_s
+    assert f"{wall / 3600:.3g} h" in header
+    assert f"{one.gpu_hours + eight.gpu_hours:.3g} GPU-hours in the cells" in header
+    # The reservation holds 4 nodes of 8 GPUs for the whole wall time, whatever each cell uses.
+    assert f"{4 * 8 * wall / 3600:.3g} GPU-hours reserved (4 node(s) x 8 GPUs x the wall time)" in header
 
 
 def test_a_tp_cell_the_heads_refuse_is_left_out_and_dataparallel_on_an_8_gpu_node_is_kept(tmp_path, capsys,

@@ -145,3 +145,29 @@ def test_a_deepspeed_strategy_declares_every_recipe_its_config_can_give(name):
                                              {"precision_recipe": choice})
                 assert strategy.recipe_refusal(recipe) is None, (precision, device, choice, recipe)
     assert strategy.recipe_refusal(PrecisionRecipe.FSDP_MP_POLICY)
+
+
+def test_a_described_llama_keeps_its_embedding_and_untied_head_whole_at_tp_2(capsys):
+    # Llama 3 8B at tp = 2: each block's wqkv (4096 x 6144), wo (4096^2), gate|up and down (3 x 4096 x 14336) split
+    # two ways, its two RMSNorms (2 x 4096) whole; the embedding and the untied head (2 x 128,256 x 4096) and the
+    # final RMSNorm (4096) whole on both ranks.
+    split = 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14_336) / 2
+    whole = 32 * 2 * 4096 + 2 * 128_256 * 4096 + 4096
+    held = split + whole                                         # 4,540,600,320 a rank, not 8.03B / 2
+    rows, out = memory(capsys, "--model", "llama3-8b", "--dp", "8", "--option", "tp=2", "--no-deepspeed")
+    # tp holds its slice whole (no data-parallel sharding): 16 bytes a parameter, 67.7 GiB.
+    assert rows["tp"]["total"] == gib(16 * held) == "67.660"
+    # fsdp2-tp shards the slice's 16 bytes over its 8 replicas.
+    assert rows["fsdp2-tp"]["total"] == gib(16 * held / 8)
+    assert "the embeddings and the head whole on every tp rank (4,540,600,320 a rank" in out
+
+
+def test_a_described_model_shows_every_term_the_plan_counts(capsys):
+    assert main(["memory", "--model", "llama3-8b", "--dp", "8", "--micro-batches", "4", "--no-deepspeed"]) == 0
+    out = capsys.readouterr().out
+    assert "activations" in out and "logits" in out and "GPU total" in out
+    fsdp2 = next(line for line in out.splitlines() if line.startswith("fsdp2 "))
+    fields = fsdp2.split()
+    # Under autocast FSDP2 gathers fp32 and, at 4 micro-batches with gradient sync off, keeps every unsharded fp32
+    # gradient: its working memory holds 4 bytes x 8.03B = 29.9 GiB of them.
+    assert float(fields[-2]) > 4 * 8_030_261_248 / GIB

@@ -297,7 +297,7 @@ def test_a_description_alone_projects_every_data_parallel_strategy(capsys):
 
 @pytest.mark.parametrize("arguments, message", [
     (["--params", "1B", "--compute-ms", "10"], "needs a target"),
-    (["--params", "1B", "--cluster", "dgx-h100-ib"], "needs --compute-ms MS, or --shape with a --cluster that names"),
+    (["--params", "1B", "--cluster", "dgx-h100-ib"], "needs --compute-ms MS, or --shape (or --model) with a --cluster"),
     (["--params", "1B", "--compute-ms", "10", "--cluster", "dgx-h100-ib", "--world-sizes", "12"],
      "do not fill whole nodes of 8"),
     (["--params", "1B", "--compute-ms", "10", "--cluster", "dgx-h100-ib", "--strategies", "pipeline"],

@@ -39,7 +39,6 @@ from harness.launch.placement.base import PORT_AT_LAUNCH
 from harness.launch.plan import CELL_TOKEN_ENV, launch_environment, launcher_of, plan_launch
 from harness.project.cluster import Cluster
 from harness.project.cells import cell_step
-from harness.project.plan import DEFAULT_MFU
 from harness.spec import RunSpec
 from harness.strategies import get_strategy
 from workloads import get_workload
@@ -99,6 +98,7 @@ class CellProjection:
     start_s: float                  # one launch's start-up
     step_s: float | None            # one optimizer step; None: unknown, for `unknown`
     unknown: str = ""
+    compute_from: str = ""          # where its compute MFU came from
 
     @property
     def wall_s(self) -> float | None:
@@ -113,36 +113,42 @@ class CellProjection:
         return None if self.wall_s is None else self.wall_s * self.spec.world_size / 3600
 
 
-def project_cells(specs: Sequence[RunSpec], cluster: Cluster, mfu: float = DEFAULT_MFU) -> list[CellProjection]:
-    """Every cell's projected launches on `cluster` (harness.project.plan.cell_step: compute from the workload's
-    FLOPs, PaLM's 6N + 12 L h s a token for the GPTs, at `mfu` of the datasheet peak, plus its strategy's
-    collectives priced on the cluster's links), or unknown with the reason."""
+def project_cells(specs: Sequence[RunSpec], cluster: Cluster, mfu: float | None = None) -> list[CellProjection]:
+    """Every cell's projected launches on `cluster` (harness.project.cells.cell_step: compute from the workload's
+    FLOPs, PaLM's 6N + 12 L h s a token for the GPTs, at the compute MFU parbench's plain loop measured on a GPU or
+    the one fitted on published runs, or `mfu` where given, plus its strategy's collectives priced on the cluster's
+    links), or unknown with the reason."""
     from harness.ab import LAUNCH_SECONDS, UNMEASURED_LAUNCH_S
 
     projected = []
     for spec in specs:
         step = cell_step(spec, cluster, mfu=mfu)
         projected.append(CellProjection(spec=spec, start_s=LAUNCH_SECONDS.get(spec.strategy, UNMEASURED_LAUNCH_S),
-                                        step_s=step.step_s, unknown=step.unknown))
+                                        step_s=step.step_s, unknown=step.unknown, compute_from=step.compute_from))
     return projected
 
 
 def projected_lines(projected: Sequence[CellProjection], cluster: Cluster, cluster_source: str,
-                    mfu: float = DEFAULT_MFU) -> list[str]:
-    """The header's projected wall time and GPU-hours of the planned cells, what they assume, and the cells
-    they leave out as unknown."""
+                    nodes: int = 1) -> list[str]:
+    """The header's projected wall time and GPU-hours of the planned cells (each cell's own GPUs, and the
+    reservation's: `nodes` x the cluster's GPUs a node for the whole wall time, what holding the nodes costs), what
+    they assume, and the cells they leave out as unknown."""
     known = [cell for cell in projected if cell.wall_s is not None]
     wall = sum(cell.wall_s for cell in known)
     hours = sum(cell.gpu_hours for cell in known)
+    reserved = nodes * cluster.gpus_per_node * wall / 3600
     unknown = Counter(cell.unknown for cell in projected if cell.wall_s is None)
-    lines = [f"projected, not measured: {wall / 3600:.3g} h of launches one after another, {hours:.3g} GPU-hours, "
-             f"for {len(known)} of the {len(projected)} cells"
+    sources = Counter(cell.compute_from for cell in known)
+    lines = [f"projected, not measured: {wall / 3600:.3g} h of launches one after another; {hours:.3g} GPU-hours in "
+             f"the cells (each its own GPUs), {reserved:.3g} GPU-hours reserved ({nodes} node(s) x "
+             f"{cluster.gpus_per_node} GPUs x the wall time), for {len(known)} of the {len(projected)} cells"
              + (f" (the other {sum(unknown.values())} unknown, not in these totals)" if unknown else "")]
     lines += [f"  unknown: {count} cell(s): {reason}" for reason, count in unknown.items()]
     lines.append(f"  assumed: cluster {cluster.name} ({cluster_source}): {cluster.gpu}, {cluster.gpus_per_node} a "
                  f"node; a cell = repeats x (start-up + (warm-up + timed steps) x step); step = compute (the "
-                 f"workload's FLOPs, at {mfu:.0%} of the datasheet peak) + its strategy's collectives on the cluster's "
-                 "links, all exposed; start-up: each strategy's launch measured on CPU (harness.ab), a floor")
+                 "workload's FLOPs over the datasheet peak x a compute MFU) + its strategy's collectives on the "
+                 "cluster's links, all exposed; start-up: each strategy's launch measured on CPU (harness.ab), a floor")
+    lines += [f"  compute MFU of {count} cell(s): {source}" for source, count in sources.items()]
     return lines
 
 
@@ -167,7 +173,8 @@ def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Pa
                      + (f"; {len(left_out)} more they would skip are left out (listed at the end)" if left_out else ""))
     projected = project_cells(specs, cluster) if cluster is not None else None
     if projected is not None:
-        lines += projected_lines(projected, cluster, cluster_source)
+        nodes = target.nodes if target is not None else max(spec.nnodes for spec in specs)
+        lines += projected_lines(projected, cluster, cluster_source, nodes=nodes)
     lines.append(f"placement: {placement.describe()}")
     if port == PORT_AT_LAUNCH:
         lines.append(f"{PORT_AT_LAUNCH}: a free TCP port, chosen at launch on the cell's first host")

@@ -1,18 +1,21 @@
 """A matrix cell's optimizer step projected on a described cluster, for a dry run's wall time and GPU-hours
 (harness.launch.dry_run): the rule harness.project.plan prices a layout's step by, applied to a cell as the
-matrix gives it (its workload, strategy, options, world size and batch) instead of a described transformer.
+matrix gives it (its workload, strategy, options, world size and batch) instead of a described decoder.
 
-- **compute** = the FLOPs the busiest GPU runs a step / (the GPU's datasheet peak in the cell's precision x MFU,
-  plan.DEFAULT_MFU, an assumption): the workload's own training FLOPs a sample (`Workload.train_flops_per_sample`:
-  for the GPTs PaLM's 6N + 12 L h s a token, Chowdhery et al. 2022, appendix B; for ResNets 2 FLOPs a
-  multiply-accumulate, forward and twice it backward) x a replica's samples, over the ranks that split a replica
-  (tensor parallelism, stages), x plan.RECOMPUTE_FACTOR where checkpointed, x the strategy's bubble.
+- **compute** = the FLOPs the busiest GPU runs a step / (the GPU's datasheet peak in the cell's precision x a
+  compute MFU): the workload's own training FLOPs a sample (`Workload.train_flops_per_sample`: for the GPTs PaLM's
+  6N + 12 L h s a token, Chowdhery et al. 2022, appendix B; for ResNets 2 FLOPs a multiply-accumulate, forward and
+  twice it backward) x a replica's samples, over the ranks that split a replica (tensor parallelism, stages), x
+  RECOMPUTE_FACTOR where checkpointed, x the strategy's bubble. The compute MFU is, first, what parbench's own plain
+  loop measured on a GPU for that workload and precision (MEASURED_GPU_ROWS: an H200, whose dense peaks are an H100
+  SXM's), else, for a transformer, the one fitted on published GPU runs (harness.project.mfu_model) for the
+  cluster's GPU and the workload's size; neither (a ResNet never measured in that precision): unknown.
 - **communication** = the strategy's expected collectives for the cell (`RegistryFacts.expected_for_cell`, on
   nodes of the cluster's GPUs) priced on the cluster by harness.project.collectives, all of it exposed (no overlap
-  measured: an upper bound, as the planner takes it).
+  measured: an upper bound).
 - **unknown**, with the reason, where a figure would be a guess: a CPU cell, an fp32 cell (whether TF32 runs is
   torch's switches' at run time: harness.derive.peaks.tf32_in_use), a strategy whose traffic is not modelled
-  (DataParallel's copies), a layout the strategy refuses on these nodes.
+  (DataParallel's copies), a layout the strategy refuses on these nodes, no anchor for its compute.
 
 Torch-free at import like the rest of harness.project: the workloads and the strategies come in where used.
 """
@@ -20,14 +23,17 @@ Torch-free at import like the rest of harness.project: the workloads and the str
 from __future__ import annotations
 
 import functools
+import json
+import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness.derive.peaks import PEAKS, DevicePeaks, MathMode
 from harness.project.cluster import Cluster
 from harness.project.collectives import ClusterModel
 from harness.project.facts import REGISTRY_FACTS, RegistryFacts
-from harness.project.plan import DEFAULT_MFU, RECOMPUTE_FACTOR
+from harness.project.layouts import RECOMPUTE_FACTOR
 from harness.project.projection import Scheduled, comm_seconds, exposed_seconds, star_servers, with_servers
 from harness.spec import SpecError
 
@@ -40,6 +46,51 @@ class CellStep:
     compute_s: float | None = None
     comm_s: float | None = None
     unknown: str = ""
+    compute_from: str = ""      # where its compute MFU came from
+
+
+# parbench's own rows from a GPU, whose plain loop's MFU prices a cell of the same workload and precision.
+MEASURED_GPU_ROWS = Path(__file__).resolve().parents[2] / "results" / "reference" / "h200" / "a3663fd" / "rows.jsonl"
+
+
+@functools.cache
+def measured_mfu(path: Path = MEASURED_GPU_ROWS) -> dict[tuple[str, str], float]:
+    """{(workload, precision): the MFU its plain loop measured}: the workload's training FLOPs a step over the
+    median step time and the datasheet peak of the device the row names (harness.derive.peaks), ok rows only."""
+    found: dict[tuple[str, str], float] = {}
+    if not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        spec, m = row["spec"], row.get("measurements") or {}
+        if row.get("status") != "ok" or spec["strategy"] != "plain" or not m.get("step_time_s"):
+            continue
+        peak = PEAKS[m["device_name"]].for_mode(MathMode(spec["precision"]))
+        flops = float(m["train_flops_per_sample"]) * spec["global_batch"] / spec["world_size"]
+        found[(spec["workload"], spec["precision"])] = flops / statistics.median(m["step_time_s"]) / peak
+    return found
+
+
+def compute_mfu_for(spec: Any, cluster: Cluster, recomputed: bool) -> tuple[float | None, str]:
+    """(the compute MFU a cell is priced at, where it comes from), or (None, why none): the module docstring's
+    order, measured rows first."""
+    from workloads import get_workload
+    from workloads.base import Family
+
+    measured = measured_mfu().get((spec.workload, spec.precision.value))
+    if measured is not None:
+        return measured, f"its plain loop measured on an H200 ({MEASURED_GPU_ROWS.parent.name})"
+    workload = get_workload(spec.workload)
+    if workload.family not in (Family.GPT, Family.LLAMA):
+        return None, f"no GPU row of {spec.workload} in {spec.precision.value} and no published run of its family"
+    from harness.project.mfu_model import mfu_model
+    from harness.project.model import workload_decoder
+
+    try:
+        parameters = workload_decoder(spec.workload).parameters
+        return mfu_model().compute_mfu(cluster.gpu, parameters, recomputed), "fitted on published runs"
+    except SpecError as error:
+        return None, str(error)
 
 
 def cluster_peaks(cluster: Cluster) -> DevicePeaks:
@@ -64,8 +115,9 @@ def _cell_layout(facts: RegistryFacts, workload: str, strategy: str, options: tu
     return expected, data_parallel, tensor_parallel, stages
 
 
-def cell_step(spec: Any, cluster: Cluster, facts: RegistryFacts = REGISTRY_FACTS, mfu: float = DEFAULT_MFU) -> CellStep:
-    """One optimizer step of the cell `spec` (a harness.spec.RunSpec) on `cluster` (module docstring)."""
+def cell_step(spec: Any, cluster: Cluster, facts: RegistryFacts = REGISTRY_FACTS, mfu: float | None = None) -> CellStep:
+    """One optimizer step of the cell `spec` (a harness.spec.RunSpec) on `cluster` (module docstring); `mfu` where
+    the caller fixes the compute MFU."""
     from harness.spec import DeviceKind
     from workloads import get_workload
 
@@ -87,6 +139,11 @@ def cell_step(spec: Any, cluster: Cluster, facts: RegistryFacts = REGISTRY_FACTS
     flops = spec.global_batch / data_parallel * get_workload(spec.workload).train_flops_per_sample / (
         tensor_parallel * stages)
     checkpointed = options.get("activation_checkpointing", "none") not in ("none", None)
+    source = "given"
+    if mfu is None:
+        mfu, source = compute_mfu_for(spec, cluster, checkpointed)
+        if mfu is None:
+            return CellStep(unknown=source)
     compute = (flops * (RECOMPUTE_FACTOR if checkpointed else 1.0) / (peak * mfu)
                * facts.bubble_factor(spec.strategy, options, micro_batches))
     # An entry among the whole world's neighbours is the data-parallel group's (None: where a parameter server's
@@ -101,4 +158,5 @@ def cell_step(spec: Any, cluster: Cluster, facts: RegistryFacts = REGISTRY_FACTS
                             star_servers(facts, spec.strategy, options))
     ranks = data_parallel * tensor_parallel * stages       # those running the model (a star's servers beyond)
     comm = comm_seconds(schedule, ranks, ClusterModel(cluster))
-    return CellStep(step_s=compute + exposed_seconds(comm, compute, 1.0), compute_s=compute, comm_s=comm)
+    return CellStep(step_s=compute + exposed_seconds(comm, compute, 1.0), compute_s=compute, comm_s=comm,
+                    compute_from=source)

@@ -207,7 +207,7 @@ class Basis:
     # A save its rows measured (harness.derive.checkpoint): a checkpoint's bytes a parameter come from it.
     measured_checkpoint: MeasuredCheckpoint | None = None
     # A described hybrid's schedule at a size: (world_size=, global_batch=, gpus_per_node=) -> (its collectives, its
-    # ModelSplit, micro-batches a replica), `harness plan`'s (harness.project.plan.described_schedule_at, handed in
+    # ModelSplit, micro-batches a replica), `harness plan`'s (harness.project.layouts.described_schedule_at, handed in
     # by harness.project.run: plan imports this module, so this one cannot import it); None for any other basis.
     layout_schedule: Callable[..., tuple[tuple[Scheduled, ...], Any, int]] | None = field(default=None, compare=False,
                                                                                       repr=False)
@@ -467,7 +467,7 @@ GROUPED_NOTE = ("schedule: the strategy's expected traffic for the cell at this 
                 "not divided")
 
 
-DESCRIBED_GROUPED_NOTE = ("schedule: harness plan's for the layout at this size (harness.project.plan.schedule_of): "
+DESCRIBED_GROUPED_NOTE = ("schedule: harness plan's for the layout at this size (harness.project.layouts.schedule_of): "
                           "the data-parallel strategy's collectives among the replicas over a rank's share of the "
                           "parameters, Megatron's activation all-reduces among the tp ranks (2 a block forward, 2 "
                           "backward, every micro-batch), a pipeline stage's sends of b x s x h fp32 values; compute: "
@@ -481,13 +481,12 @@ def grouped_schedule_at(basis: Basis, world_size: int, global_batch: int, facts:
     `world_size` and `global_batch` on nodes of `gpus_per_node`, from the strategy's own expected traffic there
     (SpecError where the strategy refuses that layout: tensor parallelism across nodes, or of a degree that
     does not divide the heads). A described hybrid (no cell, no workload) takes `harness plan`'s schedule of the
-    same layout (its `layout_schedule`: harness.project.plan.described_schedule_at), so that both commands price
+    same layout (its `layout_schedule`: harness.project.layouts.described_schedule_at), so that both commands price
     it alike."""
     if basis.layout_schedule is not None:
-        schedule, split, micro_batches = basis.layout_schedule(world_size=world_size, global_batch=global_batch,
-                                                               gpus_per_node=gpus_per_node)
-        return (schedule, split.data_parallel, micro_batches,
-                int(split.evenly_held(basis.model_parameters or basis.parameters)))
+        schedule, split, micro_batches, held = basis.layout_schedule(world_size=world_size, global_batch=global_batch,
+                                                                     gpus_per_node=gpus_per_node)
+        return schedule, split.data_parallel, micro_batches, held
     expected, data_parallel, held = facts.expected_for_cell(
         workload=basis.workload, strategy=basis.strategy, options=basis.options, precision=basis.precision,
         world_size=world_size, global_batch=global_batch, micro_batch=basis.micro_batch, gpus_per_node=gpus_per_node)
@@ -669,7 +668,7 @@ def activations_at(basis: Basis, world_size: int, global_batch: int, micro_batch
     if block is None:
         return None, None
     if basis.layout_schedule is not None:       # a described hybrid: its layout as the plan lays it out
-        _, split, _ = basis.layout_schedule(world_size=world_size, global_batch=global_batch, gpus_per_node=None)
+        _, split, _, _ = basis.layout_schedule(world_size=world_size, global_batch=global_batch, gpus_per_node=None)
         tensor_parallel, stages = split.tensor_parallel, split.pipeline_stages
     else:
         tensor_parallel, stages = (facts.model_split(workload=basis.workload, strategy=basis.strategy,

@@ -44,7 +44,7 @@ DESCRIBED_STRATEGIES = ("ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2")
 DESCRIPTION_DEFAULTS = {"grad_bytes": 4.0, "batch_per_device": 1, "recipe": "autocast", "exposed_fraction": 1.0}
 DESCRIPTION_FLAGS = {"--grad-bytes": "grad_bytes", "--batch-per-device": "batch_per_device",
                      "--global-batch": "global_batch", "--recipe": "recipe", "--exposed-fraction": "exposed_fraction",
-                     "--shape": "shape", "--mfu": "mfu"}
+                     "--shape": "shape", "--mfu": "mfu", "--model": "model"}
 # The caveat a projection of CPU rows onto a GPU cluster opens with: the step's compute and the overlap the rows
 # measured are a CPU's, so what carries over is the machinery (schedule, pricing), not the times.
 CPU_ROWS_CAVEAT = ("caveat: these rows ran on CPUs. CPU rows prove the machinery (the schedule, its pricing on the "
@@ -189,7 +189,8 @@ def project_description(strategies: Sequence[str], model: CommModel, world_sizes
     layout, which needs the shape; its degree must lay the model out at every world size (`degree_refusal`).
     Without `compute_s` (None), compute is the model's FLOPs a device runs a step over the cluster's GPU's peak
     x `mfu` (`flops_compute`)."""
-    from harness.project.plan import HYBRID, RECIPE_COMPUTE, degree_refusal, described_schedule_at, transformer_of
+    from harness.project.layouts import HYBRID, RECIPE_MATH, degree_refusal, described_schedule_at
+    from harness.project.model import decoder_of
 
     check_world_sizes(world_sizes, model)
     if not strategies:
@@ -215,10 +216,10 @@ def project_description(strategies: Sequence[str], model: CommModel, world_sizes
             if shape is None:
                 raise SpecError(f"--strategies {text}: a hybrid's tensor-parallel all-reduces and pipeline sends "
                                 "follow from the model's shape: give --shape SEQ,HIDDEN,HEADS,LAYERS")
-            if recipe not in RECIPE_COMPUTE:
+            if recipe not in RECIPE_MATH:
                 raise SpecError(f"--strategies {text}: a hybrid's traffic is described under recipe "
-                                f"{' or '.join(RECIPE_COMPUTE)} only (harness plan's schedule), not {recipe}")
-            why = degree_refusal(name, options, transformer_of(description["parameters"], shape), world_sizes,
+                                f"{', '.join(RECIPE_MATH)} only (harness plan's schedule), not {recipe}")
+            why = degree_refusal(name, options, decoder_of(description["parameters"], shape), world_sizes,
                                  gpus_per_node, facts)
             if why:
                 raise SpecError(f"--strategies {text}: {why}")
@@ -229,13 +230,13 @@ def project_description(strategies: Sequence[str], model: CommModel, world_sizes
     for name, options in chosen:
         own_compute, own_source = compute_s, compute_source
         if compute_source != "given" and options.get("activation_checkpointing", "none") != "none":
-            from harness.project.plan import RECOMPUTE_FACTOR
+            from harness.project.layouts import RECOMPUTE_FACTOR
 
             own_compute, own_source = compute_s * RECOMPUTE_FACTOR, f"{compute_source}, x {RECOMPUTE_FACTOR:.4g} " \
                                                                      "recomputed (activation checkpointing)"
         # A hybrid's schedule at each size is the plan's for its layout (one traffic model for both commands).
         layout_schedule = (partial(described_schedule_at, strategy=name, options=options,
-                                   model=transformer_of(description["parameters"], shape), recipe=recipe,
+                                   model=decoder_of(description["parameters"], shape), recipe=recipe,
                                    micro_batch=description.get("per_device_batch", 1), facts=facts)
                            if name in HYBRID else None)
         basis = description_basis(strategy=name, options=options, layout_schedule=layout_schedule,
@@ -253,28 +254,36 @@ def recipe_refusal_of(facts: StrategyFacts, strategy: str, recipe: str) -> str |
     return ask(strategy, recipe) if ask is not None else None
 
 
-def flops_compute(model: CommModel, parameters: int | None, shape: Mapping[str, int] | None, per_device_batch: int,
+def flops_compute(model: CommModel, parameters: int | None, shape: Mapping[str, Any] | None, per_device_batch: int,
                   recipe: str, mfu: float | None) -> tuple[float, str]:
     """(seconds, where they come from) of one device's compute a step from FLOPs, as `harness plan` computes it:
-    `per_device_batch` samples of the shape's tokens x PaLM's 6N + 12 L h s FLOPs a token (Chowdhery et al. 2022,
-    appendix B) over the cluster's GPU's datasheet peak in the recipe's math x an assumed MFU (`mfu`, default
-    harness.project.plan.DEFAULT_MFU). A one-line SpecError where the cluster names no GPU or no shape is given."""
-    from harness.project.plan import DEFAULT_MFU, RECIPE_COMPUTE, peak_flops, transformer_of
+    `per_device_batch` samples of the shape's tokens x PaLM's 6N + 12 L H Q T FLOPs a token (Chowdhery et al. 2022,
+    appendix B; N without the input embedding, harness.project.model) over the cluster's GPU's datasheet peak in
+    the recipe's math x the compute MFU: `mfu` where given, else the one fitted on published GPU runs for the GPU and
+    the model's size (harness.project.mfu_model). A one-line SpecError where the cluster names no GPU or no shape
+    is given."""
+    from harness.project.layouts import RECIPE_MATH, peak_flops
+    from harness.project.mfu_model import mfu_model
+    from harness.project.model import decoder_of
 
     cluster = model.cluster if isinstance(model, ClusterModel) else None
-    if shape is None or cluster is None or not cluster.gpu or parameters is None:
-        raise SpecError("a description needs --compute-ms MS, or --shape with a --cluster that names its gpu "
-                        "(compute from FLOPs at an assumed MFU)")
-    mfu = DEFAULT_MFU if mfu is None else mfu
-    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+    if shape is None or cluster is None or not cluster.gpu:
+        raise SpecError("a description needs --compute-ms MS, or --shape (or --model) with a --cluster that names "
+                        "its gpu (compute from FLOPs at the fitted compute MFU)")
+    if mfu is not None and (isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1):
         raise SpecError(f"--mfu must be a fraction of the peak in (0, 1], got {mfu!r}")
-    transformer = transformer_of(parameters, shape)
+    decoder = decoder_of(parameters, shape)
     peak = peak_flops(cluster, recipe)
-    tokens = per_device_batch * transformer.seq_len
-    seconds = tokens * transformer.flops_per_token / (peak * mfu)
-    source = (f"FLOPs at an assumed MFU: {tokens:,} tokens x {transformer.flops_per_token / 1e9:.4g} GFLOP a token "
-              f"(PaLM: 6N + 12 L h s) / ({peak / 1e12:.4g} TFLOP/s {RECIPE_COMPUTE[recipe][1]} datasheet peak of "
-              f"the {cluster.gpu} x an assumed MFU of {mfu:.0%}, --mfu)")
+    if mfu is None:
+        fitted = mfu_model()
+        mfu = fitted.compute_mfu(cluster.gpu, decoder.parameters, False)
+        given = fitted.describe(cluster.gpu, decoder.parameters, False)
+    else:
+        given = f"compute MFU {mfu:.0%} (--mfu)"
+    tokens = per_device_batch * decoder.seq_len
+    seconds = tokens * decoder.flops_per_token / (peak * mfu)
+    source = (f"FLOPs: {tokens:,} tokens x {decoder.flops_per_token / 1e9:.4g} GFLOP a token (PaLM: 6N + 12 L H Q T) "
+              f"/ ({peak / 1e12:.4g} TFLOP/s {RECIPE_MATH[recipe]} datasheet peak of the {cluster.gpu} x {given})")
     return seconds, source
 
 
@@ -326,6 +335,13 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
                                         ("--largest-source", args.largest_source != 2)) if given]
     if changed:
         raise SpecError(f"{changed[0]} chooses how --validate predicts measured cells: give --validate with it")
+    if args.model is not None:
+        if args.shape is not None:
+            raise SpecError("give --model PRESET or --shape, not both (--model's shape is the preset's)")
+        from harness.project.model import preset
+
+        chosen_model = preset(args.model).with_stated_parameters(args.params)
+        args.params, args.shape = chosen_model.parameters, chosen_model.shape_fields()
     described = args.params is not None or args.compute_ms is not None
     if described and args.rows:
         raise SpecError("give measured ROWS or a description (--params, --compute-ms), not both")
@@ -334,6 +350,11 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
                         "with a --cluster that names its gpu)")
     if described and args.params is None:
         raise SpecError("a description needs --params")
+    if described and args.shape is not None and args.model is None:
+        from harness.project.model import decoder_of
+
+        # The shape as the activations read it (a swiglu shape is Llama's block: its family and widths).
+        args.shape = decoder_of(args.params, args.shape).shape_fields()
     describing = [flag for flag, value in DESCRIPTION_FLAGS.items() if getattr(args, value) is not None]
     if args.rows and describing:
         raise SpecError(f"{', '.join(describing)} describes a model (--params); with measured ROWS the rows give it")
