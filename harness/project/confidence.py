@@ -17,8 +17,9 @@ tables equal to the rows, tests/test_plan.py keeps these figures equal to the ta
   bars (p90 47.7%): not validated, and said with its figures.
 
 What these are errors of: the projection from measured rows on an emulated cluster of CPU nodes where the network
-dominates, not a projection from FLOPs onto GPUs. A plan's compute comes from FLOPs and an assumed MFU, which no
-committed row checks; these figures say how well the communication and overlap model has held, nothing more.
+dominates, not a projection from FLOPs onto GPUs. A plan's compute comes from FLOPs at an MFU fitted on published GPU
+runs, whose own held-out error (harness.project.mfu_model) is its confidence; these figures say how well the
+communication and overlap model has held, nothing more.
 """
 
 from __future__ import annotations

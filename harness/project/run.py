@@ -201,7 +201,7 @@ def project_description(strategies: Sequence[str], model: CommModel, world_sizes
         compute_s, compute_source = flops_compute(model, description.get("parameters"), shape,
                                                   description.get("per_device_batch", 1), recipe, mfu)
     elif mfu is not None:
-        raise SpecError("--mfu is the assumed MFU of compute from FLOPs: it has no meaning with --compute-ms")
+        raise SpecError("--mfu is the compute MFU of compute from FLOPs: it has no meaning with --compute-ms")
     gpus_per_node = model.cluster.gpus_per_node if isinstance(model, ClusterModel) else None
     chosen, skipped = [], []
     for text in strategies:
@@ -398,7 +398,7 @@ def projection_from_arguments(args: argparse.Namespace) -> str:
         lines.append(CPU_ROWS_CAVEAT)
     if described and args.compute_ms is None:
         lines.append(f"compute, not measured: {points[0].basis.compute_source}" if points else
-                     "compute, not measured: from FLOPs at an assumed MFU")
+                     "compute, not measured: from FLOPs at the compute MFU fitted on published runs")
     lines.append(format_table(points))
     lines += [f"left out: {note}" for note in skipped]
     if args.out:
