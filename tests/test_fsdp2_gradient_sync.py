@@ -54,11 +54,11 @@ def test_the_planned_working_memory_keeps_unsharded_gradients_only_with_sync_off
 
 
 # A 2-rank script: four Linear layers of 500 x 500 + 500 (250,500 each, 1,002,000 in all), each fully_shard'ed over
-# 2 ranks, two micro-batches forward and backward with gradient sync off or on; then the bytes of the gradients FSDP2
+# 2 ranks, two micro-batches forward and backward with gradient sync off, then on; after each the bytes of the gradients FSDP2
 # keeps, read from its own parameters (torch 2.13's FSDPParam: the unsharded parameter's gradient and the accumulated
 # one it upcasts into, and the sharded parameter's gradient).
 SCRIPT = r"""
-import json, sys
+import json
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
@@ -69,37 +69,43 @@ model = torch.nn.Sequential(*[torch.nn.Linear(500, 500) for _ in range(4)])
 for layer in model:
     fully_shard(layer)
 fully_shard(model)
-model.set_requires_gradient_sync(sys.argv[1] == "on")
-for _ in range(2):
-    model(torch.randn(8, 500)).sum().backward()
-unsharded = sharded = 0
-for layer in model:
-    for param in layer._get_fsdp_state()._fsdp_param_group.fsdp_params:
-        for grad in (param.unsharded_accumulated_grad, param._unsharded_param.grad):
-            if grad is not None:
-                unsharded += grad.numel() * grad.element_size()
-        if param.sharded_param.grad is not None:
-            sharded += param.sharded_param.grad.to_local().numel() * param.sharded_param.grad.element_size()
+found = {}
+for sync in ("off", "on"):
+    for param in model.parameters():
+        param.grad = None
+    model.set_requires_gradient_sync(sync == "on")
+    for _ in range(2):
+        model(torch.randn(8, 500)).sum().backward()
+    unsharded = sharded = 0
+    for layer in model:
+        for param in layer._get_fsdp_state()._fsdp_param_group.fsdp_params:
+            for grad in (param.unsharded_accumulated_grad, param._unsharded_param.grad):
+                if grad is not None:
+                    unsharded += grad.numel() * grad.element_size()
+            if param.sharded_param.grad is not None:
+                sharded += param.sharded_param.grad.to_local().numel() * param.sharded_param.grad.element_size()
+    found[sync] = {"unsharded": unsharded, "sharded": sharded}
+    if sync == "off":       # the last micro-batch of an accumulation syncs: reduce what was kept before the next
+        model.set_requires_gradient_sync(True)
+        model(torch.randn(8, 500)).sum().backward()
 if dist.get_rank() == 0:
-    print(json.dumps({"unsharded": unsharded, "sharded": sharded}))
+    print(json.dumps(found))
 dist.destroy_process_group()
 """
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("sync, expected", [
-    ("off", {"unsharded": 4 * 1_002_000, "sharded": 0}),        # every parameter's fp32 gradient, whole: 4,008,000 B
-    ("on", {"unsharded": 0, "sharded": 4 * 1_002_000 // 2}),    # this rank's shard of each: 2,004,000 B
-])
-def test_sync_off_keeps_every_unsharded_gradient_measured_on_two_ranks(tmp_path, sync, expected):
+def test_sync_off_keeps_every_unsharded_gradient_measured_on_two_ranks(tmp_path):
     script = tmp_path / "accumulate.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), sync], capture_output=True, text=True, env=env, timeout=120)
+                           str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    # What `working_memory_bytes` counts with sync off: 4 bytes a parameter the rank holds, whole.
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == expected
+    # What `working_memory_bytes` counts with sync off: 4 bytes a parameter the rank holds, whole (4,008,000 B);
+    # with sync on, this rank's shard of each (2,004,000 B).
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "off": {"unsharded": 4 * 1_002_000, "sharded": 0}, "on": {"unsharded": 0, "sharded": 4 * 1_002_000 // 2}}
 
 
 @pytest.fixture(scope="module")
