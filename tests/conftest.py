@@ -8,6 +8,7 @@ import torch
 
 from harness.strategies import STRATEGIES
 from launch_guard import LaunchGuard
+import launch_streams
 from launch_streams import Stream, StreamBank
 
 
@@ -33,8 +34,10 @@ def pytest_collection_modifyitems(config, items):
     # pytest's 600 s (pyproject.toml) bounds one test, not that. Each launch is bounded by its own --timeout
     # (launch_streams.COMMON), so a hang still ends; the first demand of the matrix tier ran past 600 s on a 2-core
     # VM whose unit tier took 257 s at the base commit.
+    # So do the modules that launch streams of their own (the fault-tolerance matrix's 21 cells took 5 min 52 s on a
+    # day this VM ran the unit tier in 50 s, and past pytest's 600 s on one it took 269 s).
     for item in items:
-        if set(item.fixturenames) & set(STREAMS_READ_BY):
+        if set(item.fixturenames) & set(STREAMS_READ_BY) or _launches_streams(item):
             item.add_marker(pytest.mark.timeout(STREAM_BANK_TIMEOUT_S))
     if torch.cuda.is_available():
         return
@@ -42,6 +45,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _launches_streams(item) -> bool:
+    """Whether the test's module launches streams of cells itself (launch_streams.run_streams)."""
+    module = getattr(item, "module", None)
+    return module is not None and vars(module).get("run_streams") is launch_streams.run_streams
 
 
 # ---- cells launched once per session and shared by the modules that judge them, two streams at a time

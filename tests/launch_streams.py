@@ -26,7 +26,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from harness.cli import EXIT_CHECK_FAILED
 from harness.record import read_results
@@ -64,25 +64,33 @@ class Stream:
 
 class StreamBank:
     """Streams launched on demand into one folder, each once: the first demand launches, with what it asks for,
-    every planned stream not yet launched, so that they share the STREAMS lanes."""
+    every planned stream not yet launched, so that they share the STREAMS lanes. A stream that fails is not
+    launched again: its readers get its error, and the other streams' rows stay theirs (a failure that relaunched
+    every stream for each later reader ran CI past its time)."""
 
     def __init__(self, folder: Path, planned: Sequence[Stream]) -> None:
         self.folder, self.planned = folder, list(planned)
-        self.launched: dict[str, list[RunResult]] = {}
+        self.launched: dict[str, list[RunResult] | BaseException] = {}
 
     def rows(self, *streams: Stream) -> list[RunResult]:
-        """The rows of `streams`, in their order."""
+        """The rows of `streams`, in their order; the first failed stream's error where one failed."""
         if any(stream.name not in self.launched for stream in streams):
             due = [s for s in [*self.planned, *streams] if s.name not in self.launched]   # planned longest first
-            self.launched.update(run_streams(self.folder, list({s.name: s for s in due}.values())))
+            self.launched.update(run_streams(self.folder, list({s.name: s for s in due}.values()), keep_going=True))
+        for stream in streams:
+            if isinstance(self.launched[stream.name], BaseException):
+                raise RuntimeError(f"stream {stream.name} failed") from self.launched[stream.name]
         return [row for stream in streams for row in self.launched[stream.name]]
 
 
-def run_streams(folder: Path, streams: Sequence[Stream]) -> dict[str, list[RunResult]]:
-    """{stream name: its rows}, at most STREAMS streams launching at once, longest first as given."""
+def run_streams(folder: Path, streams: Sequence[Stream], keep_going: bool = False) -> dict[str, Any]:
+    """{stream name: its rows}, at most STREAMS streams launching at once, longest first as given; with
+    `keep_going`, a failed stream's error in place of its rows, where otherwise the first error is raised."""
     with ThreadPoolExecutor(max_workers=STREAMS) as pool:
         running = {stream.name: pool.submit(_run, folder, stream) for stream in streams}
-        return {name: future.result() for name, future in running.items()}
+        if not keep_going:
+            return {name: future.result() for name, future in running.items()}
+        return {name: future.exception() or future.result() for name, future in running.items()}
 
 
 def _run(folder: Path, stream: Stream) -> list[RunResult]:

@@ -12,6 +12,7 @@ import pytest
 from harness.spec import RunSpec, SpecError
 from harness.strategies import STRATEGIES, checked
 from harness.strategies.parameter_server import Roles, shard_bounds
+from launch_streams import Stream, run_streams
 from workloads import get_workload
 
 PS = STRATEGIES["ps"]
@@ -85,8 +86,6 @@ LAYOUTS = {"dedicated-1": ("3,5", ("--option", "placement=dedicated")),
 @pytest.fixture(scope="module")
 def ps_rows(tmp_path_factory):
     """{(layout, precision): {world size: row}}, each stream with the plain loop of its precision at world size 1."""
-    from launch_streams import Stream, run_streams
-
     streams = [Stream(f"{name}-{precision}", ("--workload", "gpt-tiny", "--world-sizes", sizes, "--precision", precision,
                                               "--global-batch", "16", "--strategy", "plain,ps", *options))
                for name, (sizes, options) in LAYOUTS.items() for precision in ("fp32", "bf16")]

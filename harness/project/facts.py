@@ -13,6 +13,8 @@ importing this module stays torch-free, and harness.project.projection takes any
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any, Mapping
 
 from harness.derive.checkpoint import CheckpointContents
@@ -58,11 +60,8 @@ class RegistryFacts:
         which the parameter counts of `expected_per_step` cannot describe. The workload's layers are built on
         the meta device (shapes, no memory). A layout the strategy refuses there (`Strategy.layout_refusal`)
         is a SpecError naming the rule."""
-        import torch
-
         from harness.spec import DeviceKind, RunSpec
         from harness.strategies import checked
-        from workloads import get_workload
 
         nodes = max(1, world_size // gpus_per_node) if gpus_per_node else 1
         chosen, _ = self._strategy(strategy, options)
@@ -73,8 +72,7 @@ class RegistryFacts:
         refusal = chosen.layout_refusal(cell)
         if refusal:
             raise SpecError(refusal)
-        with torch.device("meta"):
-            layers = get_workload(workload).build_layers()
+        layers = copy.deepcopy(_meta_layers(workload))     # a copy: a strategy may split the layers it is given
         return (chosen.expected_traffic(cell, layers).to_dict(), chosen.layout(cell).data_parallel,
                 chosen.planned_parameters_held(cell, layers))
 
@@ -199,3 +197,16 @@ class RegistryFacts:
 
 
 REGISTRY_FACTS = RegistryFacts()
+
+
+@functools.lru_cache(maxsize=None)
+def _meta_layers(workload: str) -> list:
+    """The workload's layers built on the meta device, once a process: initialising them there runs every init
+    through torch's reference decompositions (ResNet-50's took 12 s here), and a dry run prices a workload's cells
+    dozens of times; a copy of them takes milliseconds."""
+    import torch
+
+    from workloads import get_workload
+
+    with torch.device("meta"):
+        return get_workload(workload).build_layers()

@@ -259,7 +259,10 @@ class Pipeline(Strategy):
         # DeepSpeed's bf16 or fp16 section keeps the model in 16 bits, so it sends 16 bits; autocast's block
         # outputs (a residual sum, a batch norm) and fp32 send fp32.
         half_model = sixteen_bit_weights(spec, options)
-        inputs, _ = workload.batch(spec.seed, 0, torch.arange(spec.micro_batch), torch.device("cpu"))
+        # One sample's inputs give the shape and dtype of a micro-batch's (a ResNet-50 micro-batch of real images
+        # takes seconds to make, and a dry run prices the pipeline's cells many times over).
+        sample, _ = workload.batch(spec.seed, 0, torch.arange(1), torch.device("cpu"))
+        inputs = torch.empty((spec.micro_batch, *sample.shape[1:]), dtype=sample.dtype, device="meta")
         with torch.device("meta"):
             shapes = workload.build_layers()
         activations = boundary_bytes(shapes, inputs, 2 if half_model else 4)
