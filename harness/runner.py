@@ -368,8 +368,10 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
         if not cell["ok"]:
             lines.append(f"{label:<{width}} {cell['status']:<7} {cell['message'][:70]}")
             continue
+        # A cell of one launch has no interval; in a table beside cells of several, pandas holds its None as NaN.
         interval = (f"{cell['samples_per_s_low']:.0f}-{cell['samples_per_s_high']:.0f} "
-                    f"({cell['samples_per_s_interval']})" if cell["samples_per_s_low"] is not None else "1 launch")
+                    f"({cell['samples_per_s_interval']})" if _present(cell["samples_per_s_low"])
+                    else "1 launch" if cell["launches"] == 1 else f"{int(cell['launches'])} launches")
         exposed_text, overhead_text = _share(cell.get("exposed_comm_share")), _share(cell.get("framework_overhead_share"))
         stalled_text = f"{int(cell['host_stalled_steps'])}/{int(cell['timed_steps_recorded'])}"   # floats where a skipped cell left NaN
         if cell["strategy"] == BARE_STRATEGY:         # one clock around its steps: no step of its own to call stalled

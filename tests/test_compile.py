@@ -126,3 +126,17 @@ def test_compiled_ddp_and_fsdp2_at_two_ranks_match_the_compiled_plain_loop_with_
         assert compiled_rows[name].spec.world_size == 2
         assert by_strategy[name].verdict is Verdict.MATCH, (name, by_strategy[name].note)
         assert "compiled plain loop" in by_strategy[name].note
+
+
+def test_a_compiled_cell_with_fewer_than_two_warm_up_steps_is_refused_in_one_line_before_launch(capsys):
+    # Issue 61: `--warmup-steps 0 --option compile=true` was accepted, and its first timed step (6,023 ms) compiled.
+    from harness.cli import main
+
+    for steps in ("0", "1"):
+        assert main(["run", "--workload", "gpt-tiny", "--strategy", "ddp", "--world-sizes", "2", "--device", "cpu",
+                     "--option", "compile=true", "--warmup-steps", steps, "--dry-run"]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error == (f"parbench: error: compile=true needs --warmup-steps of at least 2 (got {steps}): the first "
+                         "step compiles and the next may recompile, and a timed step that compiles times the compiler")
+    assert main(["run", "--workload", "gpt-tiny", "--strategy", "ddp", "--world-sizes", "2", "--device", "cpu",
+                 "--option", "compile=true", "--warmup-steps", "2", "--dry-run"]) == 0

@@ -3,6 +3,7 @@ findings on scaling references and summary/report agreement, and the package's f
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,3 +215,16 @@ def test_the_summary_and_the_report_mark_an_oversubscribed_cell(tmp_path):
     assert "| oversubscribed: 2 ranks x 1 thread on 1 core |" in ddp_row
     assert "| 1 rank x 1 thread on 1 core |" in next(line for line in markdown.splitlines()
                                                      if line.startswith("| gpt-tiny | plain |"))
+
+
+def test_a_one_launch_cell_beside_a_five_launch_one_shows_no_interval_rather_than_nan():
+    # Issue 61: in a table beside a cell of five launches, a one-launch cell's missing interval became NaN and
+    # the console printed "nan-nan ()".
+    from harness.runner import summary_table
+
+    five = [{**_row("plain", 1, steps=(0.2, 0.21, 0.2), cell="p"), "run_id": f"p-{n}", "repeat": n} for n in range(5)]
+    summary = summary_table([*five, _row()])
+    ddp_line = next(line for line in summary.splitlines() if line.startswith("gpt-tiny/ddp"))
+    plain_line = next(line for line in summary.splitlines() if line.startswith("gpt-tiny/plain"))
+    assert "nan" not in summary and ddp_line.endswith("1 launch"), ddp_line
+    assert re.search(r"\d+-\d+ \(.+\)$", plain_line), plain_line
