@@ -108,3 +108,19 @@ def test_sequence_parallelism_must_divide_the_sequence():
     with pytest.raises(SpecError, match="has no option 'sequence_parallel'"):
         checked(RunSpec(workload="gpt-tiny", strategy="fsdp2-tp", world_size=2, global_batch=8, micro_batch=4,
                         options={"sequence_parallel": True}))
+
+
+def test_loss_parallelism_splits_the_padded_vocabulary_rows():
+    from harness.strategies import get_strategy
+
+    # Issue 61: gpt2-small was refused loss_parallel because its 50,257 tokens are odd, though the matrices it
+    # splits have 50,304 rows (padded to 64, workloads/gpt.py): 50,304 / 2 = 25,152 and / 4 = 12,576 rows a rank.
+    for size in (2, 4):
+        spec = RunSpec(workload="gpt2-small", strategy="tp", world_size=size, global_batch=8, micro_batch=2,
+                       options={"loss_parallel": True})
+        assert get_strategy("tp").layout_refusal(spec) is None
+    # gpt2-xl's 25 heads split over 5 ranks; 50,304 rows do not (50,304 = 5 x 10,060 + 4).
+    xl = RunSpec(workload="gpt2-xl", strategy="tp", world_size=5, global_batch=10, micro_batch=2,
+                 options={"loss_parallel": True})
+    assert get_strategy("tp").layout_refusal(xl) == (
+        "loss parallelism of 5 must divide gpt2-xl's vocabulary of 50304 rows (50257 tokens, padded)")

@@ -104,10 +104,12 @@ class TensorParallel(Strategy):
         if self.resolved(spec).get("sequence_parallel") and tokens % spec.world_size:
             return (f"sequence parallelism of {spec.world_size} must divide {spec.workload}'s sequence of "
                     f"{tokens} tokens")
-        vocabulary = workload.config.vocab_size
-        if self.resolved(spec).get("loss_parallel") and vocabulary % spec.world_size:
+        # The vocabulary matrices are split by rows, and they have the padded count (GPT-2's 50,257 tokens in
+        # 50,304 rows, workloads/gpt.py): it is the rows that must divide.
+        rows = workload.config.padded_vocab_size
+        if self.resolved(spec).get("loss_parallel") and rows % spec.world_size:
             return (f"loss parallelism of {spec.world_size} must divide {spec.workload}'s vocabulary of "
-                    f"{vocabulary} tokens")
+                    f"{rows} rows ({workload.config.vocab_size} tokens, padded)")
         if spec.device is DeviceKind.CUDA and spec.nnodes > 1:
             return "tensor parallelism's all-reduces sit inside every layer: it runs within one node"
         return None
