@@ -31,6 +31,7 @@ import pandas as pd
 from harness.derive.beyond_ws1 import step_beyond_ws1
 from harness.derive.activations import predicted_activation_bytes
 from harness.derive.comm import comm_columns
+from harness.derive.compiled import cell_compile, compile_columns
 from harness.derive.exposed import exposed_columns
 from harness.derive.hosts import cell_host_load, row_host_load
 from harness.derive.identity import (cell_identity, conditions_id, distinguishing_suffixes, emulation_text,
@@ -72,6 +73,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(_communication(m))
     record.update(server_link_columns(m))
     record.update(checkpoint_columns(row))
+    record.update(compile_columns(m))
     network = network_of(row) or {}
     record["link_rate_bits_per_s"] = network.get("link_rate_bits_per_s")     # an emulated network's, else None
     record.update(_exposed(m, int(s["world_size"])))
@@ -202,6 +204,7 @@ def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame
         line["parity_failed"] = next((f for v, f in zip(ok["parity_verdict"], ok["parity_failed"]) if v == worst
                                       and f), "") if verdicts else ""
         line.update(_worst_checkpoint(ok.to_dict("records")))
+        line.update(cell_compile(ok.to_dict("records")))
         throughputs = [float(v) for v in ok.get("samples_per_s", pd.Series(dtype=float)).tolist() if _present(v)]
         line["step_time_on_basis_s"] = _step_of(line["global_batch"], line["samples_per_s"])
         line.update(_interval(throughputs))

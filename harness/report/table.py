@@ -166,6 +166,10 @@ COLUMNS = [
     # Activation offload's copies to the host and back (harness.derive.techniques), and fp16's skipped steps.
     Column("host MiB/step", _scaled("host_bytes_per_step", 1 / MIB)),
     Column("skipped steps", _scaled("optimizer_steps_skipped", 1)),
+    # torch.compile's (harness.derive.compiled): a timed step that recompiled holds a compile in its time.
+    Column("compile s", _scaled("compile_seconds", 1)),
+    Column("graph breaks", _scaled("graph_breaks", 1)),
+    Column("recompiles in timed steps", _scaled("recompiles_in_timed_steps", 1)),
     Column("MFU", _share("mfu")),
     Column("parity", _text("parity")),
     Column("host load", _text("host_load")),

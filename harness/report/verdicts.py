@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from harness.derive.compiled import compile_line
 from harness.derive.exposed import BOUND_PREFIX
 from harness.derive.harness_overhead import BARE_STRATEGY, OVERHEAD_LIMIT, beyond_spread
 from harness.derive.parity import REFERENCE_STRATEGY
@@ -160,7 +161,8 @@ def _group(key: tuple, group: pd.DataFrame) -> GroupVerdict:
     lines = emulated + lines
     memory_line, lowest = _memory(ok, device)
     exposed_line, dominated = _exposed(ok, int(world_size))
-    lines += [memory_line, exposed_line, *harness_lines]
+    lines += [memory_line, exposed_line, *harness_lines,
+              *(compile_line(cell_name(line), line) for line in ok.to_dict("records"))]
     return GroupVerdict(heading=heading, lines=[line for line in lines if line], fastest=fastest,
                         lowest_memory=lowest, dominated=dominated)
 
