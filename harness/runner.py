@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from harness.derive.harness_overhead import BARE_STRATEGY, OVERHEAD_LIMIT, beyond_spread
+from harness.derive.harness_overhead import BARE_STRATEGY, overhead_verdict
 from harness.derive.identity import cell_identity, identity_of
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.environment import capture_environment
@@ -332,11 +332,7 @@ def _harness_overhead_notes(cells: Sequence[dict]) -> list[str]:
         share = cell.get("harness_overhead_share")
         if cell.get("strategy") != REFERENCE_STRATEGY or share is None or share != share:
             continue
-        over = ""
-        if share > OVERHEAD_LIMIT:
-            apart = beyond_spread(cell)
-            over = (f", over the {OVERHEAD_LIMIT:.0%} limit" + (" and beyond the launches' spread" if apart else
-                    " within the launches' spread" if apart is not None else ", one launch a side: no spread to judge it"))
+        over = ", " + overhead_verdict(cell)[1]
         notes.append(f"(harness overhead, {cell['label']}: {share:+.1%}, its mean step against the bare loop's timed "
                      f"whole{over}; docs/methodology.md, 'The harness's own cost')")
     return notes

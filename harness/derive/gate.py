@@ -61,7 +61,6 @@ the plain loop) is not a metric of that cell and is not listed.
 from __future__ import annotations
 
 import enum
-import functools
 import math
 from dataclasses import dataclass
 from math import comb
@@ -70,6 +69,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from harness.derive.cells import condition_labels, launch_record
 from harness.derive.identity import cell_identity, describe_differences, row_conditions, spec_id
+from harness.derive.mann_whitney import orderings_by_pairs, tail_probability
 from harness.derive.rows import Row
 from harness.derive.throughput import Basis
 from harness.spec import DeviceKind
@@ -170,28 +170,6 @@ def pairs_beyond(low: Sequence[float], high: Sequence[float], margin: Margin, th
     if margin is Margin.ABSOLUTE:
         return sum(h > l + threshold for l in low for h in high)
     return sum(h > l * (1.0 + threshold) for l in low for h in high)
-
-
-@functools.cache
-def _orderings_by_pairs(n_low: int, n_high: int) -> tuple[int, ...]:
-    """counts[u]: how many of the C(n + m, n) orderings of n low-side and m high-side values put a high value
-    above a low one in exactly u pairs (Mann & Whitney 1947's recursion, on which of the two sides holds the
-    largest value: a high one lies above all n low ones, a low one above no high one)."""
-    if n_low == 0 or n_high == 0:
-        return (1,)
-    counts = [0] * (n_low * n_high + 1)
-    for u, c in enumerate(_orderings_by_pairs(n_low, n_high - 1)):
-        counts[u + n_low] += c
-    for u, c in enumerate(_orderings_by_pairs(n_low - 1, n_high)):
-        counts[u] += c
-    return tuple(counts)
-
-
-def tail_probability(n_low: int, n_high: int, pairs: int) -> float:
-    """P(U >= pairs) for exchangeable values: the one-sided exact Mann-Whitney p-value of `pairs` (at
-    pairs = n * m, every high value above every low one: 1 / C(n + m, n), `chance_of_firing`)."""
-    counts = _orderings_by_pairs(n_low, n_high)
-    return sum(counts[max(pairs, 0):]) / comb(n_low + n_high, n_low)
 
 
 def p_values(base: Sequence[float], new: Sequence[float], metric: "GateMetric", threshold: float) -> tuple[float, float]:

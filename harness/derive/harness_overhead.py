@@ -14,20 +14,35 @@ median of each side. What it bounds: what the harness adds inside the steps it t
 the device's queue, the probes' hooks), on the figures every strategy's step time is measured with. What it does not
 see: the work between steps (data, probes), which no timed figure holds, and a strategy's own instrumentation (the
 counter's wrappers around its collectives), which the plain loop does not run. Above OVERHEAD_LIMIT the report's
-verdicts say so, and whether that lies beyond the launches' spread (each side's interval, harness.derive.intervals).
+verdicts say so.
+
+Its interval: the exact distribution-free one for a ratio (Moses; Hollander & Wolfe, Nonparametric Statistical Methods,
+the Mann-Whitney test inverted), the set of overheads r for which the two-sided exact Mann-Whitney test of the plain
+launches against the bare ones scaled by (1 + r) does not reject at 5% (harness.derive.mann_whitney, the test the
+regression gate uses). With the n * m ratios plain_i / bare_j sorted, and c the largest count with P(U <= c) <= 2.5%,
+it runs from the (c + 1)-th to the (n m - c)-th, less 1, at confidence 1 - 2 P(U <= c): 5 launches a side give the 3rd
+and the 23rd of 25 at 96.8%; 4 a side the 1st and the 16th of 16 at 97.1%; 3 a side none (one ordering in 20 is
+already 5%). The verdict reads the interval alone: within OVERHEAD_LIMIT where its upper end is under it, over it
+where its lower end is above it, and otherwise inconclusive, saying what more launches would do.
 
 Torch-free.
 """
 
 from __future__ import annotations
 
+import enum
+from math import comb
 from statistics import fmean, median
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from harness.derive.intervals import median_interval
+from harness.derive.mann_whitney import orderings_by_pairs
 
 BARE_STRATEGY = "bare"
 OVERHEAD_LIMIT = 0.03
+CONFIDENCE = 0.95
+# The fewest launches a side whose ratio interval reaches CONFIDENCE (module docstring): 3 a side cannot.
+LAUNCHES_FOR_AN_INTERVAL = 4
 
 
 def bare_step_s(measurements: Mapping[str, Any]) -> float | None:
@@ -60,14 +75,54 @@ def harness_overhead(plain: Iterable[Mapping[str, Any]], bare: Iterable[Mapping[
         interval = median_interval(steps)
         figures[f"harness_{side}_step_low_s"] = interval.low if interval else None
         figures[f"harness_{side}_step_high_s"] = interval.high if interval else None
+    low, high, confidence = overhead_interval(plain_steps, bare_steps) or (None, None, None)
+    figures.update({"harness_overhead_low": low, "harness_overhead_high": high,
+                    "harness_overhead_confidence": confidence})
     return figures
 
 
-def beyond_spread(figures: Mapping[str, Any]) -> bool | None:
-    """Whether the overhead is over OVERHEAD_LIMIT beyond the launches' spread: the plain loop's interval lies more
-    than the limit above the bare loop's (low end over high end); None where a side has a single launch and so no
-    spread."""
-    plain_low, bare_high = figures.get("harness_plain_step_low_s"), figures.get("harness_bare_step_high_s")
-    if plain_low is None or bare_high is None or plain_low != plain_low or bare_high != bare_high:
+def overhead_interval(plain_steps: Sequence[float], bare_steps: Sequence[float],
+                      confidence: float = CONFIDENCE) -> tuple[float, float, float] | None:
+    """(low, high, its confidence) of the overhead plain / bare - 1 (module docstring: the Mann-Whitney test
+    inverted); None where the launches are too few for `confidence`."""
+    n, m = len(plain_steps), len(bare_steps)
+    if not n or not m:
         return None
-    return plain_low / bare_high - 1 > OVERHEAD_LIMIT
+    counts, orderings = orderings_by_pairs(n, m), comb(n + m, n)
+    below, c = 0, -1            # P(U <= c) * orderings, and the largest c with P(U <= c) <= (1 - confidence) / 2
+    for u, count in enumerate(counts):
+        if (below + count) / orderings > (1 - confidence) / 2:
+            break
+        below, c = below + count, u
+    if c < 0:
+        return None
+    ratios = sorted(p / b for p in plain_steps for b in bare_steps)
+    return ratios[c] - 1, ratios[n * m - c - 1] - 1, 1 - 2 * below / orderings
+
+
+class Verdict(enum.Enum):
+    WITHIN = "within"
+    OVER = "over"
+    INCONCLUSIVE = "inconclusive"
+
+
+def overhead_verdict(figures: Mapping[str, Any]) -> tuple[Verdict, str]:
+    """What the interval shows of the overhead against OVERHEAD_LIMIT, and a clause saying it (module docstring)."""
+    low, high, confidence = (figures.get(f"harness_overhead_{end}") for end in ("low", "high", "confidence"))
+    if not _present(low):
+        return Verdict.INCONCLUSIVE, (f"inconclusive: {int(figures.get('harness_plain_launches') or 0)} plain and "
+                                      f"{int(figures.get('harness_bare_launches') or 0)} bare launches give no "
+                                      f"{CONFIDENCE:.0%} interval (it needs {LAUNCHES_FOR_AN_INTERVAL} a side: "
+                                      "--repeats 5)")
+    interval = f"{float(confidence):.1%} interval {float(low):+.1%} to {float(high):+.1%}"
+    if float(high) < OVERHEAD_LIMIT:
+        return Verdict.WITHIN, f"within the {OVERHEAD_LIMIT:.0%} limit ({interval})"
+    if float(low) > OVERHEAD_LIMIT:
+        return Verdict.OVER, (f"OVER the {OVERHEAD_LIMIT:.0%} limit ({interval}): every step time here carries "
+                              "that much of the harness's own cost")
+    return Verdict.INCONCLUSIVE, (f"inconclusive: its {interval} reaches both sides of the {OVERHEAD_LIMIT:.0%} "
+                                  "limit (more launches narrow it: --repeats)")
+
+
+def _present(value: Any) -> bool:
+    return value is not None and value == value         # NaN: a cell table's missing value

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from harness.derive.exposed import BOUND_PREFIX
-from harness.derive.harness_overhead import OVERHEAD_LIMIT
+from harness.derive.harness_overhead import overhead_verdict
 from harness.derive.throughput import Basis
 from harness.report.verdicts import shown_name
 
@@ -87,12 +87,12 @@ def _beyond_compute_only(key: str) -> Callable[[Line], str]:
 
 
 def _harness_overhead(line: Line) -> str:
-    """On the plain and bare cells of the same work: the plain loop's step over the bare loop's, marked where it
-    passes the limit the report holds it to."""
+    """On the plain and bare cells of the same work: the plain loop's step over the bare loop's, and what its
+    interval shows against the limit the report holds it to (within, over or inconclusive)."""
     share = line.get("harness_overhead_share")
     if not _present(share):
         return ""
-    return f"{float(share):+.1%}" + (" (over limit)" if float(share) > OVERHEAD_LIMIT else "")
+    return f"{float(share):+.1%} ({overhead_verdict(line)[0].value})"
 
 
 def _stalled(line: Line) -> str:

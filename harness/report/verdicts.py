@@ -24,7 +24,7 @@ import pandas as pd
 
 from harness.derive.compiled import compile_line
 from harness.derive.exposed import BOUND_PREFIX
-from harness.derive.harness_overhead import BARE_STRATEGY, OVERHEAD_LIMIT, beyond_spread
+from harness.derive.harness_overhead import BARE_STRATEGY, overhead_verdict
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.report.checkpoint import checkpoint_lines
 from harness.report.parameter_server import parameter_server_lines
@@ -301,23 +301,7 @@ def _harness(ok: pd.DataFrame) -> list[str]:
         text = (f"Harness overhead: {share:+.1%} ({cell_name(line)}'s mean step, {line['harness_plain_step_s'] * 1e3:.4g}"
                 f" ms over {_launches(plain)}, against the bare loop's {line['harness_bare_step_s'] * 1e3:.4g} "
                 f"ms over {_launches(bare)}, timed whole)")
-        apart = beyond_spread(line)
-        if share < -OVERHEAD_LIMIT:
-            text += (f": the plain loop ran faster than the bare loop by more than the {OVERHEAD_LIMIT:.0%} limit, "
-                     "which only the launches' noise does (--repeats 5 narrows it).")
-        elif share <= OVERHEAD_LIMIT:
-            text += f": within the {OVERHEAD_LIMIT:.0%} every step time here allows for it."
-        elif apart:
-            text += (f": OVER the {OVERHEAD_LIMIT:.0%} limit and beyond the launches' spread: every step time here "
-                     "carries that much of the harness's own cost.")
-        elif apart is None:
-            text += (f": over the {OVERHEAD_LIMIT:.0%} limit, with one launch on a side and so no spread to judge it "
-                     "against (--repeats 5 would tell).")
-        else:
-            text += (f": over the {OVERHEAD_LIMIT:.0%} limit but within the launches' spread (plain "
-                     f"{line['harness_plain_step_low_s'] * 1e3:.4g}-{line['harness_plain_step_high_s'] * 1e3:.4g} ms, "
-                     f"bare {line['harness_bare_step_low_s'] * 1e3:.4g}-{line['harness_bare_step_high_s'] * 1e3:.4g} "
-                     "ms): not evidence of a cost.")
+        text += ": " + overhead_verdict(line)[1] + "."
         lines.append(text)
     return lines
 
