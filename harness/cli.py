@@ -453,6 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--timeout", type=_seconds, default=900.0, help="seconds before the launch's ranks are killed")
 
     commands.add_parser("list", help="matrices, workloads and strategies")
+
+    doctor = commands.add_parser("doctor", help="what this machine can run: GPUs, versions, Horovod's and DeepSpeed's "
+                                                "builds, launchers, strategies (exit 1: --matrix has cells it cannot run)")
+    doctor.add_argument("--matrix", choices=list(MATRICES), help="also check this matrix's cells here")
+    doctor.add_argument("--device", choices=[d.value for d in DeviceKind], help="cpu or cuda (default: cuda if "
+                                                                                "visible)")
     return parser
 
 
@@ -583,6 +589,9 @@ def command_run(args: argparse.Namespace) -> int:
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     check_results_file(out, "--out" if args.out else "results file")
+    from harness.doctor import summary
+
+    print(summary(), file=sys.stderr)
     peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
     options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume,
                          placement=placement, budget_s=args.budget)
@@ -1147,7 +1156,15 @@ def command_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": command_run, "list": command_list, "memory": command_memory, "comm": command_comm,
+def command_doctor(args: argparse.Namespace) -> int:
+    from harness.doctor import render, report
+
+    findings, status = report(args.matrix, args.device)
+    print(render(findings))
+    return status
+
+
+COMMANDS = {"run": command_run, "list": command_list, "doctor": command_doctor, "memory": command_memory, "comm": command_comm,
             "project": command_project, "plan": command_plan, "report": command_report, "compare": command_compare,
             "expect": command_expect, "reproduce": command_reproduce, "ab": command_ab}
 
