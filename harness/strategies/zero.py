@@ -70,6 +70,7 @@ class DeepSpeedTrainer(Trainer):
     engine: Any = None
     workload: Workload | None = None
     loss_scaled: bool = False       # fp16: read what each step did under loss scaling (harness.strategies.loss_scaling)
+    backward_scale: float = 1.0     # fp16: the loss scale of the last step's backward
     spec: RunSpec | None = None
 
     # DeepSpeed's own norm of the reduced gradients, which it computes in the optimizer step (below).
@@ -83,6 +84,7 @@ class DeepSpeedTrainer(Trainer):
         multipliers = self.loss_multipliers
         if self.loss_scaled:
             skipped, scale = self.engine.skipped_steps, deepspeed_loss_scale(self.engine)
+            self.backward_scale = scale         # what this step's gradients carry until its update unscales them
         for index, (inputs, targets) in enumerate(micro_batches):
             with saved_on_host(self.spec):
                 loss = self.workload.loss(self.engine(inputs), targets)
@@ -119,8 +121,15 @@ class DeepSpeedTrainer(Trainer):
         # the norm is divided by ZeRO's own loss scale and taken before unscale_and_clip_grads, which would clip
         # only where gradient_clipping > 0 (it is 0). That scale is 1 in fp32, bf16 and under torch_autocast
         # float16, whose GradScaler's scale stays in the gradients: there the norm is that scale times the
-        # true one (harness.derive.parity names it); the fp16 section's scale on a GPU is its own.
-        return float(self.engine.get_global_grad_norm())
+        # true one, so it is divided here by the scale this step's backward used; the fp16 section's norm on a GPU
+        # is already divided by its own scale.
+        norm = float(self.engine.get_global_grad_norm())
+        return norm / self.backward_scale if self.autocast_scaler() is not None else norm
+
+    def autocast_scaler(self) -> Any:
+        """The GradScaler of DeepSpeed's torch_autocast section in float16 (the CPU's fp16 recipe), else None."""
+        return (getattr(self.engine, "torch_autocast_z0_gradscaler", None)
+                or getattr(self.engine.optimizer, "torch_autocast_gradscaler", None))
 
     def local_parameters(self):
         module = self.engine.module
@@ -148,11 +157,10 @@ class DeepSpeedTrainer(Trainer):
         return unscaled(fragments, self.loss_scale_in_gradients()), True
 
     def loss_scale_in_gradients(self) -> float:
-        """The scale the reduced gradients carry between reduction and update that DeepSpeed's own norm divides
-        out: ZeRO's loss scale under the fp16 section (its `cur_scale`, the one this step's backward used), 1
-        otherwise. Under torch_autocast float16 (CPU) the GradScaler's scale stays in the gradients and in
-        DeepSpeed's norm alike, and parity names it (harness.derive.parity `_still_scaled`)."""
-        if self.precision_recipe is not PrecisionRecipe.DEEPSPEED_FP16:
+        """The scale the reduced gradients carry between reduction and update: ZeRO's loss scale under the fp16
+        section (its `cur_scale`, the one this step's backward used), the GradScaler's under torch_autocast float16
+        (the CPU's fp16: it unscales only inside the optimizer's step), 1 otherwise."""
+        if self.precision_recipe is not PrecisionRecipe.DEEPSPEED_FP16 and self.autocast_scaler() is None:
             return 1.0
         return deepspeed_loss_scale(self.engine)
 
