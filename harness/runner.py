@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import shlex
+import sys
 import time
 import uuid
 from datetime import datetime, timezone
@@ -35,8 +36,10 @@ from harness.derive.identity import cell_identity, identity_of
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.environment import capture_environment
 from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
+from harness.launch.host_builds import build_before_launch
 from harness.launch.interrupt import Interrupted
 from harness.launch.placement import LocalPlacement, Placement
+from harness.launch.placement.emulated import EmulatedPlacement
 from harness.record import AppendError, append_row, read_results, read_rows
 from harness.spec import RunResult, RunSpec, SpecError, Status
 from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE
@@ -98,6 +101,9 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
     steps = planned_steps(specs, options, environment)
     if on_plan is not None:
         on_plan(planned(specs, steps))
+    if isinstance(options.placement, (LocalPlacement, EmulatedPlacement)):    # ranks that share this host's files
+        build_before_launch([spec for spec, _, _, recorded, result in steps if recorded is None and result is None],
+                            say=lambda line: print(line, file=sys.stderr))
     results = []
     budget = Budget(options.budget_s)
     for spec, repeat, cell_dir, recorded, result in steps:
