@@ -117,11 +117,17 @@ def deepspeed_step_outcome(engine: Any, skipped_before: int, scale_before: float
     return StepOutcome(applied=applied, loss_scale=scale_before)
 
 
+def deepspeed_autocast_scaler(engine: Any) -> Any:
+    """The GradScaler of a DeepSpeed engine's torch_autocast section in float16 (ZeRO stage 0's, or the ZeRO
+    optimizer's: the CPU's fp16 recipe), else None. It unscales only inside the optimizer's step."""
+    return (getattr(engine, "torch_autocast_z0_gradscaler", None)
+            or getattr(engine.optimizer, "torch_autocast_gradscaler", None))
+
+
 def deepspeed_loss_scale(engine: Any) -> float:
     """The scale a DeepSpeed engine multiplies the next loss by: its torch_autocast GradScaler's (ZeRO stage 0,
     or the ZeRO optimizer's), else its fp16 optimizer's `cur_scale`."""
-    scaler = (getattr(engine, "torch_autocast_z0_gradscaler", None)
-              or getattr(engine.optimizer, "torch_autocast_gradscaler", None))
+    scaler = deepspeed_autocast_scaler(engine)
     if scaler is not None:
         return float(scaler.get_scale())
     return float(getattr(engine.optimizer, "cur_scale", getattr(engine.optimizer, "loss_scale", 1.0)))

@@ -57,7 +57,8 @@ from harness.strategies.base import (ADAMW_HYPERPARAMETERS, AUTOCAST_DTYPES, Com
                                      half_dtype_names, optimizer_description, unwrapped_parameter_names)
 from harness.strategies.deepspeed_common import (DEEPSPEED_RECIPES, PRECISION_OPTION, base_config, precision_config,
                                                  sixteen_bit_weights, start_deepspeed, throughput_timer_state)
-from harness.strategies.loss_scaling import deepspeed_loss_scale, deepspeed_step_outcome
+from harness.strategies.loss_scaling import (deepspeed_autocast_scaler, deepspeed_loss_scale,
+                                             deepspeed_step_outcome)
 from harness.strategies.state_checkpoint import CHECKPOINT, OPTION_NAME as CHECKPOINT_NAME
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.compiling import OPTION_NAME as COMPILE_NAME, compiles
@@ -124,12 +125,7 @@ class DeepSpeedTrainer(Trainer):
         # true one, so it is divided here by the scale this step's backward used; the fp16 section's norm on a GPU
         # is already divided by its own scale.
         norm = float(self.engine.get_global_grad_norm())
-        return norm / self.backward_scale if self.autocast_scaler() is not None else norm
-
-    def autocast_scaler(self) -> Any:
-        """The GradScaler of DeepSpeed's torch_autocast section in float16 (the CPU's fp16 recipe), else None."""
-        return (getattr(self.engine, "torch_autocast_z0_gradscaler", None)
-                or getattr(self.engine.optimizer, "torch_autocast_gradscaler", None))
+        return norm / self.backward_scale if deepspeed_autocast_scaler(self.engine) is not None else norm
 
     def local_parameters(self):
         module = self.engine.module
@@ -160,7 +156,8 @@ class DeepSpeedTrainer(Trainer):
         """The scale the reduced gradients carry between reduction and update: ZeRO's loss scale under the fp16
         section (its `cur_scale`, the one this step's backward used), the GradScaler's under torch_autocast float16
         (the CPU's fp16: it unscales only inside the optimizer's step), 1 otherwise."""
-        if self.precision_recipe is not PrecisionRecipe.DEEPSPEED_FP16 and self.autocast_scaler() is None:
+        autocast_scaled = deepspeed_autocast_scaler(self.engine) is not None
+        if self.precision_recipe is not PrecisionRecipe.DEEPSPEED_FP16 and not autocast_scaled:
             return 1.0
         return deepspeed_loss_scale(self.engine)
 
