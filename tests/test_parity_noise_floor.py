@@ -232,3 +232,64 @@ def test_a_gpu_row_is_held_to_the_plain_loop_and_floor_of_its_own_gpu_model():
     h200[1]["measurements"]["device_name"] = "NVIDIA H200"
     parity = verdict_of_last(h100 + h200)
     assert parity.verdict is Verdict.MISMATCH and parity.tensors[Quantity.GRADIENT_NORM_BY_TENSOR] == "12.ln_2.bias"
+
+
+BF16_SPACING = 2.0 ** -8          # bf16's 8 significant bits: a value rounds to within half of this of itself
+
+
+def _elements() -> dict[str, int]:
+    """Each GPT-2 small tensor's element count, from the workload built on the meta device."""
+    from harness.project.facts import _meta_layers
+
+    return {f"{index}.{name}": parameter.numel() for index, layer in enumerate(_meta_layers("gpt2-small"))
+            for name, parameter in layer.named_parameters()}
+
+
+ELEMENTS = _elements()
+
+
+def zero_launch(strategy: str, rng: random.Random, index: int, scale: tuple[str, float] = ("", 1.0)) -> dict:
+    """A synthetic ZeRO launch of the H200 cell: GPU-like noise, then its gradient communicated in bf16. Two roundings
+    (the cast's and the reduced sum's) move each element by a uniform fraction of up to half of bf16's spacing, so a
+    tensor of n like-sized elements has its norm moved by sqrt(2) x (2^-9 / sqrt(3)) / sqrt(n) relative (one standard
+    deviation; 5.8e-5 on a 768-wide LayerNorm, the largest tensors' nothing), never more than 2 x 2^-9; `scale`
+    multiplies one tensor's gradient (a planted error)."""
+    row = launch(strategy, rng, index)
+    m = row["measurements"]
+    m["gradient_reduce_dtypes"] = ["bfloat16", "float32"]        # ZeRO's torch_autocast section: bf16-comm
+    worst = BF16_SPACING
+    sigma = {name: math.sqrt(2) * (BF16_SPACING / 2 / math.sqrt(3)) / math.sqrt(ELEMENTS[name]) for name in m[GRADIENTS]}
+    m[GRADIENTS] = {name: value * (1 + max(-worst, min(worst, rng.gauss(0, sigma[name]))))
+                    for name, value in m[GRADIENTS].items()}
+    tensor, factor = scale
+    if tensor:
+        m[GRADIENTS][tensor] *= factor
+    m["gradient_norm_first_step"] = math.sqrt(sum(v * v for v in m[GRADIENTS].values()))
+    return row
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_a_one_percent_error_on_one_tensor_is_caught_on_a_zero_row_and_its_bf16_rounding_is_not(strategy):
+    # The 1% errors the CPU's bf16-comm tolerance (3e-2 by tensor) let pass on a GPU, on the noisiest tensor, one that
+    # repeated exactly, and the largest; both ways.
+    for seed in range(20):
+        rng = random.Random(seed)
+        plains = [launch("plain", rng, 0), launch("plain", rng, 1)]
+        honest = verdict_of_last(plains + [zero_launch(strategy, rng, 2)])
+        assert honest.verdict is Verdict.MATCH, (seed, honest)
+        assert honest.tolerances[Quantity.GRADIENT_NORM_BY_TENSOR] < 1e-2     # 20 x the floor, or 5e-3
+        for tensor in ("1.c_attn.bias", "12.mlp_proj.weight", "0.wte.weight"):
+            for factor in (1.01, 0.99):
+                planted = verdict_of_last(plains + [zero_launch(strategy, rng, 2, scale=(tensor, factor))])
+                assert planted.verdict is Verdict.MISMATCH, (seed, tensor, factor, planted)
+                assert planted.tensors[Quantity.GRADIENT_NORM_BY_TENSOR] == tensor
+
+
+def test_a_one_percent_error_on_one_tensor_is_caught_on_every_data_parallel_row_that_computes_the_plain_loops_way():
+    for strategy in ("ddp", "fsdp2", "horovod"):
+        for seed in range(10):
+            rng = random.Random(seed)
+            rows = [launch("plain", rng, 0), launch("plain", rng, 1), launch(strategy, rng, 2)]
+            rows[-1]["measurements"][GRADIENTS]["1.c_attn.bias"] *= 1.01
+            parity = verdict_of_last(rows)
+            assert parity.verdict is Verdict.MISMATCH, (strategy, seed, parity)
