@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from harness.launch.plan import threads_per_rank
 from harness.machine import Machine, oversubscription_warning
-from harness.matrix import MATRICES, Selection, build_matrix
+from harness.matrix import MATRICES, Selection, build_matrix, launch_order
 from harness.outputs import check_folder, check_results_file
 from harness.record import COMMBENCH_KIND, AppendError, ResultsError, read_rows
 from harness.rank.faults import fault_from_environment
@@ -594,7 +594,7 @@ def command_run(args: argparse.Namespace) -> int:
     print(summary(), file=sys.stderr)
     peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
     options = RunOptions(results=out, timeout_s=args.timeout, peak_flops_per_s=peak, resume=args.resume,
-                         placement=placement, budget_s=args.budget)
+                         placement=placement, budget_s=args.budget, launch_order=launch_order(args.matrix))
     # The bar shows the cell being launched and tqdm's ETA (mean time per launch so far x launches left);
     # off when stderr is not a terminal, where the per-launch lines below are the log.
     with tqdm(total=sum(spec.repeats for spec in specs), unit="launch", file=sys.stderr, disable=None,

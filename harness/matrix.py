@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 from harness.derive.gate import DEFAULT_ALPHA, METRIC_NAMES, launches_needed_a_side
 from harness.derive.harness_overhead import BARE_STRATEGY
 from harness.derive.parity import DETERMINISTIC_DEVICES, NOISE_FLOOR_LAUNCHES, REFERENCE_STRATEGY
+from harness.launch_order import LaunchOrder, round_robin, value_first
 from harness.machine import Machine
 from harness.spec import DeviceKind, Precision, RunSpec, SpecError
 from harness.launch.launcher import get_launcher
@@ -84,9 +85,18 @@ CPU_PLANS = {
 # a pipeline's micro-batches in flight). Micro-batch = per-device batch, so at the largest size each rank
 # runs one forward/backward per step as a tuned job would, its plain reference compares with the bare
 # loop, and only smaller world sizes accumulate.
+# The Llamas at their presets' sequences, each micro-batch the plan's own memory (harness.project.rank_memory, `harness
+# memory`) holds on an 80 GB GPU. Llama 3.2 1B (2048 tokens): 4 samples, 49.3 GiB under DDP at world size 1 (18.4
+# model states + 14.7 activations + 13.7 logits and loss + the 2.5 allowance), ZeRO-3 57.3; 8 would need 75.9 with no
+# room for what a strategy adds. Llama 3 8B (8192 tokens): one sample, the least there is; it fits only sharded or
+# split over a node (tp over 8 GPUs 63.1 GiB; FSDP2 with its policy 80.5; ZeRO-3 under autocast 99.4, which an H200's
+# 141 GB holds): every cell the plan says is well over the GPU's memory is skipped before launch, with its figures
+# (harness.memory_fit), the rest launched.
 GPU_PLANS = {
     "resnet50": BatchPlan(micro_batch=256, per_device_batch=256, warmup_steps=5, timed_steps=20),
     "gpt2-small": BatchPlan(micro_batch=16, per_device_batch=16, warmup_steps=5, timed_steps=20),
+    "llama3.2-1b": BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=5, timed_steps=20),
+    "llama3-8b": BatchPlan(micro_batch=1, per_device_batch=1, warmup_steps=3, timed_steps=10),
 }
 
 # The references: the plain loop (parity's, the projection's compute) and the bare loop timed whole (the harness's
@@ -210,19 +220,22 @@ class Cells:
 
     def add(self, workload: str, plan: BatchPlan, strategy: str, world_size: int, global_batch: int,
             options: dict[str, object] | None = None, precision: Precision | None = None, nnodes: int = 1,
-            own_recipe: bool = False) -> None:
+            own_recipe: bool = False, repeats: int | None = None) -> None:
         """One cell; `options` are the matrix's choice for it (the user's --option wins), `precision` replaces the
         plan's, `nnodes` asks for a cell that spans nodes whatever its placement would choose (one that loses a
-        node on purpose), and `own_recipe` keeps the strategy's own 16-bit recipe where its users run another
-        (`users_recipe`): the variant beside theirs."""
+        node on purpose), `own_recipe` keeps the strategy's own 16-bit recipe where its users run another
+        (`users_recipe`): the variant beside theirs, and `repeats` sets its launches where the user gave no --repeats
+        (parity's floor still raises the plain loop's)."""
         if strategy not in self.chosen:
             return
         if options is None:     # two-way model parallelism where there are two ranks; a parameter server whose
             # every rank is a worker (serving a shard too), so that its workers are the world size as everywhere
             options = {"pipeline": {"stages": min(2, world_size)}, "fsdp2-tp": {"tp": min(2, world_size)},
                        "autotp": {"tp": min(2, world_size)}, "ps": {"placement": "colocated"}}.get(strategy, {})
-        repeats = self.repeats
-        if strategy in REFERENCES and self.select.repeats is None and precision in (None, self.plan.precision):
+        asked, repeats = repeats, self.repeats
+        if asked is not None and self.select.repeats is None:
+            repeats = asked
+        elif strategy in REFERENCES and self.select.repeats is None and precision in (None, self.plan.precision):
             # The bare loop runs in the plan's precision alone: a plain loop in another is parity's reference only.
             repeats = max(repeats, self.plan.reference_repeats)
         if strategy == REFERENCE_STRATEGY and self.machine.device.value not in DETERMINISTIC_DEVICES:
@@ -380,7 +393,7 @@ MEMORY_PLANS = {
     # Per-device 4 in one micro-batch of 4: the 2-core results so far (global 8 at 2 ranks) stay the same.
     DeviceKind.CPU: {"gpt-tiny": BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=2, timed_steps=3)},
     DeviceKind.CUDA: {name: BatchPlan(micro_batch=1, per_device_batch=1, warmup_steps=2, timed_steps=5)
-                      for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+                      for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama3.2-1b", "llama3-8b")},
 }
 MEMORY_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 
@@ -437,8 +450,11 @@ def ci(machine: Machine, select: Selection) -> list[RunSpec]:
 HYBRID_PLANS = {
     DeviceKind.CPU: {name: BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=2, timed_steps=5)
                      for name in ("gpt-tiny", "llama-tiny")},
-    DeviceKind.CUDA: {name: BatchPlan(micro_batch=2, per_device_batch=4, warmup_steps=5, timed_steps=20)
-                      for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+    # The Llamas at full's micro-batches (GPU_PLANS: what the plan's memory holds on an 80 GB GPU).
+    DeviceKind.CUDA: {**{name: BatchPlan(micro_batch=2, per_device_batch=4, warmup_steps=5, timed_steps=20)
+                         for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
+                      "llama3.2-1b": BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=5, timed_steps=20),
+                      "llama3-8b": BatchPlan(micro_batch=1, per_device_batch=1, warmup_steps=5, timed_steps=20)},
 }
 HYBRID_STRATEGIES = ("ddp", "fsdp2", "tp", "fsdp2-tp", "autotp", "pipeline")
 
@@ -489,7 +505,9 @@ TECHNIQUE_PLANS = {
                      for name in ("gpt-tiny", "resnet20-cifar")},
     DeviceKind.CUDA: {**{name: BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=2, timed_steps=5)
                          for name in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")},
-                      "resnet50": BatchPlan(micro_batch=256, per_device_batch=256, warmup_steps=2, timed_steps=5)},
+                      "resnet50": BatchPlan(micro_batch=256, per_device_batch=256, warmup_steps=2, timed_steps=5),
+                      "llama3.2-1b": BatchPlan(micro_batch=4, per_device_batch=4, warmup_steps=2, timed_steps=5),
+                      "llama3-8b": BatchPlan(micro_batch=1, per_device_batch=1, warmup_steps=2, timed_steps=5)},
 }
 TECHNIQUE_STRATEGIES = ("ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3", "tp", "fsdp2-tp", "autotp", "pipeline")
 CHECKPOINTING_SETTINGS = ("none", "blocks")
@@ -610,37 +628,75 @@ def fault_tolerance(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
-# The reference set (scripts/gpu-reference.sh): what one lent GPU shows at world size 1, in the order it is worth
-# having when time runs short. Every data-parallel strategy and the references beside the plain loop in bf16 on both
-# families; the transformer in fp16 where the loss scalers differ (torch's GradScaler: plain, DDP; DeepSpeed's fp16
-# section: ZeRO-2, ZeRO-3); then each state-offload option on it.
-REFERENCE_BF16 = ("plain", BARE_STRATEGY, "ddp", "fsdp2", "zero1", "zero2", "zero3", "horovod")
-REFERENCE_FP16 = ("plain", "ddp", "zero2", "zero3")
+# The reference set (scripts/gpu-reference.sh): what one lent GPU shows, in the order it is worth having when time
+# runs short (harness.launch_order.value_first: every parity key's two plain launches first, then the cells below in
+# this order). Groups of (family, precision, options, strategies): the transformer in bf16 under every data-parallel
+# strategy a user asks about first, then in fp16 where the loss scalers differ (torch's GradScaler: plain, DDP;
+# DeepSpeed's fp16 section: ZeRO-2, ZeRO-3), then compiled (the compiled tokens/s), then a Llama whose sequence fits
+# one GPU, then ResNet.
+REFERENCE_GROUPS: tuple[tuple[Family, Precision, dict[str, object], tuple[str, ...]], ...] = (
+    (Family.GPT, Precision.BF16, {}, ("plain", "ddp", "fsdp2", "zero1", "zero2", "zero3", "horovod")),
+    (Family.GPT, Precision.FP16, {}, ("plain", "ddp", "zero2", "zero3")),
+    (Family.GPT, Precision.BF16, {"compile": True}, ("plain", "ddp", "fsdp2")),
+    (Family.LLAMA, Precision.BF16, {}, ("plain", "ddp", "fsdp2", "zero3")),
+    (Family.RESNET, Precision.BF16, {}, ("plain", "ddp", "fsdp2", "zero1", "zero2", "zero3", "horovod")),
+)
+# Each family's workload in the reference set, by device: the CPU rehearsal runs the same cells on the tiny ones.
+REFERENCE_WORKLOADS = {DeviceKind.CUDA: {Family.GPT: "gpt2-small", Family.LLAMA: "llama3.2-1b", Family.RESNET: "resnet50"},
+                       DeviceKind.CPU: {Family.GPT: "gpt-tiny", Family.LLAMA: "llama-tiny", Family.RESNET: "resnet20-cifar"}}
+# The bare loop and the plain loop beside it launch this many times each, on the transformer and on ResNet: the fewest
+# a side at which the harness's cost has an interval at all (harness.derive.harness_overhead: 4 a side, 97.1%).
+REFERENCE_OVERHEAD_LAUNCHES = 4
 REFERENCE_OFFLOAD = (("zero1", {"offload_optimizer": "cpu"}), ("zero2", {"offload_optimizer": "cpu"}),
                      ("zero3", {"offload_optimizer": "cpu"}), ("zero3", {"offload_optimizer": "cpu", "offload_param": "cpu"}),
                      ("fsdp2", {"offload_policy": "cpu"}))
+# Two ranks on the transformer, last: on one GPU they share it over gloo (harness.strategies.base.place_rank), the
+# multi-rank CUDA paths run before a multi-GPU user's do; rows marked shared_device, memory and correctness only.
+REFERENCE_TWO_RANKS = ("ddp", "fsdp2", "zero2", "zero3")
 
 
 def reference(machine: Machine, select: Selection) -> list[RunSpec]:
-    """The GPU reference set at world size 1, one launch a cell (the plain loop twice on a GPU, parity's noise floor):
-    plain, bare, DDP, FSDP2, ZeRO-1/2/3 and Horovod on GPT-2 small and ResNet-50 in bf16 (FSDP2 on GPT-2 small with its
-    users' MixedPrecisionPolicy, USERS_RECIPES; its autocast is full's variant); plain, DDP, ZeRO-2/3 in fp16 on GPT-2
-    small; ZeRO-1/2/3 with offload_optimizer, ZeRO-3 with offload_param too and FSDP2 with offload_policy (and the
-    policy) on GPT-2 small in bf16. full's batch plans; on CPU the same cells on the tiny workloads, FSDP2 with autocast
-    (the offload cells that only move bytes skipped, with the reason). scripts/gpu-reference.sh runs it on a lent
-    GPU."""
-    cells = Cells(machine, select, Plan(REFERENCE_BF16[1:], (1,), repeats=1, precision=Precision.BF16))
+    """The GPU reference set, the cells of REFERENCE_GROUPS at world size 1, one launch a cell but the plain loop's (at
+    least two on a GPU, parity's noise floor); the bare loop beside the plain loop on the transformer and on ResNet,
+    REFERENCE_OVERHEAD_LAUNCHES each; ZeRO-1/2/3 with offload_optimizer, ZeRO-3 with offload_param too and FSDP2 with
+    offload_policy on the transformer; then DDP, FSDP2, ZeRO-2 and ZeRO-3 at two ranks on it (REFERENCE_TWO_RANKS).
+    FSDP2 runs its users' MixedPrecisionPolicy on the transformers (USERS_RECIPES). full's batch plans; on CPU the same
+    cells on the tiny workloads (REFERENCE_WORKLOADS), FSDP2 with autocast. Its launches go in
+    harness.launch_order.value_first's order (LAUNCH_ORDERS); scripts/gpu-reference.sh runs it on a lent GPU."""
+    cells = Cells(machine, select, Plan((BARE_STRATEGY, *ALL_BUT_REFERENCES), (1,), repeats=1, precision=Precision.BF16))
     plans = _plans(machine, select, PLANS)
-    transformers = [w for w in plans if get_workload(w).family is not Family.RESNET]
-    for workload, plan in sorted(plans.items(), key=lambda item: item[0] not in transformers):
-        for strategy in REFERENCE_BF16:
-            cells.add(workload, plan, strategy, 1, plan.micro_batch)
-    for workload in transformers:
+    chosen = {family: name for family, name in REFERENCE_WORKLOADS[machine.device].items() if name in plans}
+    if not chosen:
+        raise SpecError(f"the reference set runs {', '.join(REFERENCE_WORKLOADS[machine.device].values())} on "
+                        f"{machine.device.value}; --workload named none of them")
+    overhead = {} if select.repeats is not None else {REFERENCE_STRATEGY: REFERENCE_OVERHEAD_LAUNCHES}
+    groups = [(chosen[family], precision, options, strategies, not options and precision is Precision.BF16
+               and family is not Family.LLAMA) for family, precision, options, strategies in REFERENCE_GROUPS
+              if family in chosen]
+    # Listed in the order value_first launches them: every group's plain loop first (parity's references), then each
+    # group's strategies, the bare loop after its family's first group.
+    for workload, precision, options, strategies, beside_bare in groups:
+        if REFERENCE_STRATEGY in strategies:
+            cells.add(workload, plans[workload], REFERENCE_STRATEGY, 1, plans[workload].micro_batch,
+                      precision=precision, options=dict(options),
+                      repeats=overhead.get(REFERENCE_STRATEGY) if beside_bare else None)
+    for workload, precision, options, strategies, beside_bare in groups:
+        for strategy in strategies:
+            if strategy != REFERENCE_STRATEGY:
+                cells.add(workload, plans[workload], strategy, 1, plans[workload].micro_batch, precision=precision,
+                          options=dict(options))
+        if beside_bare:     # the harness's cost on this family, after its strategies' first cells
+            cells.add(workload, plans[workload], BARE_STRATEGY, 1, plans[workload].micro_batch,
+                      repeats=overhead.get(REFERENCE_STRATEGY))
+    if Family.GPT in chosen:
+        workload = chosen[Family.GPT]
         plan = plans[workload]
-        for strategy in REFERENCE_FP16:
-            cells.add(workload, plan, strategy, 1, plan.micro_batch, precision=Precision.FP16)
         for strategy, options in REFERENCE_OFFLOAD:
             cells.add(workload, plan, strategy, 1, plan.micro_batch, options=dict(options))
+        # Two ranks of a micro-batch each, held against the plain loop at that global batch (its own parity key, listed
+        # just before them: they are the set's last cells, and the head of the order is world size 1's).
+        for strategy in (REFERENCE_STRATEGY, *REFERENCE_TWO_RANKS):
+            cells.add(workload, plan, strategy, 1 if strategy == REFERENCE_STRATEGY else 2, 2 * plan.micro_batch)
     return cells.specs
 
 
@@ -675,4 +731,13 @@ def build_matrix(name: str, machine: Machine, select: Selection = Selection()) -
     return specs
 
 
-__all__ = ["BatchPlan", "MATRICES", "Machine", "Selection", "build_matrix"]
+# The launch order of a matrix that does not go repeat by repeat (harness.launch_order).
+LAUNCH_ORDERS: dict[str, LaunchOrder] = {"reference": value_first}
+
+
+def launch_order(name: str) -> LaunchOrder:
+    """The order of matrix `name`'s launches: its own (LAUNCH_ORDERS), else repeat by repeat."""
+    return LAUNCH_ORDERS.get(name, round_robin)
+
+
+__all__ = ["BatchPlan", "LAUNCH_ORDERS", "MATRICES", "Machine", "Selection", "build_matrix", "launch_order"]

@@ -10,7 +10,7 @@ and a launch whose measurements reached its cell folder but whose row never reac
 append failed, or the harness was killed first) is recorded from its folder without running it again.
 A failed append ends the run with AppendError, naming the folder that keeps the cell's measurements.
 
-Launches go round the cells repeat by repeat: every cell's first launch in the matrix's order, then every second
+Launches go round the cells repeat by repeat unless the matrix orders them otherwise (harness.launch_order): every cell's first launch in the matrix's order, then every second
 launch of the cells that have one, and so on. A cell's launches then spread over the run, so a drift of the
 machine's speed over minutes (another tenant, a warming room) lands on every cell alike instead of on the one whose
 launches ran during it: the plain and bare loops' five launches each, launched one cell after the other, put the
@@ -38,6 +38,7 @@ from harness.environment import capture_environment
 from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
 from harness.launch.host_builds import build_before_launch
 from harness.launch.interrupt import Interrupted
+from harness.launch_order import LaunchOrder, round_robin
 from harness.launch.placement import LocalPlacement, Placement
 from harness.launch.placement.emulated import EmulatedPlacement
 from harness.record import AppendError, append_row, read_results, read_rows
@@ -61,6 +62,8 @@ class RunOptions:
     # BUDGET_FLOOR_S of it left, each is timed out at what is left, and the launches never started are recorded
     # `skipped`, saying so. None: no limit.
     budget_s: float | None = None
+    # The order the launches go in (harness.launch_order): repeat by repeat unless the matrix asks for another.
+    launch_order: LaunchOrder = round_robin
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
@@ -92,7 +95,7 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
               on_result: Callable[[RunResult], None] | None = None,
               on_start: Callable[[RunSpec, int], None] | None = None,
               on_plan: Callable[[Planned], None] | None = None) -> list[RunResult]:
-    """Launch every repeat of every cell, repeat by repeat (the module docstring); returns the rows of this call,
+    """Launch every repeat of every cell in the run's order (the module docstring); returns the rows of this call,
     with the rows a resumed run found already recorded in their place. `on_plan` hears what will run before anything does,
     `on_start` each launch as it starts, `on_result` each row appended (a launch's, or one recovered from its
     cell folder), never a row that was already recorded. Raises AppendError, naming where the launch's own
@@ -173,7 +176,7 @@ Step = tuple[RunSpec, int, Path, RunResult | None, RunResult | None]   # spec, r
 
 
 def planned_steps(specs: Sequence[RunSpec], options: RunOptions, environment: dict[str, Any]) -> list[Step]:
-    """Every launch of `specs`, repeat by repeat, with the row a resume keeps for it (`recorded`) or the one it
+    """Every launch of `specs` in the run's order (`RunOptions.launch_order`), with the row a resume keeps for it (`recorded`) or the one it
     recovers from its cell folder (`recovered`); both None for a launch that will run. Reads, never writes."""
     existing = read_results([options.results]) if options.results.exists() else []
     # A cell is its spec under the run's conditions (harness.derive.identity): a row of the same spec at
@@ -181,18 +184,17 @@ def planned_steps(specs: Sequence[RunSpec], options: RunOptions, environment: di
     with_row = {(_identity(r.spec, r.environment), r.repeat) for r in existing}
     kept = _kept_on_resume(existing) if options.resume else {}
     steps = []
-    for repeat in range(max((spec.repeats for spec in specs), default=0)):
-        for spec in (spec for spec in specs if repeat < spec.repeats):
-            identity = _identity(spec, environment)
-            cell_dir = launch_dir(options.results, spec, repeat, environment=environment)
-            recorded = kept.get((identity, repeat))
-            if recorded is not None and recorded.status is Status.SKIPPED and not _skip_reason(spec):
-                recorded = None            # what made it skip is gone (a library installed): run it now
-            recovered = None
-            # A launch with a row of any status keeps its verdict: only a missing row is recovered.
-            if recorded is None and options.resume and (identity, repeat) not in with_row:
-                recovered = recover_from_cell_dir(spec, repeat, cell_dir, environment)
-            steps.append((spec, repeat, cell_dir, recorded, recovered))
+    for spec, repeat in options.launch_order(specs):
+        identity = _identity(spec, environment)
+        cell_dir = launch_dir(options.results, spec, repeat, environment=environment)
+        recorded = kept.get((identity, repeat))
+        if recorded is not None and recorded.status is Status.SKIPPED and not _skip_reason(spec):
+            recorded = None            # what made it skip is gone (a library installed): run it now
+        recovered = None
+        # A launch with a row of any status keeps its verdict: only a missing row is recovered.
+        if recorded is None and options.resume and (identity, repeat) not in with_row:
+            recovered = recover_from_cell_dir(spec, repeat, cell_dir, environment)
+        steps.append((spec, repeat, cell_dir, recorded, recovered))
     return steps
 
 

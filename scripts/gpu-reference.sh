@@ -11,11 +11,13 @@
 #
 # Where the time goes (one H200 at a3663fd, results/reference/h200/a3663fd): a GPT-2 small launch takes 15-40 s,
 # ResNet-50 12-29 s, DeepSpeed's the longest; Horovod's NCCL build 118 s on 16 cores. So Horovod builds, and
-# DeepSpeed's CPU Adam (ZeRO-Offload's optimizer) compiles, in the background while the first cells run; every
-# strategy but Horovod runs in the matrix's order (bf16 on both workloads, then fp16, then offload) within what is
-# left of the budget less RESERVE_HOROVOD_S and RESERVE_REPORT_S; then Horovod's two cells. `harness run --budget`
-# starts no launch it cannot finish: the cells it did not reach are rows `skipped`, saying so, and the report lists
-# them. Horovod's and DeepSpeed's builds follow ../../docs/setup.md ("The lent GPU machine").
+# DeepSpeed's CPU Adam (ZeRO-Offload's optimizer) compiles, in the background while the first cells run (each row
+# records the host's load average); every strategy but Horovod runs in the matrix's order (harness.launch_order:
+# every parity key's two plain launches first, then DDP, FSDP2, ZeRO-1/2/3, fp16, compile, Llama, ResNet, offload,
+# two ranks) within what is left of the budget less RESERVE_HOROVOD_S and RESERVE_REPORT_S; then Horovod's two
+# cells. `harness run --budget` starts no launch it cannot finish: the cells it did not reach are rows `skipped`,
+# saying so, and the report lists them. tests/test_reference_order.py replays the order at a3663fd's launch times.
+# Horovod's and DeepSpeed's builds follow ../../docs/setup.md ("The lent GPU machine").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

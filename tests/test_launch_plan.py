@@ -197,7 +197,7 @@ def test_a_cluster_of_four_8_gpu_nodes_is_planned_from_a_cpu_host(tmp_path, caps
     if matrix == "full":
         # One process drives one node's GPUs; at world size 1 it is not parallel: left out, and named.
         assert sizes["dataparallel"] == {2, 4, 8}
-        assert "DataParallel over one device is not parallel (world size 1) (2): " in "\n".join(lines)
+        assert "DataParallel over one device is not parallel (world size 1) (4): " in "\n".join(lines)
 
 
 def test_a_cell_goes_on_the_fewest_nodes_that_hold_it():

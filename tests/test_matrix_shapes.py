@@ -18,8 +18,12 @@ SHAPES = CPU_SHAPES + GPU_SHAPES
 
 # Written out here, not read from harness.matrix: samples per data-parallel replica per step at the
 # matrix's largest data-parallel size (docs/methodology.md, "Batch plans").
-PER_DEVICE = {"gpt-tiny": 8, "llama-tiny": 8, "resnet20-cifar": 8, "resnet50": 256, "gpt2-small": 16}
-MEMORY_PER_DEVICE = {"gpt-tiny": 4, "gpt2-small": 1, "gpt2-medium": 1, "gpt2-large": 1, "gpt2-xl": 1}
+PER_DEVICE = {"gpt-tiny": 8, "llama-tiny": 8, "resnet20-cifar": 8, "resnet50": 256, "gpt2-small": 16,
+              # the Llamas at their presets' sequences: 4 x 2048 tokens and 1 x 8192 (49.3 GiB and, sharded over 8
+              # GPUs, 76.8 GiB of an 80 GB GPU by harness plan's memory)
+              "llama3.2-1b": 4, "llama3-8b": 1}
+MEMORY_PER_DEVICE = {"gpt-tiny": 4, "gpt2-small": 1, "gpt2-medium": 1, "gpt2-large": 1, "gpt2-xl": 1, "llama3.2-1b": 1,
+                     "llama3-8b": 1}
 ONE_NODE_ONLY = {"dataparallel"}    # one process driving one node's GPUs
 DATA_PARALLEL = {"ddp", "horovod", "fsdp2", "zero1", "zero2", "zero3"}
 PARAMETER_SERVERS = {"ps", "ps-async"}
@@ -62,7 +66,7 @@ def test_every_matrix_builds_valid_cells_that_fit_the_machine(matrix, machine):
         assert RunSpec.from_dict(spec.to_dict()) == spec     # validates itself again from its row form
         assert spec.device is machine.device
         limit = machine.devices_per_node if spec.strategy in ONE_NODE_ONLY else machine.devices_per_node * machine.nodes
-        if matrix in ("smoke", "zero-memory", "ci", "memory-techniques"):
+        if matrix in ("smoke", "zero-memory", "ci", "memory-techniques", "reference"):
             # Their two ranks check communication and sharding, which one rank cannot: on a one-device
             # machine they share it (docs/methodology.md, "Batch plans").
             limit = max(limit, 2)
@@ -197,7 +201,9 @@ def test_two_cpu_cores_keep_the_batches_they_had():
 def test_four_8_gpu_nodes_plan_their_batches_from_32_devices():
     machine = Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=4)
     strong = {(s.workload, s.global_batch, s.micro_batch) for s in build_matrix("full", machine)}
-    assert strong == {("resnet50", 256 * 32, 256), ("gpt2-small", 16 * 32, 16)}    # 8192 images, 512 sequences
+    # 8192 images, 512 sequences of GPT-2 small, 128 of Llama 3.2 1B, 32 of Llama 3 8B
+    assert strong == {("resnet50", 256 * 32, 256), ("gpt2-small", 16 * 32, 16), ("llama3.2-1b", 4 * 32, 4),
+                      ("llama3-8b", 1 * 32, 1)}
 
 
 def test_user_world_sizes_share_one_global_batch():
@@ -225,3 +231,14 @@ def test_every_gpu_matrix_launches_the_plain_loop_at_least_twice_and_a_cpu_one_a
     assert plain and all(spec.repeats == 2 for spec in plain)
     assert all(spec.repeats == 1 for spec in specs if spec.strategy != "plain")
     assert all(spec.repeats == 1 for spec in build_matrix(name, cpu, Selection(repeats=1)) if spec.strategy == "plain")
+
+
+@pytest.mark.parametrize("matrix", ["full", "scaling", "hybrid", "zero-memory", "memory-techniques"])
+def test_the_gpu_matrices_run_both_llamas_on_two_8_gpu_nodes(matrix):
+    specs = build_matrix(matrix, Machine(device=DeviceKind.CUDA, devices_per_node=8, nodes=2))
+    for llama in ("llama3.2-1b", "llama3-8b"):
+        mine = [spec for spec in specs if spec.workload == llama]
+        assert 16 in {spec.world_size for spec in mine}, llama
+        assert {"plain", "ddp", "fsdp2"} <= {spec.strategy for spec in mine}, llama
+        if matrix in ("hybrid", "memory-techniques"):
+            assert "fsdp2-tp" in {spec.strategy for spec in mine}, llama

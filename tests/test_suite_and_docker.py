@@ -70,9 +70,12 @@ def test_the_gpu_reference_script_parses_and_plans_the_reference_set_on_cpu():
                           env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr
     plan = done.stdout
-    assert "nothing is installed or launched" in plan and "parbench dry run: 25 cells, 28 launches" in plan
-    assert "gpt2-small/plain/ws1/gb16/mb16/bf16/cuda x2" in plan       # twice: parity's noise floor
-    assert "resnet50/bare/ws1/gb256/mb256/bf16/cuda x1" in plan and "  inputs: channels_last" in plan
+    assert "nothing is installed or launched" in plan and "parbench dry run: 37 cells, 53 launches" in plan
+    assert "gpt2-small/plain/ws1/gb16/mb16/fp16/cuda x2" in plan       # twice: parity's noise floor
+    # 4 a side: the fewest at which the harness's cost has an interval (harness.derive.harness_overhead)
+    assert "gpt2-small/plain/ws1/gb16/mb16/bf16/cuda x4" in plan and "gpt2-small/bare/ws1/gb16/mb16/bf16/cuda x4" in plan
+    assert "resnet50/bare/ws1/gb256/mb256/bf16/cuda x4" in plan and "  inputs: channels_last" in plan
+    assert "llama3.2-1b/zero3/ws1/gb4/mb4/bf16/cuda x1" in plan and "gpt2-small/ddp/ws2/gb32/mb16/bf16/cuda x1" in plan
     assert "gpt2-small/zero3[offload_optimizer=cpu,offload_param=cpu]/ws1/gb16/mb16/bf16/cuda" in plan
     assert subprocess.run([str(script), "--budget", "100"], capture_output=True).returncode == 2
 

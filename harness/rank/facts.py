@@ -74,10 +74,12 @@ def _common_or_mixed(values: list[str]) -> str:
 def host_load(context: RankContext) -> dict[str, Any]:
     """What this rank's host carries: the cell's ranks on it (as its launcher told the strategy:
     LOCAL_WORLD_SIZE, LOCAL_SIZE, Horovod's local size; 1 for a single process), this rank's CPU threads,
-    the host's cores, and which machine it is. harness.derive.hosts says from these whether the ranks
-    oversubscribed the machine."""
+    the host's cores, which machine it is, and its 1-minute load average as the timed steps end (read after
+    them): what else ran there meanwhile, a library building beside the first cells of a GPU's reference set
+    (scripts/gpu-reference.sh) for one. harness.derive.hosts says from these whether the ranks oversubscribed the
+    machine."""
     return {"ranks": context.local_world_size, "threads": torch.get_num_threads(), "cores": os.cpu_count() or 1,
-            "machine": _machine_id()}
+            "machine": _machine_id(), "loadavg_1min": os.getloadavg()[0]}
 
 
 def _machine_id() -> str:
@@ -96,4 +98,5 @@ def host_load_figures(loads: list[dict[str, Any]]) -> dict[str, Any]:
             # Every rank of the cell on the rank's machine, whatever node its launcher counted it on.
             "ranks_on_machine_by_rank": [machines.count(machine) for machine in machines],
             "threads_by_rank": [load["threads"] for load in loads],
-            "host_cpu_cores_by_rank": [load["cores"] for load in loads]}
+            "host_cpu_cores_by_rank": [load["cores"] for load in loads],
+            "host_loadavg_1min_by_rank": [load.get("loadavg_1min") for load in loads]}
