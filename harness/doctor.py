@@ -130,9 +130,9 @@ def matrix_lines(name: str, machine: Machine) -> tuple[list[Finding], bool]:
 
 
 def skip_reason(spec: RunSpec) -> str | None:
-    from harness.strategies import get_strategy
+    from harness.memory_fit import skip_reason
 
-    return get_strategy(spec.strategy).skip_reason(spec)
+    return skip_reason(spec)
 
 
 def report(matrix: str | None = None, device: str | None = None) -> tuple[list[Finding], int]:

@@ -11,7 +11,7 @@ as any failure is.
 
 from __future__ import annotations
 
-from harness.spec import Precision, RunSpec
+from harness.spec import DeviceKind, Precision, RunSpec
 
 FIT_MARGIN = 0.10
 GIB = 2 ** 30
@@ -51,6 +51,22 @@ def does_not_fit(spec: RunSpec, gpu_bytes: float) -> str | None:
     need, terms = planned
     if need <= gpu_bytes * (1 + FIT_MARGIN):
         return None
-    return (f"does not fit: needs {need / GIB:.1f} GiB a GPU by the plan's memory ({terms}), over this GPU's "
-            f"{gpu_bytes / GIB:.1f} GiB by more than {FIT_MARGIN:.0%} (harness memory; a smaller micro-batch or "
-            f"a sharded strategy fits)")
+    return (f"does not fit: needs {need / GIB:.1f} GiB a rank by the plan's memory ({terms}), over the "
+            f"{gpu_bytes / GIB:.1f} GiB of GPU it has by more than {FIT_MARGIN:.0%} (harness memory; a smaller "
+            f"micro-batch or a sharded strategy fits)")
+
+
+def skip_reason(spec: RunSpec) -> str | None:
+    """Why `spec` cannot run on this host (its strategy's reason, `Strategy.skip_reason`), or on this host's GPU by
+    the plan's memory (`does_not_fit`); None where it can. Kept out of the strategies: the plan's memory reads every
+    strategy's facts, and a strategy's own files are what the A/B tier times it on (harness.touched)."""
+    import torch
+
+    from harness.strategies import get_strategy
+
+    reason = get_strategy(spec.strategy).skip_reason(spec)
+    if reason is None and spec.device is DeviceKind.CUDA:      # a visible GPU, or the strategy would have said
+        # Ranks beyond a node's GPUs share them round-robin (harness.strategies.base.place_rank): each its share.
+        sharing = -(-spec.world_size // (spec.nnodes * max(1, torch.cuda.device_count())))
+        reason = does_not_fit(spec, torch.cuda.get_device_properties(0).total_memory / sharing)
+    return reason

@@ -8,9 +8,8 @@ import types
 import pytest
 import torch
 
-from harness.memory_fit import FIT_MARGIN, does_not_fit
+from harness.memory_fit import FIT_MARGIN, does_not_fit, skip_reason
 from harness.spec import DeviceKind, Precision, RunSpec
-from harness.strategies import get_strategy
 
 GIB = 2 ** 30
 H100_BYTES = 79.2 * GIB          # what an H100 80GB reports to torch
@@ -28,7 +27,7 @@ def test_an_8b_llama_on_one_gpu_is_refused_naming_its_model_states():
     states_gib = LLAMA3_8B * STATE_BYTES / GIB                    # 119.66 GiB, over 79.2 before anything else
     reason = does_not_fit(cell("llama3-8b", "ddp"), H100_BYTES)
     assert reason.startswith("does not fit: needs ") and f"{states_gib:.1f} model states" in reason
-    assert "over this GPU's 79.2 GiB" in reason
+    assert "over the 79.2 GiB of GPU it has" in reason
 
 
 def test_a_1b_llama_at_four_samples_fits_an_80_gb_gpu():
@@ -51,8 +50,46 @@ def test_a_cell_the_plan_does_not_describe_is_launched():
     assert does_not_fit(cell("resnet50", "ddp", micro_batch=256), 1 * GIB) is None
 
 
-def test_the_strategy_skips_it_before_launch_on_this_hosts_gpu(monkeypatch):
+def test_it_is_skipped_before_launch_on_this_hosts_gpu_and_a_cpu_cell_never_asks(monkeypatch, tmp_path):
+    from harness.launch.cell import run_cell
+    from harness.spec import Status
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(total_memory=H100_BYTES))
-    assert get_strategy("ddp").skip_reason(cell("llama3-8b", "ddp")).startswith("does not fit: needs ")
-    assert get_strategy("ddp").skip_reason(cell("llama3.2-1b", "ddp", micro_batch=4)) is None
+    assert skip_reason(cell("llama3-8b", "ddp")).startswith("does not fit: needs ")
+    assert skip_reason(cell("llama3.2-1b", "ddp", micro_batch=4)) is None
+    # Two such ranks share the one GPU (gloo): each has half of it, and 49.3 GiB a rank is over 39.6.
+    assert "of GPU it has" in skip_reason(cell("llama3.2-1b", "ddp", world_size=2, micro_batch=4))
+    row = run_cell(cell("llama3-8b", "ddp"), repeat=0, cell_dir=tmp_path, timeout_s=60, environment={})
+    assert row.status is Status.SKIPPED and row.message.startswith("does not fit")      # nothing was launched
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: pytest.fail("a CPU cell asked for a GPU"))
+    cpu = RunSpec(workload="llama-tiny", strategy="ddp", world_size=1, global_batch=4, micro_batch=4)
+    assert skip_reason(cpu) is None
+
+
+@pytest.mark.parametrize("spec, strategy, options, recipe, data_parallel, micro_batches", [
+    # The plain loop holds what DDP holds at one rank; fp32 computes in fp32.
+    (cell("llama3.2-1b", "plain", micro_batch=4), "ddp", {}, "fp32", 1, 1),
+    # FSDP2 under its users' MixedPrecisionPolicy, 8 ranks, one micro-batch each.
+    (cell("llama3-8b", "fsdp2", world_size=8).replace(options={"mixed_precision": "policy"}), "fsdp2",
+     {"mixed_precision": "policy"}, "fsdp-mp-policy", 8, 1),
+    # Two pipeline stages over 8 ranks: 4 replicas, each 64 / (1 x 4) = 16 micro-batches a step.
+    (cell("llama3-8b", "pipeline", world_size=8).replace(global_batch=64, options={"stages": 2}), "pipeline",
+     {"stages": 2}, "autocast", 4, 16),
+])
+def test_a_cell_is_priced_as_the_layout_written_out_by_hand(spec, strategy, options, recipe, data_parallel,
+                                                           micro_batches):
+    from harness.memory_fit import planned_need_bytes
+    from harness.project.facts import REGISTRY_FACTS
+    from harness.project.model import workload_decoder
+    from harness.project.rank_memory import layout_memory
+
+    if recipe == "fp32":
+        spec = spec.replace(precision=Precision.FP32)
+    split = REGISTRY_FACTS.split(strategy, options, data_parallel, spec.world_size)
+    assert split.data_parallel == data_parallel
+    expected = layout_memory(model=workload_decoder(spec.workload), strategy=strategy, options=options, split=split,
+                             recipe=recipe, micro_batch=spec.micro_batch, micro_batches=micro_batches,
+                             checkpointed=False, facts=REGISTRY_FACTS)
+    assert planned_need_bytes(spec)[0] == pytest.approx(expected.total, rel=1e-12)

@@ -287,8 +287,8 @@ def test_the_command_prints_the_table_then_the_followed_layouts_dry_run(capsys):
     assert out.startswith("parbench plan: llama3-8b: 8,030,261,248 parameters")
     assert "projected, not measured" in out and "fitted on" in out
     command = next(line for line in out.splitlines() if line.startswith("python -m harness run "))
-    # The hybrid matrix runs no Llama on GPUs yet: the largest of its GPU transformers stands in for the launch.
-    assert "--workload gpt2-xl " in command and command.endswith("--dry-run")
+    # The hybrid matrix runs the Llamas on GPUs: the dry run lays out the planned model itself.
+    assert "--workload llama3-8b " in command and command.endswith("--dry-run")
     assert "parbench dry run: 1 cells" in out
 
 

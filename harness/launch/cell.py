@@ -23,6 +23,7 @@ from harness.launch.launcher import Launcher
 from harness.launch.placement import LocalPlacement, Placement
 from harness.launch.plan import CELL_TOKEN_ENV, SPEC_FILE, LaunchError, launch_environment, launcher_of, plan_launch
 from harness.launch.processes import run_processes, shown_command
+from harness.memory_fit import skip_reason
 from harness.rank.worker import ERROR_FILE, MEASUREMENTS_FILE
 from harness.spec import RunResult, RunSpec, Status
 from harness.strategies import get_strategy
@@ -56,7 +57,7 @@ def run_cell(spec: RunSpec, *, repeat: int, cell_dir: Path, timeout_s: float, en
     common = {"spec": spec, "run_id": run_id, "repeat": repeat, "environment": environment,
               "started_at": started, "artifacts_dir": str(cell_dir)}
 
-    reason = get_strategy(spec.strategy).skip_reason(spec)
+    reason = skip_reason(spec)
     if reason:
         return RunResult(status=Status.SKIPPED, message=reason, **common)
 

@@ -37,6 +37,7 @@ from harness.launch.cell import launch_dir
 from harness.launch.placement import Placement
 from harness.launch.placement.base import PORT_AT_LAUNCH
 from harness.launch.plan import CELL_TOKEN_ENV, launch_environment, launcher_of, plan_launch
+from harness.memory_fit import skip_reason
 from harness.project.cluster import Cluster
 from harness.project.cells import cell_step
 from harness.spec import RunSpec
@@ -212,7 +213,7 @@ def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Pa
             lines.append(f"  file {path}:")
             lines += [f"{FILE_LINE}{line}" for line in text.splitlines()]
         # A planned target's skips are left out already; a plan of this host's cells says what it would skip.
-        reason = get_strategy(spec.strategy).skip_reason(spec) if target is None else None
+        reason = skip_reason(spec) if target is None else None
         if reason:
             skipped[reason] += 1
     if skipped:

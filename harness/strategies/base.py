@@ -466,10 +466,6 @@ class Strategy(abc.ABC):
         has_cuda = torch.cuda.is_available() if machine is None else machine.device is DeviceKind.CUDA
         if spec.device is DeviceKind.CUDA and not has_cuda:
             return "device cuda requested but no CUDA device is visible"
-        if spec.device is DeviceKind.CUDA and machine is None:     # this host's GPU, whose memory is known here
-            from harness.memory_fit import does_not_fit
-
-            return does_not_fit(spec, torch.cuda.get_device_properties(0).total_memory)
         return None
 
     # ---- inside a rank ---------------------------------------------------------------------------
