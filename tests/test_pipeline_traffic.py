@@ -60,3 +60,39 @@ def test_a_2_stage_pipeline_of_2_replicas_counts_what_its_stages_should_send_and
         "recv": {"world": {"calls": K, "bytes": K * ACTIVATION}},
         "all_reduce": {"tied": {"calls": 1, "bytes": TIED}, "dp": {"calls": 2, "bytes": 4 * STAGE_PARAMETERS[1] + 4}},
         "broadcast": {"pp": {"calls": 1, "bytes": 8}}}.items()}
+
+
+def test_the_stages_are_cut_where_deepspeeds_own_partition_functions_cut_them():
+    # harness.strategies.pipeline_traffic writes DeepSpeed's two functions out so that a plan need not import it;
+    # held here to the installed DeepSpeed's on layer weights like the workloads' (a repeated block, a large
+    # embedding at either end), ties between equal runs, and fewer layers than stages.
+    import random
+
+    ds_utils = pytest.importorskip("deepspeed.runtime.utils")
+    from harness.strategies.pipeline_traffic import partition_balanced, partition_uniform
+
+    rng = random.Random(0)
+    cases = [[EMBEDDING, *[BLOCK] * 4, NORM, EMBEDDING], [1] * 9, [5, 5, 5, 5], [3, 1], [0, 0, 7, 0]]
+    cases += [[rng.choice((0, 1, rng.randrange(1, 10**9))) for _ in range(rng.randrange(1, 40))] for _ in range(40)]
+    for weights in cases:
+        for parts in (1, 2, 3, 4, 8):
+            assert partition_balanced(weights, parts) == list(ds_utils.partition_balanced(weights, parts)), \
+                (weights, parts)
+            assert partition_uniform(len(weights), parts) == list(ds_utils.partition_uniform(len(weights), parts))
+
+
+def test_the_planned_stage_traffic_of_2_stages_by_2_replicas_is_the_schedule_worked_by_hand():
+    # What the test above counts on four ranks, planned from the layers on the meta device alone (a dry run's
+    # figures): the cut after the second block, a micro-batch's activation at it, the stages' gradients.
+    from harness.spec import RunSpec
+    from harness.strategies import checked, get_strategy
+    from workloads import get_workload
+
+    spec = checked(RunSpec(workload="gpt-tiny", strategy="pipeline", world_size=4, global_batch=32, micro_batch=4,
+                           precision="fp32", options={"stages": 2}, device="cpu"))
+    traffic = get_strategy("pipeline").stage_traffic(spec, get_workload("gpt-tiny").build_layers_on_meta())
+    for stage, planned in enumerate(traffic):
+        assert planned.sends == planned.receives == ((K, ACTIVATION),)
+        assert planned.tied_all_reduce == TIED
+        assert planned.gradient_all_reduce == 4 * STAGE_PARAMETERS[stage]
+        assert planned.loss_all_reduce == 4 * (stage == 1) and planned.loss_broadcast == 8

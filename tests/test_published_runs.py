@@ -112,3 +112,20 @@ def test_the_doc_holds_the_tables_computed_from_the_file():
 def test_no_published_run_is_marked_does_not_fit():
     for run in published_runs():
         assert run.fits(), (run.id, run.memory().describe())
+
+
+def test_the_bounded_fit_where_its_bound_binds_is_scipys_bounded_least_squares():
+    # The published runs' f lies inside [0, 1] (above); where it would not, the fit keeps it at the nearer bound and
+    # solves the rest again, as scipy's bounded least squares finds by iterating.
+    from scipy.optimize import lsq_linear
+
+    from harness.project.mfu_model import last_bounded_least_squares
+
+    rng = np.random.default_rng(0)
+    matrix = rng.normal(size=(40, 4))
+    for true_f in (1.7, -0.6, 0.4):
+        target = matrix @ np.array([0.5, -1.0, 2.0, true_f]) + rng.normal(scale=0.05, size=40)
+        ours = last_bounded_least_squares(matrix, target, 0.0, 1.0)
+        scipy = lsq_linear(matrix, target, bounds=([-np.inf] * 3 + [0.0], [np.inf] * 3 + [1.0]), tol=1e-14).x
+        assert ours[-1] == min(max(ours[-1], 0.0), 1.0)
+        assert np.allclose(ours, scipy, rtol=1e-9, atol=1e-12), (true_f, ours, scipy)

@@ -3,6 +3,12 @@
 A model is an ordered list of layers so that pipeline parallelism can cut it between any two of them;
 every other strategy runs the same layers as one `nn.Sequential`. Weights shared between layers (GPT's
 tied embedding and output head) are declared as `Tie`s so a pipeline can keep the copies in step.
+
+What a plan needs of a model (parameter counts, which module holds which, each layer's output shape) it reads
+without building one: `build_layers_on_meta` builds the layers on the meta device with their initialisation
+skipped, and `layer_output_shapes` says each layer's output from the config.
+
+    python -c "from workloads import WORKLOADS; print(WORKLOADS['resnet50'].layer_output_shapes()[:2])"
 """
 
 from __future__ import annotations
@@ -10,10 +16,13 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
+T = TypeVar("T")
 
 
 def memory_format_name(memory_format: torch.memory_format) -> str:
@@ -25,6 +34,34 @@ class Family(enum.StrEnum):
     RESNET = "resnet"
     GPT = "gpt"
     LLAMA = "llama"
+
+
+# What initialisation calls to fill a tensor's values: torch.nn.init's functions (those torch lets a mode see) and the
+# Tensor methods they and the modules' reset_parameters end in.
+VALUE_FILLS = frozenset({
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_",
+    "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_", "fill_", "zero_"})
+
+
+class _ValuesSkippedOnMeta(TorchFunctionMode):
+    """Returns a meta tensor as it is from a call that would fill its values (`VALUE_FILLS`). A meta tensor has no
+    values, but torch still runs the fill's checks there, through its Python reference kernels: ResNet-50's Kaiming
+    init took seconds of a dry run, the first such call seconds more to import torch._dynamo."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in VALUE_FILLS:
+            filled = args[0] if args else kwargs.get("tensor")      # torch.nn.init passes its tensor by name
+            if isinstance(filled, torch.Tensor) and filled.is_meta:
+                return filled
+        return func(*args, **kwargs)
+
+
+def build_on_meta(build: Callable[[], T]) -> T:
+    """`build()` on the meta device, its initialisation skipped: modules with every parameter's shape, dtype and
+    sharing, and no storage or values."""
+    with torch.device("meta"), _ValuesSkippedOnMeta():
+        return build()
 
 
 @dataclass(frozen=True)
@@ -63,6 +100,22 @@ class Workload(abc.ABC):
 
     def build_model(self) -> nn.Sequential:
         return nn.Sequential(*self.build_layers())
+
+    def build_layers_on_meta(self) -> list[nn.Module]:
+        """The layers' shapes without their memory or initialisation (`build_on_meta`): what a plan counts."""
+        return build_on_meta(self.build_layers)
+
+    def layer_output_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Each layer's output for one sample, its batch dimension left out, in layer order: what a pipeline sends
+        where it is cut (harness.strategies.pipeline_traffic). Default: one sample's forward on the meta device
+        (shapes, no values), which a family overrides with the shapes its config gives, as the families here do."""
+        x, _ = self.batch(0, 0, torch.arange(1, device="meta"), torch.device("meta"))
+        shapes = []
+        with torch.no_grad():
+            for layer in self.build_layers_on_meta():
+                x = layer(x)
+                shapes.append(tuple(x.shape[1:]))
+        return tuple(shapes)
 
     @abc.abstractmethod
     def batch(self, seed: int, step: int, indices: torch.Tensor,

@@ -152,6 +152,12 @@ class DecoderWorkload(Workload):
         c = self.config
         return token_batch(seed, step, indices.to(device), c.seq_len, c.vocab_size)
 
+    def layer_output_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """A sample's hidden states (seq_len x n_embd) out of the embedding, each block and the final norm; its
+        logits over the padded vocabulary out of the head."""
+        c = self.config
+        return ((c.seq_len, c.n_embd),) * (c.n_layer + 2) + ((c.seq_len, c.padded_vocab_size),)
+
     @property
     @abc.abstractmethod
     def matmul_params(self) -> int:

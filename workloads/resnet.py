@@ -6,7 +6,7 @@ The CIFAR member is the paper's section 4.2 network: 6n+2 layers on 32x32 inputs
 (option A) shortcuts; n=3 gives ResNet-20 with 269,722 parameters, small enough for 2 CPU cores.
 
 Training FLOPs per sample (see `training_flops_per_sample`): 2 FLOPs per multiply-accumulate of every
-convolution and linear layer in the forward pass, computed from the layer shapes, times 3 for forward
+convolution and linear layer in the forward pass, computed from the layer shapes (`layer_plan`), times 3 for forward
 plus backward (the backward pass computes gradients for inputs and weights, twice the forward's work;
 Kaplan et al. 2020 sec. 2.1). Normalisation, activations and pooling are not counted, as for MFU.
 """
@@ -172,12 +172,49 @@ class ResNetWorkload(Workload):
         return images.contiguous(memory_format=self.input_memory_format(torch.device(device).type)), labels
 
     @cached_property
-    def forward_macs_per_sample(self) -> int:
-        return forward_macs(self.build_model_on_meta(), (1, 3, self.config.image_size, self.config.image_size))
+    def layer_plan(self) -> tuple[tuple[tuple[int, ...], int], ...]:
+        """Each layer's (output for one sample, forward multiply-accumulates), from the config as `build_layers`
+        lays it out: a convolution's or pooling's output side is floor((side + 2 padding - kernel) / stride) + 1,
+        its MACs `conv2d_macs`, the head's in_features x classes."""
+        c = self.config
+        side, width = c.image_size, c.widths[0]
+        if c.imagenet_stem:     # 7x7/2 convolution, then 3x3/2 max-pool
+            conv = output_side(side, 7, 2, 3)
+            macs, side = conv2d_macs(3, width, (7, 7), (conv, conv)), output_side(conv, 3, 2, 1)
+        else:                   # one 3x3 convolution
+            side = output_side(side, 3, 1, 1)
+            macs = conv2d_macs(3, width, (3, 3), (side, side))
+        plan = [((width, side, side), macs)]
+        in_planes = width
+        for stage, (count, planes) in enumerate(zip(c.blocks_per_stage, c.widths)):
+            for index in range(count):
+                stride = 2 if stage > 0 and index == 0 else 1
+                out = output_side(side, 3, stride, 1)           # the stride is in a block's 3x3 convolution
+                if c.block == "basic":
+                    out_planes = planes
+                    macs = conv2d_macs(in_planes, planes, (3, 3), (out, out)) + conv2d_macs(planes, planes, (3, 3),
+                                                                                             (out, out))
+                    projected = c.imagenet_stem and (stride != 1 or in_planes != planes)   # CIFAR pads instead
+                else:
+                    out_planes = planes * Bottleneck.expansion
+                    macs = (conv2d_macs(in_planes, planes, (1, 1), (side, side))
+                            + conv2d_macs(planes, planes, (3, 3), (out, out))
+                            + conv2d_macs(planes, out_planes, (1, 1), (out, out)))
+                    projected = stride != 1 or in_planes != out_planes
+                if projected:           # the 1x1 shortcut convolution, with the block's stride
+                    shortcut = output_side(side, 1, stride, 0)
+                    macs += conv2d_macs(in_planes, out_planes, (1, 1), (shortcut, shortcut))
+                plan.append(((out_planes, out, out), macs))
+                side, in_planes = out, out_planes
+        plan.append(((c.num_classes,), in_planes * c.num_classes))
+        return tuple(plan)
 
-    def build_model_on_meta(self) -> nn.Module:
-        with torch.device("meta"):
-            return self.build_model()
+    def layer_output_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(shape for shape, _ in self.layer_plan)
+
+    @property
+    def forward_macs_per_sample(self) -> int:
+        return sum(macs for _, macs in self.layer_plan)
 
     @property
     def train_flops_per_sample(self) -> float:
@@ -187,6 +224,12 @@ class ResNetWorkload(Workload):
 def training_flops_per_sample(forward_macs: int) -> float:
     """2 FLOPs per multiply-accumulate, x3 for forward + backward (Kaplan et al. 2020, sec. 2.1)."""
     return 3 * 2 * float(forward_macs)
+
+
+def output_side(side: int, kernel: int, stride: int, padding: int) -> int:
+    """The output's side of a square convolution or pooling window over a square input (torch.nn.Conv2d's formula,
+    dilation 1)."""
+    return (side + 2 * padding - kernel) // stride + 1
 
 
 def conv2d_macs(in_channels: int, out_channels: int, kernel: tuple[int, int], out_hw: tuple[int, int],

@@ -24,9 +24,7 @@ figure means the same wherever it is shown.
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Iterable, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.derive.beyond_ws1 import step_beyond_ws1
 from harness.derive.activations import predicted_activation_bytes
@@ -47,6 +45,9 @@ from harness.derive.resume import checkpoint_columns
 from harness.derive.server_link import server_link_columns
 from harness.derive.techniques import technique_columns
 from harness.derive.throughput import Basis, launch_throughput, throughput_basis
+
+if TYPE_CHECKING:       # imported where a table is made: a plan reads this module's labels, not its tables
+    import pandas as pd
 
 CELL_FIELDS = ["workload", "strategy", "options", "world_size", "nnodes", "global_batch", "micro_batch",
                "precision", "device", "shared_device"]
@@ -85,6 +86,8 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
 def launch_table(rows: Sequence[Row], basis: Basis | None = None, context: Sequence[Row] = ()) -> pd.DataFrame:
     """One line per row, with its parity verdict judged over `rows` and `context` together (rows not shown
     that may hold a reference, such as the rest of a results file: harness.derive.parity)."""
+    import pandas as pd
+
     basis = basis or throughput_basis(rows)
     shown_ids = {row.get("run_id") for row in rows}
     verdicts = judge(list(rows) + [row for row in context if row.get("run_id") not in shown_ids])
@@ -176,6 +179,8 @@ PARITY_ORDER = ("mismatch", "not comparable: asynchronous", "not-judged", "no-re
 
 def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame:
     """One line per cell, in the order cells first appear in `rows`; `context` as for `launch_table`."""
+    import pandas as pd
+
     if not rows:
         return pd.DataFrame()
     basis = throughput_basis(rows)

@@ -18,7 +18,10 @@ never serves.
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:       # imported where a table is made: a plan reads this module's names, not its tables
+    import pandas as pd
 
 SAME_COMPUTATION = ["workload", "precision", "micro_batch", "device"]
 LAYOUT_OPTIONS = ("stages",)   # options that follow the world size by construction (see above)
@@ -34,6 +37,8 @@ def scaling_efficiency(cells: pd.DataFrame) -> pd.DataFrame:
     """`cells` has one row per cell: SAME_COMPUTATION, strategy, options, world_size, global_batch,
     samples_per_s and shared_device. Returns it with strong/weak efficiency columns against both
     references."""
+    import pandas as pd
+
     cells = cells.copy()
     cells["_reference_options"] = cells["options"].fillna("").map(reference_options)
     # Tables built without identities (one set of conditions) have no column: one value for all.

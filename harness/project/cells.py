@@ -10,7 +10,7 @@ matrix gives it (its workload, strategy, options, world size and batch) instead 
   loop measured on a GPU for that workload and precision (MEASURED_GPU_ROWS: an H200, whose dense peaks are an H100
   SXM's), else, for a transformer, the one fitted on published GPU runs (harness.project.mfu_model) for the
   cluster's GPU and the workload's size; neither (a ResNet never measured in that precision): unknown.
-- **communication** = the strategy's expected collectives for the cell (`RegistryFacts.expected_for_cell`, on
+- **communication** = the strategy's expected collectives for the cell (`RegistryFacts.traffic_for_cell`, on
   nodes of the cluster's GPUs) priced on the cluster by harness.project.collectives, all of it exposed (no overlap
   measured: an upper bound).
 - **unknown**, with the reason, where a figure would be a guess: a CPU cell, an fp32 cell (whether TF32 runs is
@@ -101,16 +101,15 @@ def cluster_peaks(cluster: Cluster) -> DevicePeaks:
     return PEAKS[cluster.gpu]
 
 
-# Kept for the process: a cell's expected traffic builds its layers on the meta device and, for the pipeline, a
-# micro-batch of inputs (a ResNet's takes seconds), and a session plans the same cells again (another cluster,
-# the tests' dry runs). Its result is read, never changed.
+# Kept for the process: a cell's expected traffic walks its layers' parameters (on the meta device) several times,
+# and a session plans the same cells again (another cluster, the tests' dry runs). Its result is read, never changed.
 @functools.lru_cache(maxsize=1024)
 def _cell_layout(facts: RegistryFacts, workload: str, strategy: str, options: tuple, precision: str, world_size: int,
                  global_batch: int, micro_batch: int, gpus_per_node: int) -> tuple[dict, int, int, int]:
     """(the cell's expected traffic, its data-parallel size, tensor-parallel ranks, pipeline stages)."""
     cell = dict(workload=workload, strategy=strategy, options=dict(options), precision=precision,
                 world_size=world_size, global_batch=global_batch, micro_batch=micro_batch)
-    expected, data_parallel, _ = facts.expected_for_cell(**cell, gpus_per_node=gpus_per_node)
+    expected, data_parallel = facts.traffic_for_cell(**cell, gpus_per_node=gpus_per_node)
     tensor_parallel, stages = facts.model_split(**cell)
     return expected, data_parallel, tensor_parallel, stages
 

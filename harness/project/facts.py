@@ -13,7 +13,6 @@ importing this module stays torch-free, and harness.project.projection takes any
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any, Mapping
 
@@ -60,6 +59,26 @@ class RegistryFacts:
         which the parameter counts of `expected_per_step` cannot describe. The workload's layers are built on
         the meta device (shapes, no memory). A layout the strategy refuses there (`Strategy.layout_refusal`)
         is a SpecError naming the rule."""
+        chosen, cell, layers = self._cell(workload=workload, strategy=strategy, options=options, precision=precision,
+                                          world_size=world_size, global_batch=global_batch, micro_batch=micro_batch,
+                                          gpus_per_node=gpus_per_node)
+        return (chosen.expected_traffic(cell, layers).to_dict(), chosen.layout(cell).data_parallel,
+                chosen.planned_parameters_held(cell, layers))
+
+    def traffic_for_cell(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str,
+                         world_size: int, global_batch: int, micro_batch: int,
+                         gpus_per_node: int | None = None) -> tuple[dict[str, Any], int]:
+        """`expected_for_cell`'s traffic and data-parallel size alone, without counting what a rank holds: what a
+        dry run prices each of its cells by (harness.project.cells)."""
+        chosen, cell, layers = self._cell(workload=workload, strategy=strategy, options=options, precision=precision,
+                                          world_size=world_size, global_batch=global_batch, micro_batch=micro_batch,
+                                          gpus_per_node=gpus_per_node)
+        return chosen.expected_traffic(cell, layers).to_dict(), chosen.layout(cell).data_parallel
+
+    def _cell(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str, world_size: int,
+              global_batch: int, micro_batch: int, gpus_per_node: int | None) -> tuple[Any, Any, tuple]:
+        """(the strategy, the checked cell, the workload's layers on the meta device), or the SpecError of a layout
+        the strategy refuses."""
         from harness.spec import DeviceKind, RunSpec
         from harness.strategies import checked
 
@@ -72,9 +91,7 @@ class RegistryFacts:
         refusal = chosen.layout_refusal(cell)
         if refusal:
             raise SpecError(refusal)
-        layers = copy.deepcopy(_meta_layers(workload))     # a copy: a strategy may split the layers it is given
-        return (chosen.expected_traffic(cell, layers).to_dict(), chosen.layout(cell).data_parallel,
-                chosen.planned_parameters_held(cell, layers))
+        return chosen, cell, _meta_layers(workload)     # shared by every cell: a strategy reads the layers it is given
 
     def model_split(self, *, workload: str, strategy: str, options: Mapping[str, Any], precision: str,
                     world_size: int, global_batch: int, micro_batch: int) -> tuple[int, int]:
@@ -200,13 +217,10 @@ REGISTRY_FACTS = RegistryFacts()
 
 
 @functools.lru_cache(maxsize=None)
-def _meta_layers(workload: str) -> list:
-    """The workload's layers built on the meta device, once a process: initialising them there runs every init
-    through torch's reference decompositions (ResNet-50's took 12 s here), and a dry run prices a workload's cells
-    dozens of times; a copy of them takes milliseconds."""
-    import torch
-
+def _meta_layers(workload: str) -> tuple:
+    """The workload's layers built on the meta device with their initialisation skipped
+    (`Workload.build_layers_on_meta`), once a process, shared by every cell a dry run prices: a strategy only reads
+    the layers it plans from (a copy for each cell took a third of a dry run)."""
     from workloads import get_workload
 
-    with torch.device("meta"):
-        return get_workload(workload).build_layers()
+    return tuple(get_workload(workload).build_layers_on_meta())

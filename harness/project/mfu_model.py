@@ -143,16 +143,26 @@ def held_out(runs: Sequence[PublishedRun]) -> list[bool]:
     return flags
 
 
+def last_bounded_least_squares(matrix: np.ndarray, target: np.ndarray, low: float, high: float) -> np.ndarray:
+    """argmin |matrix x - target|^2 with the last coefficient in [low, high], the others free. Least squares
+    minimised over the free coefficients is convex in the last one, so the bounded optimum is the unbounded one
+    where it lies in the bounds (numpy's lstsq, as scipy's lsq_linear first solves it and then keeps it, bit for
+    bit), else the nearer bound with the others solved again: exact, where lsq_linear iterates to a tolerance, and
+    without importing scipy (a second of a dry run)."""
+    solution = np.linalg.lstsq(matrix, target, rcond=-1)[0]
+    if low <= solution[-1] <= high:
+        return solution
+    last = min(max(float(solution[-1]), low), high)
+    rest = np.linalg.lstsq(matrix[:, :-1], target - matrix[:, -1] * last, rcond=-1)[0]
+    return np.append(rest, last)
+
+
 def fit(features: Sequence[RunFeatures]) -> MfuModel:
     """Least squares of the relative step error over `features` (module docstring), f bounded to [0, 1]."""
-    from scipy.optimize import lsq_linear
-
     kinds = tuple(GPU_KINDS)
     matrix = np.array([f.row(kinds) for f in features]) / np.array([[f.run.step_s] for f in features])
     target = np.array([1.0 - f.other_s / f.run.step_s for f in features])
-    lower = [-np.inf] * (len(kinds) + 2) + [0.0]
-    upper = [np.inf] * (len(kinds) + 2) + [1.0]
-    solution = lsq_linear(matrix, target, bounds=(lower, upper)).x
+    solution = last_bounded_least_squares(matrix, target, 0.0, 1.0)
     sizes = [math.log10(f.run.model.parameters / 1e9) for f in features]
     return MfuModel(per_gpu=dict(zip(kinds, map(float, solution[:len(kinds)]))), size=float(solution[len(kinds)]),
                     recompute=float(solution[len(kinds) + 1]), exposed_data_parallel=float(solution[-1]),

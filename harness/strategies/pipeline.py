@@ -251,7 +251,8 @@ class Pipeline(Strategy):
 
     def stage_traffic(self, spec: RunSpec, layers) -> list:
         """Every stage's traffic per optimizer step (harness.strategies.pipeline_traffic), from freshly built
-        layers: stages cut as DeepSpeed cuts them, activations' shapes from a meta-device forward."""
+        layers (the meta device's do): stages cut as DeepSpeed cuts them, activations' shapes from the workload's
+        config (`Workload.layer_output_shapes`), no batch made and no forward run."""
         from harness.strategies.pipeline_traffic import boundary_bytes, stage_traffic
 
         options, layout, workload = self.resolved(spec), self.layout(spec), get_workload(spec.workload)
@@ -259,13 +260,7 @@ class Pipeline(Strategy):
         # DeepSpeed's bf16 or fp16 section keeps the model in 16 bits, so it sends 16 bits; autocast's block
         # outputs (a residual sum, a batch norm) and fp32 send fp32.
         half_model = sixteen_bit_weights(spec, options)
-        # One sample's inputs give the shape and dtype of a micro-batch's (a ResNet-50 micro-batch of real images
-        # takes seconds to make, and a dry run prices the pipeline's cells many times over).
-        sample, _ = workload.batch(spec.seed, 0, torch.arange(1), torch.device("cpu"))
-        inputs = torch.empty((spec.micro_batch, *sample.shape[1:]), dtype=sample.dtype, device="meta")
-        with torch.device("meta"):
-            shapes = workload.build_layers()
-        activations = boundary_bytes(shapes, inputs, 2 if half_model else 4)
+        activations = boundary_bytes(workload.layer_output_shapes(), spec.micro_batch, 2 if half_model else 4)
         tied_stages, tied_bytes = [], 0
         for tie in workload.ties():
             tied_stages = [stage_of[tie.owner], stage_of[tie.user]]

@@ -212,11 +212,14 @@ def unscaled(gradients: list[torch.Tensor], scale: float) -> list[torch.Tensor]:
     return [gradient.float() / scale for gradient in gradients]
 
 
+# deepspeed.runtime.torch_autocast.LOWER_PRECISION_SAFE_MODULES (0.19.8), written out so that a plan pricing ZeRO's
+# cells does not import DeepSpeed (seconds of a dry run); tests/test_dry_run_builds_nothing.py holds it to DeepSpeed's.
+LOWER_PRECISION_SAFE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
 def _communicated_in_bf16(model: nn.Module) -> set[int]:
     """ids of the parameters DeepSpeed's torch_autocast section reduces in bf16 (the module docstring):
     init_autocast_params matches module classes exactly, not by isinstance."""
-    from deepspeed.runtime.torch_autocast import LOWER_PRECISION_SAFE_MODULES
-
     return {id(p) for module in model.modules() if module.__class__ in LOWER_PRECISION_SAFE_MODULES
             for p in module.parameters(recurse=False)}
 

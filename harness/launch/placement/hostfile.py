@@ -21,6 +21,7 @@ and write their reports there.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -107,7 +108,13 @@ class HostfilePlacement(Placement):
 
     def remote_command(self, node: int, script: str) -> list[str]:
         """The remote shell's argv that runs `script` on the node-th host."""
-        return [*shlex.split(self.remote_shell.format(host=self.hosts[node].name, node=node)), script]
+        return [*shell_words(self.remote_shell.format(host=self.hosts[node].name, node=node)), script]
+
+
+@functools.lru_cache(maxsize=1024)
+def shell_words(command: str) -> tuple[str, ...]:
+    """shlex.split, once a command: a dry run asks for each node's remote shell thousands of times."""
+    return tuple(shlex.split(command))
 
 
 def read_hostfile(path: Path) -> tuple[Host, ...]:
