@@ -13,11 +13,13 @@
     python -m harness compare results/base.jsonl results/new.jsonl
     python -m harness expect results/ci.jsonl --against results/reference/ci-expectations/ci.json
     python -m harness ab
+    python -m harness derive-check
     python -m harness reproduce 3f2a9c
 
 Exit statuses, the same for every command:
   0  done, and what was judged passed
-  1  a regression (`compare`, `ab`), a difference (`expect`), or a row that could not be appended (a full disk)
+  1  a regression (`compare`, `ab`), a difference (`expect`, `derive-check`), or a row that could not be appended
+     (a full disk)
   2  bad input, in one line `parbench: error: ...`, before any process is launched
   3  `expect`: rows of other versions than the expectations' (an upgrade, whose figures must be re-recorded)
   4  `run`: a launch ended `failed`, `oom` or `timeout` (EXIT_CELLS_FAILED), after every other cell has run and
@@ -446,6 +448,17 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--out", type=Path, help="folder for both sides' rows and launch logs (default results/ab-<time>)")
     ab.add_argument("--allow-unjudged", action="store_true", help=f"exit 0 where the tier judged nothing (a shallow "
                     f"clone, a base that does not launch; default: exit {EXIT_NOTHING_JUDGED}, saying why)")
+
+    derive = commands.add_parser("derive-check", help="every derived figure of the committed reference rows, by the "
+                                 "base's code and this checkout's, held to results/reference/derive-expectations.json "
+                                 "(exit 1 on an unacknowledged change; harness/derive_check.py)")
+    derive.add_argument("--base", default="HEAD^1", help="the base: the merge base of this ref and HEAD "
+                        "(default HEAD^1)")
+    derive.add_argument("--record", action="store_true", help="write this checkout's figures to the expectations file "
+                        "instead (review the diff and commit it with the change)")
+    derive.add_argument("--set", action="append", dest="sets", metavar="NAME", help="only this reference set "
+                        "(repeatable; harness/derive/snapshot.py, REFERENCE_SETS)")
+    derive.add_argument("--out", type=Path, help="also write both sides' figures here (head.json, base.json)")
 
     reproduce = commands.add_parser("reproduce", help="re-run the cell behind a row and append the new row")
     reproduce.add_argument("run_id", help="a row's run_id (a unique prefix is enough)")
@@ -1131,6 +1144,12 @@ def command_ab(args: argparse.Namespace) -> int:
     return worst
 
 
+def command_derive_check(args: argparse.Namespace) -> int:
+    from harness.derive_check import command
+
+    return command(args.base, record_only=args.record, sets=args.sets, out=args.out)
+
+
 def command_reproduce(args: argparse.Namespace) -> int:
     from harness.environment import capture_environment
     from harness.reproduce import environment_differences, find_row, placement_for, same_losses
@@ -1166,7 +1185,8 @@ def command_doctor(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": command_run, "list": command_list, "doctor": command_doctor, "memory": command_memory, "comm": command_comm,
             "project": command_project, "plan": command_plan, "report": command_report, "compare": command_compare,
-            "expect": command_expect, "reproduce": command_reproduce, "ab": command_ab}
+            "expect": command_expect, "reproduce": command_reproduce, "ab": command_ab,
+            "derive-check": command_derive_check}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,15 +7,25 @@ import pytest
 import torch
 
 from harness.strategies import STRATEGIES
+from launch_budget import LaunchBudget, add_options
 from launch_guard import LaunchGuard
 import launch_streams
 from launch_streams import Stream, StreamBank
+
+
+def pytest_addoption(parser):
+    add_options(parser)
 
 
 def pytest_configure(config):
     guard = LaunchGuard()
     guard.install()
     config.pluginmanager.register(guard, "launch-guard")
+    # Registered here, not in pyproject.toml: that file is an input of the image's dependency layer (Dockerfile).
+    config.addinivalue_line("markers", "core: the launch `make test` makes (tests/test_core_launch.py): each launcher "
+                                       "once, end to end; every other launch test runs in CI's budgeted launch tier")
+    streams = {fixture: [stream.name for stream in read] for fixture, read in STREAMS_READ_BY.items()}
+    config.pluginmanager.register(LaunchBudget(config, streams), "launch-budget")
 
 
 def pytest_unconfigure(config):

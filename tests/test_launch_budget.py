@@ -1,0 +1,154 @@
+"""The launch tier's budget (tests/launch_budget.py): what a CI run takes, worked out by hand, and that the turns
+cover every launch module."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import launch_budget
+from launch_budget import Module, choose, cost, load_costs, windows
+
+# Four modules, worked by hand below: a and b read stream S (200 s), c and d read none.
+A, B = Module("tests/test_a.py", 100, frozenset({"S"})), Module("tests/test_b.py", 50, frozenset({"S"}))
+C, D = Module("tests/test_c.py", 300), Module("tests/test_d.py", 400)
+STREAMS = {"S": 200}
+
+
+def test_a_stream_two_modules_read_is_paid_once():
+    assert cost([A], STREAMS) == 100 + 200
+    assert cost([A, B], STREAMS) == 100 + 50 + 200      # not 550
+    assert cost([A, C], STREAMS) == 100 + 200 + 300
+    assert cost([], STREAMS) == 0
+
+
+def test_the_cycle_is_cut_into_consecutive_windows_that_fit():
+    # The cycle: modules reading no stream first (c, d by path), then those reading S (a, b). At 500 s:
+    # c (300) | c+d = 700 > 500, so d (400) | d+a = 400+100+200 = 700, so a (300) | a+b = 100+50+200 = 350: [a, b].
+    cut = windows([A, B, C, D], STREAMS, 500)
+    assert [[m.path for m in w] for w in cut] == [["tests/test_c.py"], ["tests/test_d.py"],
+                                                   ["tests/test_a.py", "tests/test_b.py"]]
+
+
+def test_the_turns_take_every_module_within_as_many_commits_as_windows():
+    modules = [A, B, C, D]
+    turns = [choose(modules, STREAMS, 500, turn=t) for t in range(3)]
+    assert {p for c in turns for p in c.taken} == {m.path for m in modules}
+    assert [c.taken for c in turns] == [["tests/test_c.py"], ["tests/test_d.py"], ["tests/test_a.py", "tests/test_b.py"]]
+    assert choose(modules, STREAMS, 500, turn=4).taken == ["tests/test_d.py"]      # 4 mod 3
+
+
+def test_the_changed_modules_go_first_and_what_does_not_fit_is_named():
+    # Turn 0's window is c; b changed: b (50 + 200) first, then c (300) would make 550 > 500: named, not run.
+    choice = choose([A, B, C, D], STREAMS, 500, turn=0, changed=["tests/test_b.py", "tests/other.txt"])
+    assert choice.taken == ["tests/test_b.py"]
+    assert choice.past_budget == ["tests/test_c.py"]
+    assert choice.why["tests/test_b.py"] == "changed by this commit"
+    assert choice.estimate_s == 250
+    assert choice.other_turns == ["tests/test_a.py", "tests/test_d.py"]
+
+
+def test_always_comes_after_the_change_and_shares_its_streams():
+    # a changed (300 with S); b always (50 more: S is paid); turn 2's window is [a, b], already taken.
+    choice = choose([A, B, C, D], STREAMS, 500, turn=2, changed=["tests/test_a.py"], always=["tests/test_b.py"])
+    assert choice.taken == ["tests/test_a.py", "tests/test_b.py"]
+    assert choice.estimate_s == 350 and not choice.past_budget
+
+
+CONFTEST = """
+from launch_budget import LaunchBudget, add_options
+
+def pytest_addoption(parser):
+    add_options(parser)
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "launch: starts a process")
+    config.pluginmanager.register(LaunchBudget(config, {}), "launch-budget")
+"""
+
+MODULE = """
+import pytest
+
+@pytest.mark.launch
+@pytest.mark.parametrize("k", range({n}))
+def test_launches(k):
+    pass
+
+def test_unit():
+    pass
+"""
+
+
+class Clock:
+    """Each reading `step` seconds after the one before."""
+
+    def __init__(self, step: float = 100.0) -> None:
+        self.now, self.step = 0.0, step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch):
+    monkeypatch.setattr(launch_budget, "time", Clock())
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_x=MODULE.replace("{n}", "3"), test_y=MODULE.replace("{n}", "2"))
+    costs = pytester.path / "costs.json"
+    costs.write_text(json.dumps({"modules": {"test_x.py": 240, "test_y.py": 900}, "streams": {}}))
+    return costs
+
+
+def test_a_budgeted_run_takes_its_window_and_keeps_every_unit_test(pytester, suite):
+    # At 1000 s: x (240) and y (900) do not fit together, so windows [x], [y]; turn 0 takes x.
+    result = pytester.runpytest("--launch-budget", "1000", "--launch-turn", "0", "--launch-costs", str(suite), "-rs")
+    result.assert_outcomes(passed=3 + 2, deselected=2)
+    result.stdout.fnmatch_lines(["launch tier: 1 modules in a budget of 1000 s (estimated 240 s*turn 1 of 2*",
+                                 "  ran: test_x.py (window 1 of 2)", "  left to other turns: 1 modules: test_y"])
+
+
+def test_a_module_whose_estimate_would_pass_the_budget_is_skipped_whole_saying_so(pytester, suite):
+    # The plugin reads the clock at a module's first test alone (twice at the first: the start, then the time spent).
+    # Turn 0 takes x (240 s) in 1000 s: its first test finds 100 s spent, 100 + 240 <= 1000, and all 3 run.
+    result = pytester.runpytest("--launch-budget", "1000", "--launch-turn", "0", "--launch-costs", str(suite), "-rs")
+    result.assert_outcomes(passed=3 + 2, deselected=2)
+    # Turn 1 takes y (900 s): its first test finds 100 s spent, 100 + 900 = 1000 <= 1000, runs. Planted later: with
+    # 800 s, y is not taken at all (900 > 800) and is named.
+    result = pytester.runpytest("--launch-budget", "1000", "--launch-turn", "1", "--launch-costs", str(suite), "-rs")
+    result.assert_outcomes(passed=2 + 2, deselected=3)
+    result = pytester.runpytest("--launch-budget", "800", "--launch-turn", "1", "--launch-costs", str(suite), "-rs")
+    result.assert_outcomes(passed=2, deselected=5)
+    result.stdout.fnmatch_lines(["  NOT RUN, past the budget: test_y.py (window 2 of 2)"])
+
+
+def test_a_module_started_late_is_skipped_rather_than_overrun(pytester, suite, monkeypatch):
+    # Both fit 1200 s by estimate (x 240 + y 900 = 1140), one window. The clock reads 400 s apart: x's first test
+    # finds 400 s spent (400 + 240 <= 1200: runs); y's first finds 800 s spent: 800 + 900 > 1200, and y's 2 tests
+    # are skipped, saying why.
+    monkeypatch.setattr(launch_budget, "time", Clock(400))
+    result = pytester.runpytest("--launch-budget", "1200", "--launch-turn", "0", "--launch-costs", str(suite), "-rs")
+    result.assert_outcomes(passed=3 + 2, skipped=2)
+    result.stdout.fnmatch_lines(["  SKIPPED while running: test_y.py: the launch tier's budget: 800 s of 1200 s spent, and "
+                                 "this module's estimate (900 s) would carry it past"])
+
+
+def test_without_a_budget_nothing_is_deselected(pytester, suite):
+    pytester.runpytest("--launch-costs", str(suite)).assert_outcomes(passed=3 + 2 + 2)
+
+
+def test_every_launch_module_has_a_turn_in_ci_s_budget():
+    # .ci/run's own budget and always-taken modules, read from it: a module grown past what a window can hold beside
+    # them would never run in CI, and this fails naming it.
+    ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
+    budget = float(re.search(r"--launch-budget (\d+)", ci).group(1))
+    always = re.search(r"--launch-always (\S+)", ci).group(1).split(",")
+    own, streams = load_costs()
+    reads = json.loads(launch_budget.LAUNCH_COSTS.read_text())["reads"]
+    modules = [Module(path, seconds, frozenset(reads.get(path, ()))) for path, seconds in own.items()]
+    turns = [choose(modules, streams, budget, turn=t, always=always) for t in range(len(modules))]
+    never = {m.path for m in modules} - {path for choice in turns for path in choice.taken}
+    assert not never, f"never taken at {budget:.0f} s beside {always}: {sorted(never)}"
