@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from dockerfile_sources import context_sources
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -80,14 +82,34 @@ def test_the_gpu_reference_script_parses_and_plans_the_reference_set_on_cpu():
     assert subprocess.run([str(script), "--budget", "100"], capture_output=True).returncode == 2
 
 
+PLANTED_DOCKERFILE = """# escape=\\
+FROM debian AS build
+copy pyproject.toml ./
+   COPY --chown=1000 scripts/ \\
+# a comment inside the continuation
+        scripts/
+ADD ["docs/a b.md", "notes/"]
+ADD https://example.com/x.tar.gz /tmp/
+ADD --checksum=sha256:00 vendored.tar.gz /opt/
+COPY --from=build /parbench /parbench
+Copy --link README.md \\
+    LICENSE ./
+RUN echo COPY not-an-instruction ./
+"""
+
+
+def test_every_instruction_that_copies_is_read_as_docker_reads_it():
+    # Lowercase, indented and continued COPY lines, ADD in both forms, a URL, another stage: written out by hand.
+    assert context_sources(PLANTED_DOCKERFILE) == {"pyproject.toml", "scripts", "docs/a b.md", "vendored.tar.gz",
+                                                   "README.md", "LICENSE"}
+    with pytest.raises(ValueError, match="heredoc"):
+        context_sources("FROM x\nCOPY <<EOF /a\nhello\nEOF\n")
+
+
 def test_the_docker_checks_inputs_are_every_path_the_image_copies():
     # scripts/docker-check.sh --if-changed skips the build where its IMAGE_INPUTS are as at the last pass: a path the
     # Dockerfile copies but the list left out would let a change to it through unbuilt.
-    copied = set()
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
-        if line.startswith("COPY "):
-            *sources, _ = line.split()[1:]
-            copied.update(source.rstrip("/") for source in sources)
+    copied = context_sources((ROOT / "Dockerfile").read_text())
     script = (ROOT / "scripts" / "docker-check.sh").read_text()
     listed = next(line for line in script.splitlines() if line.startswith("IMAGE_INPUTS="))
     inputs = set(listed.split("=", 1)[1].strip("()").split())
