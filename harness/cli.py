@@ -712,6 +712,8 @@ def run_header(plan: "Planned", out: Path) -> str:
         text += f"; {launches(plan.recorded)} already recorded there, not launched again"
     if plan.recovered:
         text += f"; {launches(plan.recovered)} recorded from their cell folders without launching"
+    if plan.seconds is not None and plan.launches:
+        text += f"; planned: about {plan.seconds / 60:.1f} min at the 2-core VM's launch times (harness/run_cost.py)"
     return text
 
 

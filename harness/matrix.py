@@ -323,7 +323,38 @@ GATE_REPEATS = launches_needed_a_side(DEFAULT_ALPHA / len(METRIC_NAMES))
 
 
 def full(machine: Machine, select: Selection) -> list[RunSpec]:
-    """Every strategy on both workload families at world sizes 1, 2, 4, ... up to the devices x nodes
+    """On GPUs, `wide`: every strategy, family and world size. On CPU, the cells that show something new on a small
+    machine, in the budget of a newcomer's `make run` (harness.run_cost.DEFAULT_RUN_BUDGET_S): every strategy at the
+    largest world size on gpt-tiny, beside the plain loop, one launch each. `--matrix wide` has the rest, and each
+    narrowing below is undone where the user chose that dimension:
+    - world size 1 of each strategy (`--world-sizes`): its 2-rank cell runs the same arithmetic and communicates;
+    - llama-tiny and ResNet-20 (`--workload`): the same strategies on other layers, whose own machinery the tests and
+      the ci matrix judge;
+    - the bare loop beside 5 plain launches (`--strategy bare`): the harness's cost, a ratio this machine's noise left
+      inconclusive at 5 launches a side (+9.3%, 96.8% interval -6.2% to +39.8%, 2026-11-28);
+    - FSDP2's bf16 policy cells (`--matrix wide`): bf16 arithmetic on a CPU, judged by the tests."""
+    if machine.device is not DeviceKind.CPU:
+        return wide(machine, select)
+    narrowed = dataclasses.replace(select, workloads=select.workloads or CPU_FULL_WORKLOADS)
+    sizes = _powers_of_two_up_to(machine.devices)
+    sizes = sizes if select.world_sizes is not None else sizes[-1:]
+    cells = Cells(machine, narrowed, Plan(ALL_BUT_REFERENCES, sizes, repeats=1, precision=_precision(machine),
+                                          reference_repeats=HARNESS_OVERHEAD_LAUNCHES if _asks_for_bare(select) else 1))
+    for workload, plan in _plans(machine, narrowed, PLANS).items():
+        cells.strong(workload, plan)
+    return cells.specs
+
+
+# The default matrix's workload on CPU (`full`): the smallest transformer, on which every strategy runs.
+CPU_FULL_WORKLOADS = ("gpt-tiny",)
+
+
+def _asks_for_bare(select: Selection) -> bool:
+    return select.strategies is not None and BARE_STRATEGY in select.strategies
+
+
+def wide(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Every strategy on every workload family at world sizes 1, 2, 4, ... up to the devices x nodes
     (DataParallel up to one node's devices; fp32 on CPU, bf16 and GATE_REPEATS launches on GPU), with the plain loop and the bare
     loop beside it (the harness's own cost) at world size 1, 5 launches each unless --repeats says otherwise (the
     5 a bootstrap interval of their medians needs: one launch a side is a draw of the machine's noise).
@@ -703,6 +734,7 @@ def reference(machine: Machine, select: Selection) -> list[RunSpec]:
 MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "smoke": smoke,
     "full": full,
+    "wide": wide,
     "scaling": scaling,
     "zero-memory": zero_memory,
     "ci": ci,

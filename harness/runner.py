@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 from harness.derive.harness_overhead import BARE_STRATEGY, overhead_verdict
 from harness.derive.identity import cell_identity, identity_of
 from harness.derive.parity import REFERENCE_STRATEGY
+from harness.run_cost import planned_seconds
 from harness.environment import capture_environment
 from harness.launch.cell import LOG_FILE, SPEC_FILE, launch_dir, run_cell
 from harness.launch.host_builds import build_before_launch
@@ -80,6 +81,7 @@ class Planned:
     launches: int                 # launches to run now
     recorded: int                 # launches a resumed run finds already recorded (ok, or skipped and still so)
     recovered: int                # launches a resumed run records from their cell folders without running
+    seconds: float | None = None  # the launches' wall time on the 2-core VM (harness.run_cost); None on GPUs
 
 
 def run_environment(options: RunOptions) -> dict[str, Any]:
@@ -200,8 +202,9 @@ def planned_steps(specs: Sequence[RunSpec], options: RunOptions, environment: di
 
 def planned(specs: Sequence[RunSpec], steps: Sequence[Step]) -> Planned:
     """The counts of `planned_steps`: cells, launches to run, recorded and recovered."""
-    return Planned(cells=len(specs), launches=sum(r is None and v is None for *_, r, v in steps),
-                   recorded=sum(r is not None for *_, r, _ in steps), recovered=sum(v is not None for *_, v in steps))
+    to_launch = [spec for spec, *_, r, v in steps if r is None and v is None]
+    return Planned(cells=len(specs), launches=len(to_launch), recorded=sum(r is not None for *_, r, _ in steps),
+                   recovered=sum(v is not None for *_, v in steps), seconds=planned_seconds(to_launch))
 
 
 def resume_plan(specs: Sequence[RunSpec], options: RunOptions) -> tuple[list[RunSpec], Planned]:

@@ -36,8 +36,8 @@ def launched(tmp_path_factory):
     return honest["plain"], honest["bare"], found["plain-slowed"][0].to_dict()
 
 
-def test_the_full_matrix_has_the_bare_loop_beside_the_plain_loop_at_world_size_1():
-    specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=2), Selection())
+def test_the_wide_matrix_has_the_bare_loop_beside_the_plain_loop_at_world_size_1():
+    specs = build_matrix("wide", Machine(device=DeviceKind.CPU, devices_per_node=2), Selection())
     for workload in ("gpt-tiny", "resnet20-cifar"):
         assert {(s.strategy, s.world_size) for s in specs if s.workload == workload} >= {("plain", 1), ("bare", 1)}
     assert not [s for s in build_matrix("ci", Machine(device=DeviceKind.CPU, devices_per_node=2)) if s.strategy == "bare"]

@@ -30,10 +30,10 @@ GPU_SHAPES = [Machine(device=DeviceKind.CUDA, devices_per_node=gpus, nodes=nodes
               for gpus in (1, 8) for nodes in (1, 2)]
 # The matrices that run FSDP2 in bf16 or fp16 on GPUs, written out: every other runs it in fp32 (smoke, ci) or not at
 # all (parameter-server).
-SIXTEEN_BIT_FSDP2_MATRICES = {"full", "scaling", "zero-memory", "hybrid", "memory-techniques", "fault-tolerance",
+SIXTEEN_BIT_FSDP2_MATRICES = {"full", "wide", "scaling", "zero-memory", "hybrid", "memory-techniques", "fault-tolerance",
                               "reference"}
 # Where the autocast variant is kept beside the policy, at FSDP2's smallest world size.
-AUTOCAST_VARIANT_MATRICES = {"full"}
+AUTOCAST_VARIANT_MATRICES = {"full", "wide"}
 
 
 def shape_id(machine: Machine) -> str:
@@ -48,7 +48,7 @@ def sixteen_bit(specs, strategy: str, workload: str):
 
 @pytest.mark.parametrize("cores", (1, 2, 8))
 def test_the_cpu_full_matrix_runs_fsdp2_s_policy_in_bf16_beside_the_plain_loop_in_bf16(cores):
-    specs = build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=cores))
+    specs = build_matrix("wide", Machine(device=DeviceKind.CPU, devices_per_node=cores))
     for workload in TRANSFORMERS:
         cells = {(s.strategy, s.world_size, tuple(s.options), s.precision.value, s.repeats)
                  for s in specs if s.workload == workload and s.precision != "fp32"}
@@ -64,13 +64,13 @@ def test_the_cpu_full_matrix_runs_fsdp2_s_policy_in_bf16_beside_the_plain_loop_i
 
 def test_the_bf16_plain_loop_comes_only_with_the_policy_cells():
     for strategies in (("plain",), ("plain", "ddp")):
-        specs = build_matrix("full", CPU_2, Selection(strategies=strategies))
+        specs = build_matrix("wide", CPU_2, Selection(strategies=strategies))
         assert {s.precision.value for s in specs} == {"fp32"}, strategies
     # Sizes the policy's cells do not run at, and a precision the user set for every cell (the policy is then
     # theirs to ask for), leave them out.
-    at_4 = build_matrix("full", CPU_2, Selection(strategies=("plain", "fsdp2"), world_sizes=(4,)))
+    at_4 = build_matrix("wide", CPU_2, Selection(strategies=("plain", "fsdp2"), world_sizes=(4,)))
     assert {s.precision.value for s in at_4} == {"fp32"}
-    in_bf16 = build_matrix("full", CPU_2, Selection(strategies=("plain", "fsdp2"), overrides=(("precision", "bf16"),)))
+    in_bf16 = build_matrix("wide", CPU_2, Selection(strategies=("plain", "fsdp2"), overrides=(("precision", "bf16"),)))
     assert {s.precision.value for s in in_bf16} == {"bf16"}
     assert not [s for s in in_bf16 if "mixed_precision" in s.options_dict]
 
@@ -110,7 +110,7 @@ def test_the_user_s_mixed_precision_option_wins_over_the_matrix_s_recipe(given):
         fsdp2 = [s for s in specs if s.strategy == "fsdp2"]
         assert fsdp2 and {s.options_dict["mixed_precision"] for s in fsdp2} == {given}, matrix
     # On CPU the policy cells of full are the user's recipe too, in bf16 beside their reference.
-    cpu = build_matrix("full", CPU_2, Selection(strategies=("plain", "fsdp2"), options=(("mixed_precision", given),)))
+    cpu = build_matrix("wide", CPU_2, Selection(strategies=("plain", "fsdp2"), options=(("mixed_precision", given),)))
     assert {(s.world_size, s.options_dict["mixed_precision"]) for s in cpu
             if s.strategy == "fsdp2" and s.precision == "bf16"} == {(1, given), (2, given)}
 
@@ -145,7 +145,7 @@ def policy_rows(tmp_path_factory):
 @pytest.mark.matrix
 def test_the_policy_cell_at_two_ranks_trains_like_the_plain_loop_in_bf16(policy_rows):
     plain, policy = policy_rows["honest"]["plain"], policy_rows["honest"]["fsdp2"]
-    planned = {s.cell_id for s in build_matrix("full", CPU_2, Selection(workloads=("gpt-tiny",), overrides=STEPS))}
+    planned = {s.cell_id for s in build_matrix("wide", CPU_2, Selection(workloads=("gpt-tiny",), overrides=STEPS))}
     assert {plain.spec.cell_id, policy.spec.cell_id} <= planned      # the full matrix's own cells
     for row in (plain, policy):
         assert row.status is Status.OK, row.message

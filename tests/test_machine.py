@@ -90,7 +90,7 @@ def test_two_cpu_ranks_on_one_core_warn_in_one_line_before_launch(host, capsys):
 
 def test_ranks_that_fit_the_cores_do_not_warn(host, capsys):
     host(gpus=0, cores=2)
-    code, _, err = run_cli(capsys, "run", "--matrix", "full", "--device", "cpu", "--cpus-per-node", "2",
+    code, _, err = run_cli(capsys, "run", "--matrix", "wide", "--device", "cpu", "--cpus-per-node", "2",
                            "--dry-run")
     # Every cell of 2 ranks fits; ps-async's 2 workers and its server (3 ranks, one cell a workload: ResNet-20,
     # gpt-tiny, llama-tiny) do not.

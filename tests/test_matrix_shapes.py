@@ -123,8 +123,8 @@ def test_scaling_holds_one_strong_global_batch_and_the_per_device_batch_for_weak
 
 
 @pytest.mark.parametrize("machine", SHAPES, ids=shape_id)
-def test_full_runs_every_strategy_up_to_the_machine_on_one_global_batch_per_workload(machine):
-    specs = build_matrix("full", machine)
+def test_wide_runs_every_strategy_up_to_the_machine_on_one_global_batch_per_workload(machine):
+    specs = build_matrix("wide", machine)
     devices = machine.devices_per_node * machine.nodes
     for workload in {spec.workload for spec in specs}:
         assert {s.global_batch for s in specs if s.workload == workload} == {
@@ -182,14 +182,40 @@ def test_pipeline_cells_keep_their_stage_rule():
     assert stages == {1: 1, 2: 2, 4: 2, 8: 2, 16: 2}
 
 
+@pytest.mark.parametrize("machine", GPU_SHAPES, ids=shape_id)
+def test_full_on_gpus_is_wide(machine):
+    assert build_matrix("full", machine) == build_matrix("wide", machine)
+
+
+def test_full_on_two_cpu_cores_is_every_strategy_at_two_ranks_on_gpt_tiny_beside_the_plain_loop():
+    machine = Machine(device=DeviceKind.CPU, devices_per_node=2)
+    cells = [(s.workload, s.strategy, s.world_size, s.repeats) for s in build_matrix("full", machine)]
+    at_2 = ("dataparallel", "ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline", "tp", "fsdp2-tp",
+            "autotp", "ps")
+    assert cells == [("gpt-tiny", "plain", 1, 1), *[("gpt-tiny", s, 2, 1) for s in at_2], ("gpt-tiny", "ps-async", 3, 1)]
+    # On 8 cores: the largest world size alone.
+    eight = {(s.strategy, s.world_size) for s in build_matrix("full", Machine(device=DeviceKind.CPU, devices_per_node=8))}
+    assert ("ddp", 8) in eight and ("ddp", 4) not in eight and ("plain", 1) in eight
+
+
+def test_what_full_leaves_to_wide_on_cpu_comes_back_where_the_user_asks_for_it():
+    machine = Machine(device=DeviceKind.CPU, devices_per_node=2)
+    llama = build_matrix("full", machine, Selection(workloads=("llama-tiny",), strategies=("plain", "ddp")))
+    assert [(s.workload, s.strategy, s.world_size) for s in llama] == [("llama-tiny", "plain", 1), ("llama-tiny", "ddp", 2)]
+    sizes = build_matrix("full", machine, Selection(strategies=("ddp",), world_sizes=(1, 2)))
+    assert [(s.strategy, s.world_size) for s in sizes] == [("ddp", 1), ("ddp", 2)]
+    bare = build_matrix("full", machine, Selection(strategies=("plain", "bare")))
+    assert [(s.strategy, s.repeats) for s in bare] == [("plain", 5), ("bare", 5)]     # the harness's cost, 5 a side
+
+
 def test_two_cpu_cores_keep_the_batches_they_had():
     # The plans before batches followed the machine: micro-batch 4, global 16 at sizes 1 and 2; the weak
     # series at 8 per rank; the memory sweep at global 8 on 2 ranks.
     machine = Machine(device=DeviceKind.CPU, devices_per_node=2)
-    labels = {s.label.rsplit("/", 2)[0] for s in build_matrix("full", machine)}
+    labels = {s.label.rsplit("/", 2)[0] for s in build_matrix("wide", machine)}
     assert {"gpt-tiny/ddp/ws1/gb16/mb4", "gpt-tiny/ddp/ws2/gb16/mb4", "resnet20-cifar/zero2/ws2/gb16/mb4",
             "resnet20-cifar/plain/ws1/gb16/mb4"} <= labels
-    assert {s.global_batch for s in build_matrix("full", machine)} == {16}
+    assert {s.global_batch for s in build_matrix("wide", machine)} == {16}
     scaling = {s.label.rsplit("/", 2)[0] for s in build_matrix("scaling", machine, Selection(workloads=("gpt-tiny",)))}
     assert {"gpt-tiny/ddp/ws1/gb8/mb4", "gpt-tiny/ddp/ws1/gb16/mb4", "gpt-tiny/ddp/ws2/gb16/mb4",
             "gpt-tiny/plain/ws1/gb8/mb4", "gpt-tiny/plain/ws1/gb16/mb4"} <= scaling
