@@ -29,7 +29,7 @@ from harness.matrix import Selection, build_matrix
 from harness.spec import DeviceKind, RunSpec
 
 # The matrix whose cells show what each strategy can do here: every strategy, each at the sizes this machine holds.
-STRATEGY_MATRIX = "full"
+STRATEGY_MATRIX = "wide"
 LAUNCHERS = ("torchrun", "deepspeed", "horovodrun", "mpirun", "srun")
 
 
