@@ -593,12 +593,14 @@ def command_run(args: argparse.Namespace) -> int:
         from harness.runner import resume_plan
 
         planned_out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
-        if args.resume:     # what a resume would launch, not the whole matrix
-            specs, counts = resume_plan(specs, RunOptions(results=planned_out, placement=placement, resume=True))
+        repeats = None      # every repeat of every cell, from r0
+        if args.resume:     # what a resume would launch, not the whole matrix, in the folders it would use
+            specs, repeats, counts = resume_plan(specs, RunOptions(results=planned_out, placement=placement,
+                                                                   resume=True))
             print(f"{run_header(counts, planned_out)} (a dry run of the resume: nothing is launched or written)")
             if not specs:
                 return 0
-        print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout, **plan))
+        print(describe_plan(specs, placement, results=planned_out, timeout_s=args.timeout, repeats=repeats, **plan))
         return 0
     out = args.out or Path("results") / f"{args.matrix}-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
     check_results_file(out, "--out" if args.out else "results file")
@@ -948,7 +950,9 @@ def check_comm_ranks(world_size: int, machine: Machine, *, oversubscribe: bool) 
         return
     cores = machine.devices_per_node
     if world_size > COMM_RANKS_PER_CORE * cores and not oversubscribe:
-        raise SpecError(f"--world-size {world_size} puts {world_size / cores:.0f} ranks on each of this machine's "
+        share = f"{world_size / cores:.2f}".rstrip("0").rstrip(".")      # 9 on 2 cores: 4.5, not a rounded 4
+        share = share if float(share) * cores == world_size else f"about {share}"
+        raise SpecError(f"--world-size {world_size} puts {share} ranks on each of this machine's "
                         f"{cores} cores, over {COMM_RANKS_PER_CORE}: their timings would measure the cores' sharing; "
                         "--oversubscribe runs it anyway")
     if world_size > cores:
@@ -1191,14 +1195,19 @@ COMMANDS = {"run": command_run, "list": command_list, "doctor": command_doctor, 
             "derive-check": command_derive_check}
 
 
+def interrupted_outcome(stop: Interrupted) -> str:
+    """What a stop signal left: what was stopped, and a row recorded as interrupted only where one was."""
+    recorded = f"; recorded as interrupted: {'; '.join(stop.recorded)}" if stop.recorded else ""
+    return f"what was running is stopped and cleaned up{recorded}; rows already written are kept"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         with raising_on_stop_signals():      # SIGINT, SIGTERM, SIGHUP: stop what runs, clean up, exit 128 + signal
             return COMMANDS[args.command](args)
     except Interrupted as stop:
-        print(f"parbench: {stop.name}: what was running is stopped and cleaned up (a run's launch in flight recorded "
-              f"as interrupted); rows already written are kept; exit {stop.exit_status}", file=sys.stderr)
+        print(f"parbench: {stop.name}: {interrupted_outcome(stop)}; exit {stop.exit_status}", file=sys.stderr)
         return stop.exit_status
     except (SpecError, ResultsError) as error:
         print(f"parbench: error: {error}", file=sys.stderr)

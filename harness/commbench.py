@@ -23,6 +23,10 @@ one after another, a node's ranks: a tensor-parallel group inside a node), `stri
 apart (one a node: the data-parallel group of a 2-D mesh). That is what a hybrid's groups meet in a step,
 the other groups busy beside them; sizes, algbw and busbw are then a group's, of G ranks. The record says
 which (`group_size`, `group_stride`).
+
+Stopped by a signal (SIGTERM, SIGINT, SIGHUP: harness.launch.interrupt), the benchmark appends a row of its own, as
+`run` does for its launch: `status` interrupted, the signal in its `message`, no measurements (`rows` empty), which
+no reader of measurements sees (harness.record.read_rows).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable, Sequence
 
+from harness.rank.parent_death import die_with_launcher
 from harness.rank.teardown import exit_without_teardown
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -116,6 +121,7 @@ def rank_time_reduction(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def rank_main(argv: list[str] | None = None) -> int:
+    die_with_launcher()      # as a cell's rank does (harness.rank.parent_death)
     import torch
     import torch.distributed as dist
 
@@ -189,9 +195,11 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
     `emulated` (a harness.emulate network), one torchrun per node, the ranks spread over every node; with
     `group_size`, concurrent groups of that many ranks (module docstring)."""
     from harness.environment import capture_environment
+    from harness.launch.interrupt import Interrupted
     from harness.launch.plan import CELL_TOKEN_ENV, LaunchPlan
     from harness.launch.processes import run_processes, shown_command
     from harness.record import COMMBENCH_KIND, append_line
+    from harness.spec import Status
 
     run_dir = out.with_name(out.stem + "-cells") / f"commbench-ws{world_size}-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +211,24 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
     threads = os.environ.get("OMP_NUM_THREADS") or "1"
     extra_env = {CELL_TOKEN_ENV: uuid.uuid4().hex, "PARBENCH_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
     plan = _launch_plan(world_size, program, extra_env, emulated)
-    returncode, timed_out, wall = run_processes(plan, extra_env, run_dir / "log.txt", timeout_s)
+    environment = capture_environment(freeze_dir=out.parent)      # before the launch: an interrupted one's row too
+    if emulated is not None:
+        environment["emulated_network"] = emulated.record()
+    began = time.monotonic()
+    try:
+        returncode, timed_out, wall = run_processes(plan, extra_env, run_dir / "log.txt", timeout_s)
+    except Interrupted as stop:      # its processes are stopped by now (harness.launch.processes): record why
+        append_line(out, {"kind": COMMBENCH_KIND, "status": Status.INTERRUPTED.value,
+                          "message": f"{stop.name} arrived {time.monotonic() - began:.0f} s into the benchmark: its "
+                                     f"processes were stopped, and the benchmark with it; see {run_dir / 'log.txt'}",
+                          "world_size": world_size, "group_size": group_size or world_size, "device": device,
+                          "collectives": list(collectives), "min_bytes": min_bytes, "max_bytes": max_bytes,
+                          "warmup": warmup, "iters": iters, "rows": [],
+                          "wall_time_s": round(time.monotonic() - began, 3),
+                          "launch_command": shown_command(list(plan.commands[0]), extra_env),
+                          "environment": environment})
+        stop.recorded.append(f"the collective benchmark at world size {world_size} -> {out}")
+        raise
     results_path = run_dir / RESULTS_FILE
     if timed_out or returncode != 0 or not results_path.exists():
         why = f"no result within {timeout_s:g} s" if timed_out else f"launcher exited {returncode}"
@@ -211,9 +236,6 @@ def run(world_size: int, device: str, collectives: Sequence[str], min_bytes: int
     measured = json.loads(results_path.read_text())
     members = int(measured.get("group_size") or measured["world_size"])
     rows = with_bandwidth(measured["rows"], members)
-    environment = capture_environment(freeze_dir=out.parent)
-    if emulated is not None:
-        environment["emulated_network"] = emulated.record()
     append_line(out, {"kind": COMMBENCH_KIND, "world_size": measured["world_size"], "backend": measured["backend"],
                       "group_size": members, "group_stride": measured["group_stride"],
                       "threads_per_rank": measured["threads_per_rank"], "device": device, "warmup": warmup, "iters": iters,

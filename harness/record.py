@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.spec import RunResult, SpecError
+from harness.spec import RunResult, SpecError, Status
 
 
 class ResultsError(ValueError):
@@ -138,11 +138,13 @@ PROJECTION_KIND = "projection"
 OTHER_KINDS = (COMMBENCH_KIND, PROJECTION_KIND)
 
 
-def read_rows(paths: Iterable[Path], kind: str | None = None) -> list[dict[str, Any]]:
+def read_rows(paths: Iterable[Path], kind: str | None = None, *, unmeasured: bool = False) -> list[dict[str, Any]]:
     """Raw row dicts of every file, in order: cell rows, or with `kind="commbench"` the collective
     benchmark's rows, with `kind="projection"` projected rows. A malformed line raises ResultsError naming file:line, except a cut-short last line
     (no newline and not JSON: an append that never finished), which is set aside with a one-line warning
-    on stderr; the next append cuts it away (append_line)."""
+    on stderr; the next append cuts it away (append_line). A collective benchmark stopped before it measured
+    anything (`harness comm` interrupted: its `status` says so, its `rows` are empty) is read only with `unmeasured`:
+    every other reader of its kind reads the measurements."""
     rows: list[dict[str, Any]] = []
     for path in paths:
         path = Path(path)
@@ -166,6 +168,8 @@ def read_rows(paths: Iterable[Path], kind: str | None = None) -> list[dict[str, 
                                                  ("spec" in row and "status" in row)):
                 raise ResultsError(f"{path}:{number}: not a parbench row (no spec/status)")
             if row.get("kind") != kind:
+                continue
+            if kind == COMMBENCH_KIND and row.get("status", Status.OK.value) != Status.OK.value and not unmeasured:
                 continue
             row["_source"] = f"{path}:{number}"
             rows.append(row)

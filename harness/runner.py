@@ -6,6 +6,7 @@ Each row is appended as soon as its cell ends, so an interrupted run keeps every
 and `resume` picks it up again: launches already recorded `ok` in the results file under the same
 conditions (harness.derive.identity: the link rate, placement and host type are part of a cell) are not
 repeated, nor are those recorded `skipped` while the reason still holds (their row is not appended again),
+a launch recorded more than once going by its last row (harness.derive.launches, as the summary and `report` do),
 and a launch whose measurements reached its cell folder but whose row never reached the results file (the
 append failed, or the harness was killed first) is recorded from its folder without running it again.
 A failed append ends the run with AppendError, naming the folder that keeps the cell's measurements.
@@ -33,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 from harness.derive.harness_overhead import BARE_STRATEGY, overhead_verdict
 from harness.derive.identity import cell_identity, identity_of
+from harness.derive.launches import last_row_indices
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.run_cost import planned_seconds
 from harness.environment import capture_environment
@@ -123,17 +125,18 @@ def run_specs(specs: Sequence[RunSpec], options: RunOptions,
             if on_start is not None:
                 on_start(spec, repeat)
             _clear_outcome(cell_dir)
-            began = time.monotonic()
+            began, started = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
             try:
                 result = run_cell(spec, repeat=repeat, cell_dir=cell_dir, timeout_s=budget.timeout(options.timeout_s),
                                   environment=environment, placement=options.placement)
             except Interrupted as stop:      # its processes are stopped by now (harness.launch.processes)
                 row = RunResult(spec=spec, status=Status.INTERRUPTED, run_id=uuid.uuid4().hex, repeat=repeat,
-                                environment=environment, artifacts_dir=str(cell_dir),
+                                environment=environment, artifacts_dir=str(cell_dir), started_at=started,
                                 wall_time_s=round(time.monotonic() - began, 3),
                                 message=f"{stop.name} arrived {time.monotonic() - began:.0f} s into the launch: its "
                                         "processes were stopped, and the run with it")
                 append_row(options.results, row)
+                stop.recorded.append(f"{spec.label} r{repeat} -> {options.results}")
                 if on_result is not None:
                     on_result(row)
                 raise
@@ -207,15 +210,19 @@ def planned(specs: Sequence[RunSpec], steps: Sequence[Step]) -> Planned:
                    recovered=sum(v is not None for *_, v in steps), seconds=planned_seconds(to_launch))
 
 
-def resume_plan(specs: Sequence[RunSpec], options: RunOptions) -> tuple[list[RunSpec], Planned]:
-    """What `run --resume` would launch: each cell with launches still to run, its repeats their number, and the
-    counts (harness.launch.dry_run prints the cells)."""
+def resume_plan(specs: Sequence[RunSpec],
+                options: RunOptions) -> tuple[list[RunSpec], list[tuple[int, ...]], Planned]:
+    """What `run --resume` would launch: each cell with launches still to run, its repeats their number; which
+    launches those are, by repeat (their cell folders, `-r1` for a cell's second launch); and the counts
+    (harness.launch.dry_run prints the cells)."""
     steps = planned_steps(specs, options, run_environment(options))
-    left: dict[int, int] = {}
-    for spec, _, _, recorded, recovered in steps:
+    left: dict[int, list[int]] = {}
+    for spec, repeat, _, recorded, recovered in steps:
         if recorded is None and recovered is None:
-            left[id(spec)] = left.get(id(spec), 0) + 1
-    return [spec.replace(repeats=left[id(spec)]) for spec in specs if id(spec) in left], planned(specs, steps)
+            left.setdefault(id(spec), []).append(repeat)
+    kept = [spec for spec in specs if id(spec) in left]
+    return ([spec.replace(repeats=len(left[id(spec)])) for spec in kept],
+            [tuple(sorted(left[id(spec)])) for spec in kept], planned(specs, steps))
 
 
 def _identity(spec: RunSpec, environment: dict[str, Any]) -> str:
@@ -223,14 +230,14 @@ def _identity(spec: RunSpec, environment: dict[str, Any]) -> str:
 
 
 def _kept_on_resume(existing: Sequence[RunResult]) -> dict[tuple[str, int], RunResult]:
-    """The row each launch (cell, repeat) keeps on resume: its ok row, else its skipped row (a skip is the
-    machine's answer, which launching again would only append a second time); failed, oom and timeout
-    launches run again."""
+    """The row each launch (cell, repeat) keeps on resume: its last row (harness.derive.launches, as the summary
+    and `report` count it) where that is ok or skipped (a skip is the machine's answer, which launching again
+    would only append a second time); a launch whose last row is failed, oom, timeout or interrupted runs again."""
     kept: dict[tuple[str, int], RunResult] = {}
-    for row in existing:
-        key = (_identity(row.spec, row.environment), row.repeat)
-        if row.status is Status.OK or (row.status is Status.SKIPPED and key not in kept):
-            kept[key] = row
+    for index in last_row_indices([row.to_dict() for row in existing]):
+        row = existing[index]
+        if row.status in (Status.OK, Status.SKIPPED):
+            kept[(_identity(row.spec, row.environment), row.repeat)] = row
     return kept
 
 

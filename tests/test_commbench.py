@@ -119,6 +119,19 @@ def test_comm_on_cpu_warns_past_the_cores_and_refuses_past_four_ranks_a_core_unl
     check_comm_ranks(64, Machine(device=DeviceKind.CUDA, devices_per_node=8), oversubscribe=False)   # GPUs: not cores
 
 
+
+def test_comm_s_refusal_says_how_many_ranks_a_core_unrounded():
+    import pytest
+
+    from harness.cli import check_comm_ranks
+    from harness.machine import Machine
+    from harness.spec import DeviceKind, SpecError
+
+    with pytest.raises(SpecError, match="--world-size 9 puts 4.5 ranks on each of this machine's 2 cores, over 4"):
+        check_comm_ranks(9, Machine(device=DeviceKind.CPU, devices_per_node=2), oversubscribe=False)
+    with pytest.raises(SpecError, match="--world-size 13 puts about 4.33 ranks on each of this machine's 3 cores"):
+        check_comm_ranks(13, Machine(device=DeviceKind.CPU, devices_per_node=3), oversubscribe=False)
+
 def test_concurrent_groups_hold_consecutive_ranks_or_ranks_a_group_count_apart():
     # 8 ranks on 2 nodes of 4 (filled one after another): pairs inside a node, or pairs 4 apart across them.
     assert groups_of(8, 2, "contiguous") == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -145,3 +158,18 @@ def test_comm_in_concurrent_groups_records_the_groups_layout_and_a_groups_bandwi
         assert len(row["time_by_rank_s"]) == 4
         # busbw among the group's 2 ranks: an all-reduce's factor 2 (n - 1) / n = 1, a broadcast's 1.
         assert row["busbw_bytes_per_s"] == pytest.approx(row["algbw_bytes_per_s"])
+
+
+def test_an_interrupted_benchmarks_row_is_kept_but_read_by_no_reader_of_measurements(tmp_path):
+    import json
+
+    from harness.record import COMMBENCH_KIND, read_rows
+
+    measured = {"kind": COMMBENCH_KIND, "world_size": 2, "backend": "gloo", "device": "cpu",
+                "rows": [{"collective": "all_reduce", "size_bytes": 1024, "time_s": 1e-4}]}
+    interrupted = {"kind": COMMBENCH_KIND, "status": "interrupted", "message": "SIGTERM arrived 3 s into the benchmark",
+                   "world_size": 2, "device": "cpu", "rows": []}
+    out = tmp_path / "comm.jsonl"
+    out.write_text(json.dumps(measured) + "\n" + json.dumps(interrupted) + "\n")
+    assert [row["backend"] for row in read_rows([out], kind=COMMBENCH_KIND)] == ["gloo"]
+    assert [row.get("status") for row in read_rows([out], kind=COMMBENCH_KIND, unmeasured=True)] == [None, "interrupted"]

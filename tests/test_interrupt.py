@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.record import read_results
+from harness.record import COMMBENCH_KIND, read_results, read_rows
+from harness.launch.interrupt import Interrupted
 from harness.spec import Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,15 +67,22 @@ def test_run_stops_its_launch_records_it_and_exits_128_plus_the_signal(signum, t
     rows = read_results([out])
     assert rows[-1].status is Status.INTERRUPTED and signal.Signals(signum).name in rows[-1].message
     assert f"exit {128 + signum}" in printed
+    assert f"recorded as interrupted: {rows[-1].spec.label} r{rows[-1].repeat} -> {out}" in printed
 
 
 @pytest.mark.launch
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_comm_stops_its_ranks_and_exits_128_plus_the_signal(signum, tmp_path):
-    status, tree, printed = _interrupt(["comm", "--world-size", "2", "--iters", "2000", "--out",
-                                        str(tmp_path / "comm.jsonl")], signum, tmp_path)
+    out = tmp_path / "comm.jsonl"
+    status, tree, printed = _interrupt(["comm", "--world-size", "2", "--iters", "2000", "--out", str(out)], signum,
+                                       tmp_path)
     assert status == 128 + signum, printed
     assert tree and not _left(tree), printed
+    # Recorded as `run` records its launch: a row of its own, which no reader of measurements sees.
+    [row] = read_rows([out], kind=COMMBENCH_KIND, unmeasured=True)
+    assert row["status"] == Status.INTERRUPTED.value and signal.Signals(signum).name in row["message"]
+    assert read_rows([out], kind=COMMBENCH_KIND) == []
+    assert f"recorded as interrupted: the collective benchmark at world size 2 -> {out}" in printed
 
 
 @pytest.mark.launch
@@ -86,3 +94,45 @@ def test_ab_stops_its_sides_launch_removes_its_work_tree_and_exits_128_plus_the_
     assert tree and not _left(tree), printed
     after = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     assert after == before                    # the base's checkout removed
+
+
+# ---- the exit message (no process: the signal's exception raised where it would arrive) ----------------------------
+
+@pytest.fixture
+def plain_run(monkeypatch, tmp_path):
+    """`run` of the plain loop's one cell into tmp_path, with the environment's capture stubbed."""
+    from harness import runner
+
+    monkeypatch.setattr(runner, "capture_environment", lambda freeze_dir: {"cpu_model": "test", "cpu_count": 2})
+    out = tmp_path / "rows.jsonl"
+    return ["run", "--matrix", "wide", "--workload", "gpt-tiny", "--strategy", "plain", "--world-sizes", "1",
+            "--repeats", "1", "--out", str(out)], out
+
+
+def _stopped(*_, **__):
+    raise Interrupted(signal.SIGTERM)
+
+
+def test_a_signal_before_any_launch_claims_no_interrupted_row(plain_run, monkeypatch, capsys):
+    from harness import runner
+    from harness.cli import main
+
+    arguments, out = plain_run
+    monkeypatch.setattr(runner, "build_before_launch", _stopped)        # SIGTERM while the cells' builds run
+    assert main(arguments) == 143
+    printed = capsys.readouterr().err
+    assert "parbench: SIGTERM: what was running is stopped" in printed and "exit 143" in printed
+    assert "recorded as interrupted" not in printed and not out.exists()
+
+
+def test_a_signal_during_a_launch_names_the_row_it_recorded(plain_run, monkeypatch, capsys):
+    from harness import runner
+    from harness.cli import main
+
+    arguments, out = plain_run
+    monkeypatch.setattr(runner, "build_before_launch", lambda specs, say: None)
+    monkeypatch.setattr(runner, "run_cell", _stopped)                   # SIGTERM while the launch runs
+    assert main(arguments) == 143
+    [row] = read_results([out])
+    assert row.status is Status.INTERRUPTED
+    assert f"recorded as interrupted: {row.spec.label} r0 -> {out}" in capsys.readouterr().err

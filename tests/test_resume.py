@@ -101,3 +101,15 @@ def test_a_dry_run_of_a_resume_prints_what_the_resume_would_launch_and_launches_
     # Everything recorded: the resume would launch nothing, and its dry run says so.
     assert main([*MATRIX, "--strategy", "plain", "--out", str(out), "--resume", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith(f"parbench: 1 cells, 0 launches -> {out}; 1 launch already recorded")
+
+
+def test_a_dry_run_of_a_resume_shows_the_folders_its_launches_will_use(tmp_path, capsys, launches):
+    out = tmp_path / "rows.jsonl"
+    assert main([*MATRIX, "--strategy", "plain", "--out", str(out)]) == 0       # r0 recorded
+    capsys.readouterr()
+    assert main([*MATRIX, "--strategy", "plain", "--repeats", "3", "--out", str(out), "--resume", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    [cell] = [line for line in printed.splitlines() if line.startswith("gpt-tiny/plain/")]
+    assert cell.startswith("gpt-tiny/plain/ws1/gb16/mb4/fp32/cpu x2 (launches r1, r2): ")
+    # r0 is recorded: the launches left run from -r1 and -r2, never r0's folder.
+    assert "-r1/spec.json" in printed and "-r0/" not in printed

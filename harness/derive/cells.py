@@ -37,6 +37,7 @@ from harness.derive.identity import (cell_identity, conditions_id, distinguishin
 from harness.derive.intervals import median_interval
 from harness.derive.memory import memory_columns
 from harness.derive.harness_overhead import BARE_STRATEGY, harness_overhead
+from harness.derive.launches import last_rows
 from harness.derive.parity import REFERENCE_STRATEGY, judge
 from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
 from harness.derive.rows import SPEC_FIELDS, Row, is_ok, label, measurements, options_text, shared_device, spec
@@ -178,9 +179,11 @@ PARITY_ORDER = ("mismatch", "not comparable: asynchronous", "not-judged", "no-re
 
 
 def cell_table(rows: Sequence[Row], context: Sequence[Row] = ()) -> pd.DataFrame:
-    """One line per cell, in the order cells first appear in `rows`; `context` as for `launch_table`."""
+    """One line per cell, in the order cells first appear in `rows`; `context` as for `launch_table`. A launch
+    recorded more than once (run again by `run --resume`) counts once, by its last row (harness.derive.launches)."""
     import pandas as pd
 
+    rows = last_rows(rows)
     if not rows:
         return pd.DataFrame()
     basis = throughput_basis(rows)

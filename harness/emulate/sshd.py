@@ -21,6 +21,8 @@ from typing import Iterator, Protocol
 
 import psutil
 
+from harness.launch.tether import tethered
+
 SSHD = Path("/usr/sbin/sshd")      # sshd re-executes itself for each connection, so it needs its full path
 SSHD_START_S = 20.0
 
@@ -140,10 +142,13 @@ def _serving(nodes: Nodes, folder: Path) -> Iterator[SshAccess]:
             config = folder / f"sshd{node}.conf"
             config.write_text(SSHD_CONFIG.format(address=address, folder=folder, node=node))
             log = folder / f"sshd{node}.log"
-            with open(log, "wb") as out:     # -D: stays in the foreground, so it is ours to stop; -e: log there
-                processes.append(subprocess.Popen(
+            # -D: stays in the foreground, so it is ours to stop; -e: log there. Tethered: a harness killed by SIGKILL
+            # stops nothing, and sshd would listen on (`ip netns exec` becomes sshd, which keeps the tether's signal;
+            # the ranks its sessions run end with the harness on their own, harness.rank.parent_death).
+            with open(log, "wb") as out:
+                processes.append(subprocess.Popen(tethered(
                     ["ip", "netns", "exec", nodes.namespaces[node], str(SSHD), "-D", "-e", "-f", str(config)],
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                    group=False), stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
             _wait_listening(log, processes[-1], time.monotonic() + SSHD_START_S)
         access = SshAccess(hosts=nodes, bin_dir=bin_dir, sshd_pids=tuple(p.pid for p in processes))
         _check_reachable(access, len(nodes.addresses))

@@ -156,11 +156,13 @@ def projected_lines(projected: Sequence[CellProjection], cluster: Cluster, clust
 def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Path, timeout_s: float,
                   written: Sequence[Sequence[Path]] | None = None, target: Machine | None = None,
                   left_out: Sequence[tuple[RunSpec, str]] = (), cluster: Cluster | None = None,
-                  cluster_source: str = "") -> str:
+                  cluster_source: str = "", repeats: Sequence[Sequence[int]] | None = None) -> str:
     """The plan of every cell of a run (specs as `placement.place` left them), for rows going to `results`.
     `written`: the files of each cell's launches, written already (`plan_files`), listed instead of printed.
     `target`: the nodes the plan is for where they are not this host; `left_out`: the cells it would skip
-    (`left_out_on`), named at the end; `cluster`: where the cells' wall time is projected (GPU plans)."""
+    (`left_out_on`), named at the end; `cluster`: where the cells' wall time is projected (GPU plans);
+    `repeats`: each cell's launches by repeat where not all from r0 (a resume's, harness.runner.resume_plan), whose
+    folders the commands name."""
     launches = sum(spec.repeats for spec in specs)
     port = placement.planned_port()
     if written is None:
@@ -180,8 +182,10 @@ def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Pa
     if port == PORT_AT_LAUNCH:
         lines.append(f"{PORT_AT_LAUNCH}: a free TCP port, chosen at launch on the cell's first host")
     if written is None:
+        folders = ("(-r0, -r1, ...)" if repeats is None
+                   else "(-rN for launch rN: each cell lists the launches left to run and shows its first one's)")
         lines.append(f"{TOKEN_AT_LAUNCH}: the launch's marker ({CELL_TOKEN_ENV}), new at every launch; a cell's "
-                     "repeats run the same commands, each in its own folder (-r0, -r1, ...)")
+                     f"repeats run the same commands, each in its own folder {folders}")
         lines.append("clean-up: when a launch ends, every process here that carries its marker is killed, then its "
                      "clean-up commands run")
     else:
@@ -191,10 +195,12 @@ def describe_plan(specs: Sequence[RunSpec], placement: Placement, *, results: Pa
     environment = planned_environment(placement)
     for index, spec in enumerate(specs):
         launcher = launcher_of(spec)
-        cell_dir = launch_dir(results, spec, 0, environment=environment)
+        launches_of = list(range(spec.repeats)) if repeats is None else list(repeats[index])
+        cell_dir = launch_dir(results, spec, launches_of[0], environment=environment)
         plan = plan_launch(spec, placement, cell_dir=cell_dir, port=port if launcher.uses_port else "",
                            environment=launch_environment(spec, TOKEN_AT_LAUNCH), timeout_s=timeout_s)
-        lines += ["", f"{spec.label} x{spec.repeats}: {launcher.name}, {spec.nnodes} node(s) x "
+        which = "" if repeats is None else f" (launches {', '.join(f'r{repeat}' for repeat in launches_of)})"
+        lines += ["", f"{spec.label} x{spec.repeats}{which}: {launcher.name}, {spec.nnodes} node(s) x "
                       f"{spec.ranks_per_node} rank(s)"]
         if projected is not None:
             cell = projected[index]

@@ -8,7 +8,10 @@ torchrun and ranks running under init (`timeout 30 python -m harness run --matri
 (harness.launch.processes: each command's process group sent SIGTERM, then SIGKILL after its grace; every process
 still carrying the launch's marker killed; the plan's clean-up commands run), the emulated cluster's teardown
 (harness.emulate: its namespaces removed), the A/B tier's base work tree, and the runner, which records the
-interrupted launch as a row of its own (`Status.INTERRUPTED`) before the command exits.
+interrupted launch as a row of its own (`Status.INTERRUPTED`) before the command exits, as `comm` records its
+benchmark; each names the row in `Interrupted.recorded`, which the exit line repeats.
+
+SIGKILL cannot be caught: what stops a launch then is harness.launch.tether and harness.rank.parent_death.
 
 `Interrupted` is a BaseException, as KeyboardInterrupt is, so no `except Exception` on the way swallows it. Signals
 that arrive while the clean-up runs are noted and ignored: it is bounded (a grace of seconds, then SIGKILL), and a
@@ -27,11 +30,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupted(BaseException):
-    """A stop signal arrived: unwind, stopping what runs, and exit `exit_status`."""
+    """A stop signal arrived: unwind, stopping what runs, and exit `exit_status`. Whoever records what the signal
+    cut short as a row of its own (the runner its launch in flight, `comm` its benchmark) names it in `recorded`, so
+    that the exit message claims no row that was never written."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
+        self.recorded: list[str] = []      # "what -> results file", one for each row recorded as interrupted
 
     @property
     def name(self) -> str:

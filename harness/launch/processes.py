@@ -4,6 +4,9 @@ and leave nothing of them behind.
 Every process of a launch carries a marker in its environment (CELL_TOKEN_ENV). When the launch exits,
 times out or is interrupted, each command's process group is stopped, every process here that still
 carries the marker is killed, and the plan's clean-up commands sweep the other hosts (or cancel the job).
+A harness killed by SIGKILL does none of that: each command is started through harness.launch.tether, which
+has it sent SIGTERM when the harness dies, and its processes carry the harness's own marker (OWNER_ENV), on
+which the ranks end with it (harness.rank.parent_death).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 import psutil
 
 from harness.launch.plan import CELL_TOKEN_ENV, LaunchPlan
+from harness.launch.tether import tethered
+from harness.rank.parent_death import OWNER_ENV, owner_marker
 
 PEER_GRACE_S = 60.0   # after one node's launcher fails, how long the others get to notice and exit
 CLEANUP_TIMEOUT_S = 60.0
@@ -34,6 +39,7 @@ def run_processes(plan: LaunchPlan, extra_env: dict[str, str], log_path: Path,
     behind. Returns (the first non-zero exit status in node order, else 0, or None on timeout; timed out;
     wall seconds)."""
     token = extra_env[CELL_TOKEN_ENV]
+    environment = {**os.environ, **extra_env, OWNER_ENV: owner_marker() or ""}   # "": nothing to watch
     began = time.monotonic()
     processes: list[subprocess.Popen] = []
     with open(log_path, "wb") as log:   # one open file: the nodes' writes share its offset, none clobbers
@@ -42,8 +48,9 @@ def run_processes(plan: LaunchPlan, extra_env: dict[str, str], log_path: Path,
                 note = f"  # {target}" if len(plan.commands) > 1 else ""
                 log.write(f"$ {shlex.join(shown_command(list(command), extra_env))}{note}\n".encode())
                 log.flush()
-                processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                  start_new_session=True, env={**os.environ, **extra_env}))
+                # Tethered in this thread, which outlives the launch (the `finally` below stops it first).
+                processes.append(subprocess.Popen(tethered(command), stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True, env=environment))
             codes, timed_out = _wait_all(processes, began + timeout_s)
         finally:                   # also on Ctrl-C: take the launch's processes down with us
             for process in processes:

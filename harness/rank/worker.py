@@ -44,6 +44,7 @@ from harness.strategies.compiling import CompileReading, compile_figures, compil
 from harness.strategies.offload import ACTIVATION_OFFLOAD_NAME, packed_bytes
 from harness.strategies.state_checkpoint import plan_of, shrunk_spec
 from harness.rank.teardown import exit_without_teardown
+from harness.rank.parent_death import die_with_launcher
 from harness.rank.timing import StepTimer
 from harness.rank.facts import cell_facts, host_load, host_load_figures, memory_figures, rank_memory
 from workloads import Workload, count_parameters, get_workload
@@ -55,6 +56,7 @@ PROFILE_ENV = "PARBENCH_PROFILE_STEPS"      # GPU only: steps to run under the p
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()      # a rank outlives neither its launcher nor the harness (harness.rank.parent_death)
     parser = argparse.ArgumentParser(prog="python -m harness.rank.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, type=Path, help="the cell's spec.json")
     parser.add_argument("--out", required=True, type=Path, help="the cell's folder for measurements.json")
