@@ -14,19 +14,31 @@ sides alike; asv's `continuous` and the benchmark CI of pytorch and numpy measur
 
 How:
 - the base commit is checked out beside this one with `git worktree add --detach` in a temporary folder,
-  and removed afterwards (on an error or SIGTERM too);
-- the cells (`select_cells`): gpt-tiny at 2 ranks under DDP on every change (the step loop, the launchers and the
-  workloads every strategy runs), and under each strategy the change touches (harness.touched: its module, or a
-  module of the project it imports, differs from the base), those whose own module changed first, as many as fit
-  the tier's budget of launch time (`AB_BUDGET_S`, from each strategy's measured seconds a launch,
-  `LAUNCH_SECONDS`); the ones left out are named, never passed in silence;
+  and removed afterwards (on an error, SIGTERM or a signal during `git worktree add` too); checkouts that earlier
+  runs left registered are removed first (`prune_stale_checkouts`);
+- which strategies each side has: its registry's literal dict (harness.touched.registered_strategies, read from
+  the commit without running it). Each side is sent only strategies it has: one new on this side is named "new:
+  nothing to compare" and launched once on the new side alone (a failure there fails the tier); one the base has
+  and this side lacks (removed or renamed) is named "gone";
+- the cells (`select_cells`), among the strategies both sides have: gpt-tiny at 2 ranks under DDP on every change
+  (the step loop and the runner every strategy runs), and under each strategy the change touches (harness.touched:
+  a file a cell of it runs differs from the base: its module, its launcher's, what they import, gpt-tiny's
+  workload files; a registry's changed entries alone count for the strategies they build). First those whose own
+  module or a family module they run changed (harness.touched.must_time: `deepspeed_common.py` is ZeRO-1/2/3's,
+  the pipeline's and AutoTP's), in the registry's order, never rotated out; then the others touched, turned by the
+  head commit. Each is added while the cells fit the tier's budget (`AB_BUDGET_S`, from each strategy's measured
+  seconds a launch, `LAUNCH_SECONDS`) at the launches the gate needs, the launches a side going down to the
+  gate's least before a strategy is left out; the ones left out are named, never passed in silence;
 - a launch is one `python -m harness run --matrix smoke --strategy ... --out SIDE.jsonl` with this interpreter (the same
   virtual environment), started in the side's checkout: python puts the working folder first on sys.path,
   so `harness` is that side's code, and so is every rank it starts (`-m harness.rank.worker` in the
   inherited folder). Every row's `environment.git_sha` is checked against its side's commit;
 - base, new, base, new, ...: at least `MIN_LAUNCHES` a side, and as many as the gate needs to judge every
   metric of the family (harness.derive.gate.launches_needed_a_side: 2 cells x 3 metrics are a family of 6,
-  which needs 5 a side; 4 cells, 12, which needs 6);
+  which needs 5 a side; 4 cells, 12, which needs 5 too), while the wall time spent fits the budget: the next
+  pair is not started where it would pass it (estimated from the longest pair so far), and a launch still
+  running at the budget's end is stopped. Stopped so, the tier judges the pairs it has, or is skipped, "budget
+  spent after N launches a side"; it prints its time against its budget;
 - the gate judges step time (each launch's median unstalled step and its fastest) and peak RSS alone
   (`AB_METRICS`, a small family), the step times at `STEP_TIME_THRESHOLD` and `FASTEST_STEP_THRESHOLD`,
   set from this tier's own A/A and planted-slowdown measurements on the CI machine kind (below).
@@ -48,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -59,7 +71,7 @@ from harness.derive.rows import label as row_label
 from harness.launch.processes import stop_process_tree
 from harness.rank.faults import FAULT_ENV, Fault
 from harness.record import read_rows
-from harness.spec import DeviceKind, SpecError
+from harness.spec import DeviceKind, SpecError, Status
 
 AB_MATRIX = "smoke"
 # Peak allocated is recorded on GPU rows alone: on CPU it is not a metric of the cell, and not in the family.
@@ -120,9 +132,14 @@ UNMEASURED_LAUNCH_S = 15.0      # a strategy registered since (another test's, a
 AB_BUDGET_S = 420.0
 
 
+def one_launch_seconds(strategies: Sequence[str]) -> float:
+    """Launch time of one launch of the cells of `strategies`: `harness run` starting, then each cell's launch."""
+    return HARNESS_START_S + sum(LAUNCH_SECONDS.get(n, UNMEASURED_LAUNCH_S) for n in strategies)
+
+
 def estimated_seconds(strategies: Sequence[str], launches: int) -> float:
     """Launch time of `launches` a side of the cells of `strategies`, both sides."""
-    return 2 * launches * (HARNESS_START_S + sum(LAUNCH_SECONDS.get(n, UNMEASURED_LAUNCH_S) for n in strategies))
+    return 2 * launches * one_launch_seconds(strategies)
 
 
 def launches_a_side(strategies: Sequence[str], budget_s: float = AB_BUDGET_S, most: int = AB_LAUNCHES) -> int | None:
@@ -135,29 +152,41 @@ def launches_a_side(strategies: Sequence[str], budget_s: float = AB_BUDGET_S, mo
 
 @dataclass(frozen=True)
 class CellChoice:
-    """The strategies the tier times, why each, the launches a side, and the strategies left out, why each."""
+    """The strategies the tier times, why each, the launches a side, the strategies left out, why each, and those on
+    one side's registry alone: new (launched once, on the new side) and gone (removed or renamed since the base)."""
 
     timed: tuple[str, ...]
     why: Mapping[str, str]              # strategy: "always" or the changed files it runs
     left_out: Mapping[str, str]         # strategy: the reason
     launches: int
+    new: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+
+    def estimated_s(self) -> float:
+        """The tier's launch time: its launches in turns, and the one launch of the new strategies."""
+        return estimated_seconds(self.timed, self.launches) + (one_launch_seconds(self.new) if self.new else 0.0)
 
     def describe(self) -> str:
         timed = "; ".join(f"{name} ({self.why[name]})" for name in self.timed)
         line = (f"A/B cells: {AB_WORKLOAD} at {AB_WORLD_SIZE} ranks under {timed}; {self.launches} launches a side, "
-                f"about {estimated_seconds(self.timed, self.launches) / 60:.1f} min of the tier's "
-                f"{AB_BUDGET_S / 60:.0f}-minute budget")
+                f"about {self.estimated_s() / 60:.1f} min of the tier's {AB_BUDGET_S / 60:.0f}-minute budget")
         if self.left_out:
             line += "; not timed: " + "; ".join(f"{name} ({why})" for name, why in self.left_out.items())
+        line += "".join(f"; new: {name} (nothing to compare: one launch on the new side alone, to prove it starts)"
+                        for name in self.new)
+        line += "".join(f"; gone: {name} (in the base's registry, not in this one's: removed or renamed, not timed)"
+                        for name in self.gone)
         return line
 
 
-def choose_cells(touched: Mapping[str, Sequence[str]], own_module_changed: set[str], *, rotation: int = 0,
-                 budget_s: float = AB_BUDGET_S) -> CellChoice:
-    """AB_ALWAYS, then the touched strategies whose own module changed, then those touched through a module they
-    import, each group in the registry's order turned by `rotation` (the head commit's, so that over commits each
-    gets its turn), each added where the cells with it still fit `budget_s` at the launches the gate needs. The more
-    cells, the fewer launches a side (down to the gate's least for their family; AB_LAUNCHES at most)."""
+def choose_cells(touched: Mapping[str, Sequence[str]], must_time: Mapping[str, Sequence[str]] | set[str], *,
+                 rotation: int = 0, budget_s: float = AB_BUDGET_S) -> CellChoice:
+    """AB_ALWAYS, then the touched strategies that must be timed (their own module or their family's shared module
+    changed: harness.touched.must_time) in the registry's order, then the others touched, in the registry's order
+    turned by `rotation` (the head commit's, so that over commits each gets its turn). Each is added where the cells
+    with it still fit `budget_s` at the launches the gate needs: the more cells, the fewer launches a side (down to
+    the gate's least for their family; AB_LAUNCHES at most), so a must-time strategy is left out, named, only where
+    even the gate's least launches cannot hold it."""
     timed = list(AB_ALWAYS)
     why = {name: "always" for name in AB_ALWAYS}
     left_out: dict[str, str] = {}
@@ -166,31 +195,52 @@ def choose_cells(touched: Mapping[str, Sequence[str]], own_module_changed: set[s
         if name in AB_NOT_ON_CPU:
             left_out[name] = AB_NOT_ON_CPU[name]
     candidates = [name for name in candidates if name not in AB_NOT_ON_CPU]
-    groups = [[n for n in candidates if n in own_module_changed], [n for n in candidates if n not in own_module_changed]]
-    for group in groups:
-        turn = rotation % len(group) if group else 0
-        for name in group[turn:] + group[:turn]:
-            if launches_a_side([*timed, name], budget_s) is not None:
-                timed.append(name)
-                files = touched[name]
-                why[name] = "touched: " + ", ".join(files[:2]) + (f" and {len(files) - 2} more" if len(files) > 2 else "")
-            else:
-                left_out[name] = f"touched, but past the tier's {budget_s / 60:.0f}-minute budget with the cells above"
+    rotated = [n for n in candidates if n not in must_time]
+    turn = rotation % len(rotated) if rotated else 0
+    for name in [n for n in candidates if n in must_time] + rotated[turn:] + rotated[:turn]:
+        if launches_a_side([*timed, name], budget_s) is not None:
+            timed.append(name)
+            files = touched[name]
+            why[name] = (("its own code changed: " if name in must_time else "touched: ") + ", ".join(files[:2])
+                         + (f" and {len(files) - 2} more" if len(files) > 2 else ""))
+        else:
+            mine = "its own code changed, but " if name in must_time else "touched, but "
+            left_out[name] = mine + f"past the tier's {budget_s / 60:.0f}-minute budget with the cells above"
     launches = launches_a_side(timed, budget_s)
     if launches is None:
         raise SpecError(f"the A/B budget of {budget_s:.0f} s does not hold {', '.join(timed)} at the launches the gate needs")
     return CellChoice(tuple(timed), why, left_out, launches)
 
 
-def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_BUDGET_S) -> CellChoice:
-    """The tier's cells for the change from `base_commit` to this checkout (harness.touched)."""
-    from harness.strategies import STRATEGIES
-    from harness.touched import changed_files, touched_strategies
+def registries(repo: Path, base_commit: str, head: str) -> tuple[list[str], list[str]]:
+    """The strategies the base commit and this checkout register (harness.touched.registered_strategies)."""
+    from harness.touched import registered_strategies
 
-    touched = touched_strategies(repo, base_commit, STRATEGIES)
-    changed = changed_files(repo, base_commit)
-    own = {name for name, cls in STRATEGIES.items() if cls.__module__.replace(".", "/") + ".py" in changed}
-    return choose_cells(touched, own, rotation=int(head[:8], 16), budget_s=budget_s)
+    if base_commit == head:     # an A/A run: both sides run this commit, whose registry this process has imported
+        from harness.strategies import STRATEGIES
+        return list(STRATEGIES), list(STRATEGIES)
+    base, this = registered_strategies(repo, base_commit), registered_strategies(repo)
+    if base is None or this is None:
+        side = "base commit" if base is None else "checkout"
+        raise Unavailable(f"the {side}'s harness/strategies/__init__.py holds no literal STRATEGIES dict to read")
+    return base, this
+
+
+def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_BUDGET_S) -> CellChoice:
+    """The tier's cells for the change from `base_commit` to this checkout (harness.touched), among the strategies
+    both register: each side is sent only strategies it has. A strategy new on this side is named new and launched
+    once here; one the base has and this checkout lacks is named gone. The new one's launch comes out of the budget."""
+    from harness.strategies import STRATEGIES
+    from harness.touched import must_time, touched_strategies
+
+    base_names, head_names = registries(repo, base_commit, head)
+    new = tuple(name for name in head_names if name not in base_names)
+    gone = tuple(name for name in base_names if name not in head_names)
+    both = {name: STRATEGIES[name] for name in head_names if name in base_names and name in STRATEGIES}
+    touched = touched_strategies(repo, base_commit, both, workload=AB_WORKLOAD)
+    choice = choose_cells(touched, must_time(repo, touched, both), rotation=int(head[:8], 16),
+                          budget_s=budget_s - (one_launch_seconds(new) if new else 0.0))
+    return replace(choice, new=new, gone=gone)
 
 
 class Outcome(enum.StrEnum):
@@ -261,21 +311,67 @@ def resolve_base(repo: Path, ref: str = BASE_DEFAULT) -> str:
     return merge_base.stdout.strip()
 
 
+WORKTREE_PREFIX = "parbench-ab-base-"     # the base checkouts' folders, under the temporary folder
+OWNER_FILE = "owner.pid"                  # in each such folder: the process that made it
+# A base checkout this old whose owner no longer runs was left by a run that could not clean up (SIGKILL, a signal
+# during `git worktree add`). Younger ones may be another run's in progress (two engineers' runs share one .git): the
+# longest, an A/A measurement of 20 runs of 197-246 s each, takes 66-82 minutes here.
+STALE_AFTER_S = 2 * 3600.0
+
+
 @contextlib.contextmanager
 def checkout_of(repo: Path, commit: str) -> Iterator[Path]:
-    """A detached work tree of `commit` in a temporary folder, removed (and unregistered) on the way out."""
-    folder = Path(tempfile.mkdtemp(prefix="parbench-ab-base-"))
+    """A detached work tree of `commit` in a temporary folder, removed (and unregistered) on the way out. The
+    clean-up is armed before `git worktree add` starts: a signal during it leaves a registered worktree, locked
+    ("initializing"), that `git worktree prune` keeps, so it is removed with `--force --force`."""
+    prune_stale_checkouts(repo)
+    folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
     tree = folder / "checkout"
-    added = _git(repo, "worktree", "add", "--detach", str(tree), commit)
     try:
+        (folder / OWNER_FILE).write_text(str(os.getpid()))
+        added = _git(repo, "worktree", "add", "--detach", str(tree), commit)
         if added.returncode != 0:
             why = (added.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
             raise Unavailable(f"cannot check out {commit[:12]} beside this checkout: {why}")
         yield tree
     finally:
-        _git(repo, "worktree", "remove", "--force", str(tree))
+        _git(repo, "worktree", "remove", "--force", "--force", str(tree))
         shutil.rmtree(folder, ignore_errors=True)
         _git(repo, "worktree", "prune")
+
+
+def prune_stale_checkouts(repo: Path) -> list[Path]:
+    """Remove the base checkouts earlier runs left registered in `repo`: those under the temporary folder named
+    WORKTREE_PREFIX... whose folder is gone, or older than STALE_AFTER_S with no running owner. Returns them."""
+    _git(repo, "worktree", "prune")
+    temporary = Path(tempfile.gettempdir()).resolve()
+    removed = []
+    for line in _git(repo, "worktree", "list", "--porcelain").stdout.splitlines():
+        if not line.startswith("worktree "):
+            continue
+        tree = Path(line.removeprefix("worktree "))
+        folder = tree.parent
+        if not folder.name.startswith(WORKTREE_PREFIX) or folder.parent.resolve() != temporary:
+            continue
+        if folder.exists() and not _abandoned(folder):
+            continue
+        _git(repo, "worktree", "remove", "--force", "--force", str(tree))
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(tree)
+    return removed
+
+
+def _abandoned(folder: Path) -> bool:
+    """Older than STALE_AFTER_S, and the process that made it (OWNER_FILE) runs no more."""
+    if time.time() - folder.stat().st_mtime <= STALE_AFTER_S:
+        return False
+    try:
+        os.kill(int((folder / OWNER_FILE).read_text()), 0)
+    except PermissionError:            # running, as another user
+        return False
+    except (OSError, ValueError):      # no such process, or no owner recorded (the signal came before it was)
+        return True
+    return False
 
 
 # ---- launches, taken in turns ----------------------------------------------------------------------------
@@ -283,10 +379,11 @@ def checkout_of(repo: Path, commit: str) -> Iterator[Path]:
 Launch = Callable[[Side, int], None]     # one launch of a side (its index from 1), appending its rows
 
 
-def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None,
-                  options: Sequence[str] = LAUNCH_OPTIONS) -> Launch:
+def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None, options: Sequence[str] = LAUNCH_OPTIONS,
+                  deadline: float | None = None) -> Launch:
     """A launch of `matrix` (with `harness run` OPTIONS) with this interpreter, started in the side's
-    checkout; its output goes to a log beside the results (LOGS/base-1.log, ...), shown only where it failed."""
+    checkout; its output goes to a log beside the results (LOGS/base-1.log, ...), shown only where it failed.
+    One still running at `deadline` (a time.monotonic() reading: the tier's budget) is stopped, BudgetSpent."""
     def launch(side: Side, index: int) -> None:
         env = {key: value for key, value in os.environ.items() if key != FAULT_ENV}
         env.update(side.env)
@@ -296,7 +393,10 @@ def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None,
                                     "--out", str(side.results)], cwd=side.checkout, env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                returncode = run.wait()
+                returncode = run.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stop_process_tree(run, STOP_GRACE_S)
+                raise BudgetSpent(f"{side.name} launch {index} stopped at the tier's budget") from None
             except BaseException:      # a stop signal here (harness.launch.interrupt): its launch goes down with it
                 stop_process_tree(run, STOP_GRACE_S)
                 raise
@@ -306,19 +406,24 @@ def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None,
     return launch
 
 
+class BudgetSpent(Exception):
+    """A launch still running when the tier's budget ran out, stopped: its pair is not judged."""
+
+
 class LaunchFailed(Exception):
     """A launch that produced no usable rows."""
 
 
-def check_new_rows(side: Side, before: int) -> int:
-    """The rows `side`'s launch appended are ok and ran its commit's code; returns the new row count."""
+def check_new_rows(side: Side, before: int, accept: Sequence[str] = ("ok",)) -> int:
+    """The rows `side`'s launch appended ended with a status in `accept` and ran its commit's code; returns the new
+    row count."""
     rows = read_rows([side.results]) if side.results.exists() else []
     added = rows[before:]
     if not added:
         raise LaunchFailed(f"{side.name} launch appended no row to {side.results}")
     for row in added:
         label = row_label(row)
-        if row.get("status") != "ok":
+        if row.get("status") not in accept:
             raise LaunchFailed(f"{side.name} launch: {label} ended {row.get('status')}: {row.get('message', '')[:200]}")
         sha = (row.get("environment") or {}).get("git_sha")
         if sha != side.commit:
@@ -333,32 +438,66 @@ class WrongCode(Exception):
 
 def run_tier(base: Side, new: Side, launch: Launch, *, min_launches: int = AB_LAUNCHES,
              thresholds: Mapping[str, float] | None = None, alpha: float = DEFAULT_ALPHA,
-             metrics: Sequence[str] = AB_METRICS, progress: Callable[[str], None] = lambda line: None) -> TierResult:
+             metrics: Sequence[str] = AB_METRICS, progress: Callable[[str], None] = lambda line: None,
+             budget_s: float | None = None, first_pair_s: float = 0.0,
+             clock: Callable[[], float] = time.monotonic) -> TierResult:
     """Launch base, new, base, new, ... until each side has `min_launches` and the gate can judge every
     metric of the family, then judge. The family is known from the first pair's rows (its cells x metrics),
-    so the launches it needs are too; a first pair with nothing comparable stops the tier there."""
+    so the launches it needs are too; a first pair with nothing comparable stops the tier there.
+
+    With `budget_s`, a pair is started only where the wall time spent (on `clock`) and the pair's time fit it: the
+    first pair's from `first_pair_s` (the estimate), each later one's as the longest pair measured so far. A launch
+    that raises BudgetSpent (its deadline passed) ends the tier too, its pair not judged. Stopped so, the tier judges
+    the pairs it has: a verdict where the gate can give one, else skipped, "budget spent after N launches a side"."""
     thresholds = {"step_time_unstalled_median_s": STEP_TIME_THRESHOLD,
                   "step_time_unstalled_fastest_s": FASTEST_STEP_THRESHOLD, **(thresholds or {})}
     rows = {side.name: 0 for side in (base, new)}
+    judged = dict(rows)                 # the rows of the pairs that completed
     launches = 0
     result: GateResult | None = None
+    began = clock()
+    pairs_s: list[float] = []
+    stopped = ""
     while True:
+        if budget_s is not None:
+            spent, next_s = clock() - began, max(pairs_s, default=first_pair_s)
+            if spent + next_s > budget_s:
+                stopped = (f"budget spent after {launches} launches a side ({spent:.0f} s of {budget_s:.0f} s, "
+                           f"the next pair about {next_s:.0f} s)")
+                break
         launches += 1
-        for side in (base, new):
-            try:
+        pair_began = clock()
+        try:
+            for side in (base, new):
                 launch(side, launches)
                 rows[side.name] = check_new_rows(side, rows[side.name])
-            except LaunchFailed as failed:
-                outcome = Outcome.FAILED if side is new else Outcome.SKIPPED
-                return TierResult(outcome, str(failed), launches, result)
-            except WrongCode as wrong:
-                return TierResult(Outcome.FAILED, str(wrong), launches, result)
+        except LaunchFailed as failed:
+            outcome = Outcome.FAILED if side is new else Outcome.SKIPPED
+            return TierResult(outcome, str(failed), launches, result)
+        except WrongCode as wrong:
+            return TierResult(Outcome.FAILED, str(wrong), launches, result)
+        except BudgetSpent as spent_out:
+            launches -= 1
+            stopped = f"budget spent after {launches} launches a side ({spent_out})"
+            break
+        pairs_s.append(clock() - pair_began)
+        judged = dict(rows)
         result = gate(read_rows([base.results]), read_rows([new.results]), thresholds, alpha, metrics)
         progress(f"  {launches} launch{'es' if launches > 1 else ''} a side done ({rows[base.name]} base rows, "
                  f"{rows[new.name]} new rows; the family of {result.family} needs {result.launches_needed_a_side})")
         if result.family == 0 or (launches >= min_launches and launches >= result.launches_needed_a_side):
             break
-    return TierResult(*_verdict(result), launches, result)
+    if not stopped:
+        return TierResult(*_verdict(result), launches, result)
+    if launches == 0:
+        return TierResult(Outcome.SKIPPED, stopped, 0, None)
+    result = gate(read_rows([base.results])[:judged[base.name]], read_rows([new.results])[:judged[new.name]],
+                  thresholds, alpha, metrics)
+    outcome, reason = _verdict(result)
+    if outcome is Outcome.SKIPPED:
+        reason = f"{stopped}; the gate needs {result.launches_needed_a_side}: {reason}"
+        return TierResult(outcome, reason, launches, result)
+    return TierResult(outcome, f"{reason}; {stopped}", launches, result)
 
 
 def _regressed(j: Judgement) -> str:
@@ -411,9 +550,9 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
             launch: Callable[..., Launch] = matrix_launch, say: Callable[[str], None] = print) -> list[TierResult]:
     """The tier `repeat` times, each into OUT/runK/{base,new}.jsonl, the base checkout made once. With
     `a_a` the base is HEAD itself: every regression is then a false alarm. `plant_new` is a PARBENCH_FAULT
-    for the new side's launches alone (the base's never inherit one). The cells: `strategies` where given (at
-    AB_LAUNCHES a side unless `min_launches`), else, on the smoke matrix, DDP and what the change touches
-    (`select_cells`), else the matrix as it is."""
+    for the new side's launches alone (the base's never inherit one). The cells: `tier_plan`; a strategy new on
+    this side is launched once, on this side alone, before the launches in turns (its failure fails the tier).
+    The tier's own choice of cells keeps to AB_BUDGET_S of wall time a run (`run_tier`, and each launch's deadline)."""
     if repeat < 1 or (min_launches is not None and min_launches < MIN_LAUNCHES):
         raise SpecError(f"--repeat must be >= 1 and --launches >= {MIN_LAUNCHES}, got {repeat} and {min_launches}")
     try:
@@ -423,9 +562,11 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
     except ValueError as error:
         raise SpecError(str(error)) from None
     if strategies:
-        from harness.strategies import STRATEGIES
-        if unknown := [name for name in strategies if name not in STRATEGIES]:
-            raise SpecError(f"--strategy {','.join(unknown)}: not a strategy; known: {', '.join(STRATEGIES)}")
+        from harness.touched import registered_strategies
+
+        known = registered_strategies(repo) or []      # this checkout's: the new side's
+        if unknown := [name for name in strategies if name not in known]:
+            raise SpecError(f"--strategy {','.join(unknown)}: not a strategy; known: {', '.join(known)}")
     if os.environ.get(FAULT_ENV):
         raise SpecError(f"{FAULT_ENV} is set: the A/B tier plants a fault on the new side only, with --plant-new")
     # Absolute: each side's launch starts in its own checkout, where a relative --out would put the base's rows
@@ -433,42 +574,100 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
     out = out.resolve()
     if out.exists() and any(out.iterdir()):
         raise SpecError(f"--out {out} is not empty: the tier appends to fresh files only")
+    tier_began = time.monotonic()
     head = head_commit(repo)
     base_commit = head if a_a else resolve_base(repo, base_ref)
     if base_commit == head and not a_a:
         raise Unavailable(f"the base {base_ref} is HEAD {head[:12]} itself: nothing changed to measure")
     dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no").stdout.strip())
-    options = LAUNCH_OPTIONS
-    if strategies:
-        options += ("--strategy", ",".join(strategies))
-    elif matrix == AB_MATRIX:
-        choice = select_cells(repo, base_commit, head)
-        say(choice.describe())
-        options += ("--workload", AB_WORKLOAD, "--world-sizes", str(AB_WORLD_SIZE), "--strategy", ",".join(choice.timed))
-        min_launches = min_launches or choice.launches
-    min_launches = min_launches or AB_LAUNCHES
+    plan = tier_plan(repo, base_commit, head, matrix, strategies, say)
+    min_launches = min_launches or plan.launches
     say(f"A/B: base {base_commit[:12]}{' (HEAD: an A/A run)' if a_a else ''} vs new {head[:12]}"
         f"{' with uncommitted changes' if dirty else ''} (this checkout), the {matrix} matrix, launches in turns, "
         f"results under {out}" + (f"; new side planted: {FAULT_ENV}={plant_new}" if plant_new else ""))
+    planted = {FAULT_ENV: plant_new} if plant_new else {}
     results = []
     with checkout_of(repo, base_commit) as base_tree:
         for k in range(1, repeat + 1):
             folder = out / f"run{k}" if repeat > 1 else out
             folder.mkdir(parents=True, exist_ok=True)
-            base = Side("base", base_tree, base_commit, folder / "base.jsonl")
-            new = Side("new", repo, head, folder / "new.jsonl", {FAULT_ENV: plant_new} if plant_new else {})
             load, started = _load(), time.monotonic()
-            result = run_tier(base, new, launch(matrix, folder, options), min_launches=min_launches,
-                              thresholds=thresholds, progress=say)
+            deadline = None if plan.budget_s is None else started + plan.budget_s
+            if plan.new_only and k == 1:
+                side = Side("new-only", repo, head, folder / "new-strategies.jsonl", planted)
+                if failed := prove_new(side, launch(matrix, folder, plan.new_options, deadline=deadline)):
+                    say(f"A/B run {k}/{repeat}: {Outcome.FAILED.value}: {failed}")
+                    results.append(TierResult(Outcome.FAILED, failed, 0, None))
+                    break
+                say(f"A/B: new: {', '.join(plan.new_only)} ran on the new side alone "
+                    f"({time.monotonic() - started:.0f} s; its rows in {side.results})")
+            if plan.options is None:
+                result = TierResult(Outcome.SKIPPED, "nothing to compare: every strategy named is new", 0, None)
+            else:
+                base = Side("base", base_tree, base_commit, folder / "base.jsonl")
+                new = Side("new", repo, head, folder / "new.jsonl", planted)
+                left = None if plan.budget_s is None else plan.budget_s - (time.monotonic() - started)
+                result = run_tier(base, new, launch(matrix, folder, plan.options, deadline=deadline),
+                                  min_launches=min_launches, thresholds=thresholds, progress=say, budget_s=left,
+                                  first_pair_s=plan.first_pair_s)
             took = time.monotonic() - started
             if result.gate is not None and (repeat == 1 or result.outcome is not Outcome.PASS):
                 say(format_result(result.gate, show_all=True))
+            spent = f"{took:.0f} s" + ("" if plan.budget_s is None else f" of its {plan.budget_s:.0f}-s budget")
             say(f"A/B run {k}/{repeat}: {result.outcome.value}: {result.reason}; {result.launches} launches a side "
-                f"in {took:.0f} s, load before {load}, after {_load()}; separations: {separations(result.gate)}")
+                f"in {spent}, load before {load}, after {_load()}; separations: {separations(result.gate)}")
             results.append(result)
+    say(f"A/B tier: {time.monotonic() - tier_began:.0f} s in all, choosing cells and the base's checkout included"
+        + ("" if plan.budget_s is None else f"; its launches' budget {plan.budget_s:.0f} s a run (AB_BUDGET_S)"))
     if repeat > 1:
         say(tally(results))
     return results
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """What a run of the tier launches: `options` for both sides' launches in turns (None: nothing both have),
+    `new_options` for the one launch of the strategies `new_only` on the new side, and the budget they keep to."""
+
+    options: tuple[str, ...] | None
+    new_only: tuple[str, ...]
+    new_options: tuple[str, ...]
+    launches: int                   # a side, where --launches does not say
+    budget_s: float | None          # the tier's own choice of cells is held to its budget; cells named by hand not
+    first_pair_s: float             # the first pair's estimated seconds, before any is measured
+
+
+def tier_plan(repo: Path, base_commit: str, head: str, matrix: str, strategies: Sequence[str] | None,
+              say: Callable[[str], None]) -> TierPlan:
+    """The cells: `strategies` where given, else on the smoke matrix DDP and what the change touches (`select_cells`,
+    in its budget), else the matrix as it is; a strategy the base does not register goes to the new side alone."""
+    if strategies:
+        base_names, _ = registries(repo, base_commit, head)
+        timed = tuple(name for name in strategies if name in base_names)
+        new_only = tuple(name for name in strategies if name not in base_names)
+        if new_only:
+            say(f"A/B: new: {', '.join(new_only)} (not in the base's registry: nothing to compare; one launch on "
+                f"the new side alone, to prove it starts)")
+        return TierPlan(LAUNCH_OPTIONS + ("--strategy", ",".join(timed)) if timed else None, new_only,
+                        LAUNCH_OPTIONS + ("--strategy", ",".join(new_only)), AB_LAUNCHES, None, 0.0)
+    if matrix != AB_MATRIX:
+        return TierPlan(LAUNCH_OPTIONS, (), (), AB_LAUNCHES, None, 0.0)
+    choice = select_cells(repo, base_commit, head)
+    say(choice.describe())
+    cells = LAUNCH_OPTIONS + ("--workload", AB_WORKLOAD, "--world-sizes", str(AB_WORLD_SIZE), "--strategy")
+    return TierPlan(cells + (",".join(choice.timed),), choice.new, cells + (",".join(choice.new),), choice.launches,
+                    AB_BUDGET_S, 2 * one_launch_seconds(choice.timed))
+
+
+def prove_new(side: Side, launch: Launch) -> str:
+    """One launch, on the new side alone, of strategies the base does not register: the reason it failed, or "" where
+    every row ended ok (or skipped, saying why: a cell this machine cannot run) and ran the new commit's code."""
+    try:
+        launch(side, 1)
+        check_new_rows(side, 0, accept=(Status.OK, Status.SKIPPED))
+    except (LaunchFailed, WrongCode, BudgetSpent) as failed:
+        return f"a strategy new on this side did not run: {failed}"
+    return ""
 
 
 def tally(results: Sequence[TierResult]) -> str:

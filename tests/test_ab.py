@@ -10,14 +10,18 @@ start processes); one launches the real smoke matrix from a checkout of HEAD.
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from harness.ab import (AB_LAUNCHES, FASTEST_STEP_THRESHOLD, Outcome, Side, TierResult, Unavailable,
-                        check_new_rows, checkout_of, head_commit, matrix_launch, measure, resolve_base, run_tier,
-                        tally)
+from harness import ab
+from harness.ab import (AB_LAUNCHES, FASTEST_STEP_THRESHOLD, OWNER_FILE, WORKTREE_PREFIX, BudgetSpent, Outcome, Side,
+                        TierResult, Unavailable, check_new_rows, checkout_of, head_commit, matrix_launch, measure,
+                        prune_stale_checkouts, resolve_base, run_tier, tally)
 from harness.cli import main
 from harness.derive.gate import gate
 from harness.record import append_row, read_results, read_rows
@@ -214,6 +218,90 @@ def test_the_tally_says_how_near_overlapping_sides_came_to_separating():
     assert tally(results).endswith("largest |separation|: every pair overlapped; closest approach: step time -1.2%")
 
 
+# ---- the budget: wall time on a clock the test moves, each stub launch taking the seconds it is given ----------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _launch_taking(clock: FakeClock, seconds) -> StubLaunch:
+    """StubLaunch of `_unchanged` whose k-th launch of a side moves `clock` on by seconds[k - 1]."""
+    stub = StubLaunch(_unchanged)
+
+    def launch(side: Side, index: int) -> None:
+        stub(side, index)
+        clock.now += seconds[index - 1]
+    launch.order = stub.order
+    return launch
+
+
+def test_the_tier_starts_no_pair_that_would_pass_its_budget_and_skips_where_the_gate_cannot_judge(tmp_path):
+    # 30 s a launch, 60 a pair, the first estimated at 50: pairs start at 0, 60 and 120 s; at 180 s the next (60 s
+    # as measured) would end at 240 > 200, so the tier stops at 3 a side, short of the 5 its family of 6 needs.
+    clock = FakeClock()
+    base, new = _sides(tmp_path)
+    launch = _launch_taking(clock, [30.0] * 8)
+    result = run_tier(base, new, launch, budget_s=200.0, first_pair_s=50.0, clock=clock)
+    assert len(launch.order) == 6 and clock.now == 180.0
+    assert result.outcome is Outcome.SKIPPED and result.launches == 3
+    assert result.reason.startswith("budget spent after 3 launches a side (180 s of 200 s, the next pair about 60 s); "
+                                    "the gate needs 5: nothing conclusive: 6 metrics not judged")
+
+
+def test_the_next_pair_is_taken_as_long_as_the_longest_so_far_so_a_slowing_machine_does_not_overrun(tmp_path):
+    # Pairs of 40 s then 120 s: at 160 s the next, as long as the longest (120 s), would end at 280 > 250. Taken as
+    # their mean (80 s) it would start and end at 280 s, past the budget.
+    clock = FakeClock()
+    base, new = _sides(tmp_path)
+    launch = _launch_taking(clock, [20.0, 60.0, 60.0, 60.0, 60.0, 60.0, 60.0, 60.0])
+    result = run_tier(base, new, launch, budget_s=250.0, first_pair_s=40.0, clock=clock)
+    assert launch.order == ["base1", "new1", "base2", "new2"] and clock.now == 160.0 <= 250.0
+    assert result.outcome is Outcome.SKIPPED and result.reason.startswith("budget spent after 2 launches a side")
+
+
+def test_a_budget_that_holds_what_the_gate_needs_but_not_eight_a_side_judges_and_says_why_it_stopped(tmp_path):
+    # 10 s a launch: pairs start at 0, 20, ..., 80 s (80 + 20 = 100, within the budget), then stop: 5 a side,
+    # what the family of 6 needs, so the gate judges.
+    clock = FakeClock()
+    base, new = _sides(tmp_path)
+    result = run_tier(base, new, _launch_taking(clock, [10.0] * 8), budget_s=100.0, first_pair_s=20.0, clock=clock)
+    assert result.outcome is Outcome.PASS and result.launches == 5 and clock.now == 100.0
+    assert result.reason.endswith("; budget spent after 5 launches a side (100 s of 100 s, the next pair about 20 s)")
+
+
+def test_a_launch_stopped_at_the_budget_leaves_its_pair_out_of_the_judgement(tmp_path):
+    # Base launch 4 appends its rows, then new launch 4 is stopped at the deadline: the gate sees 3 launches a side.
+    stub = StubLaunch(_unchanged)
+
+    def launch(side: Side, index: int) -> None:
+        if side.name == "new" and index == 4:
+            raise BudgetSpent("new launch 4 stopped at the tier's budget")
+        stub(side, index)
+
+    base, new = _sides(tmp_path)
+    result = run_tier(base, new, launch)
+    assert len(read_rows([base.results])) == 8 and result.launches == 3
+    assert {len(j.base) for j in result.gate.judgements} == {len(j.new) for j in result.gate.judgements} == {3}
+    assert result.outcome is Outcome.SKIPPED
+    assert result.reason.startswith("budget spent after 3 launches a side (new launch 4 stopped at the tier's budget)")
+
+
+@pytest.mark.launch
+def test_a_real_launch_past_its_deadline_is_stopped(tmp_path):
+    # The smoke matrix's DDP cell takes about 5 s here; a deadline 1 s away stops `harness run` and its ranks.
+    project = Path(__file__).resolve().parents[1]
+    side = Side("new", project, head_commit(project), tmp_path / "new.jsonl")
+    began = time.monotonic()
+    with pytest.raises(BudgetSpent, match="new launch 1 stopped at the tier's budget"):
+        matrix_launch("smoke", tmp_path, ("--strategy", "ddp"), deadline=began + 1.0)(side, 1)
+    assert time.monotonic() - began < ab.STOP_GRACE_S
+
+
 @pytest.mark.parametrize("args, words", [
     (["--plant-new", "slow-step:factor=0.5:rank=all:step=0"], ["factor must be >= 1"]),
     (["--plant-new", "explode"], ["KIND:rank=R:step=S"]),
@@ -318,6 +406,63 @@ def test_the_base_checkout_is_its_commit_and_is_removed_even_on_an_error(repo):
 
 
 @pytest.mark.launch
+def test_an_interrupt_during_git_worktree_add_leaves_no_worktree_registered(repo, tmp_path, monkeypatch):
+    # The signal reaches the tier while git holds the new worktree registered, checked out and locked
+    # ("initializing"), which `git worktree prune` keeps: the clean-up must already be armed, and force twice.
+    first = _commit(repo, "one")
+    _commit(repo, "two")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    real = ab._git
+
+    def interrupted(where: Path, *args: str) -> subprocess.CompletedProcess:
+        if args[:2] == ("worktree", "add"):
+            real(where, *args)
+            real(where, "worktree", "lock", "--reason", "initializing", args[3])
+            raise KeyboardInterrupt
+        return real(where, *args)
+
+    monkeypatch.setattr(ab, "_git", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with checkout_of(repo, first):
+            pass
+    assert _git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert list(temporary.iterdir()) == []
+
+
+@pytest.mark.launch
+def test_base_checkouts_earlier_runs_left_are_removed_and_those_that_may_be_in_use_kept(repo, tmp_path, monkeypatch):
+    first = _commit(repo, "one")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+
+    def left(name: str, age_s: float, owner: int, under: Path = temporary) -> Path:
+        folder = under / f"{WORKTREE_PREFIX}{name}"
+        folder.mkdir(parents=True)
+        (folder / OWNER_FILE).write_text(str(owner))
+        _git(repo, "worktree", "add", "-q", "--detach", str(folder / "checkout"), first)
+        _git(repo, "worktree", "lock", "--reason", "initializing", str(folder / "checkout"))
+        os.utime(folder, (time.time() - age_s,) * 2)
+        return folder
+
+    gone = left("gone", 60, os.getpid())                   # its folder deleted, its registration left
+    subprocess.run(["rm", "-rf", str(gone)], check=True)
+    killed = left("killed", 3 * 3600, ended.pid)           # a run killed hours ago
+    long_run = left("long", 3 * 3600, os.getpid())         # an A/A measurement still running
+    young = left("young", 60, ended.pid)                   # may be a run that is starting
+    elsewhere = left("elsewhere", 3 * 3600, ended.pid, tmp_path / "other")   # not the tier's temporary folder
+    with checkout_of(repo, first) as tree:            # each run of the tier prunes before it adds its own
+        listed = _git(repo, "worktree", "list", "--porcelain")
+    assert f"{gone}/" not in listed and f"{killed}/" not in listed and not killed.exists()
+    assert all(f"{folder}/checkout" in listed for folder in (long_run, young, elsewhere)) and f"{tree}" in listed
+    assert prune_stale_checkouts(repo) == []
+
+
+@pytest.mark.launch
 def test_a_launch_from_a_checkout_of_head_runs_that_checkouts_code(tmp_path):
     # The smoke matrix's plain cell launched once from a temporary work tree of HEAD's parent: its row records
     # the parent's SHA and a clean tree, read by the harness that ran there (harness.environment reads the
@@ -342,7 +487,7 @@ def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_i
     head = _commit(repo, "two")
     seen: list[tuple[str, Path, str, dict]] = []
 
-    def factory(matrix: str, folder: Path, options=()):
+    def factory(matrix: str, folder: Path, options=(), deadline=None):
         stub = StubLaunch(_unchanged)
 
         def launch(side: Side, index: int) -> None:
