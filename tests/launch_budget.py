@@ -6,9 +6,9 @@ starting and ranks stepping; CI has 30 minutes for all its tiers. So `.ci/run` t
     pytest -m "launch and not core" --launch-budget 800 --launch-changed-within 12 \
         --launch-always tests/test_ddp_cpu.py,tests/test_llama_cells.py
 
-1. The test modules the change adds or edits (`--launch-changed-within`: the commits of the 12 hours before HEAD's, a
-   stop's batch of them, and the work tree), then those `--launch-always` names (the ones
-   whose streams the exact tier reads), then one window of the rest: every launch module in a fixed cycle, cut into
+1. The modules `--launch-always` names (whose streams the exact tier reads: first, so that nothing crowds them out),
+   then the test modules the change adds or edits (`--launch-changed-within`: the commits of the 12 hours before
+   HEAD's, a stop's batch of them, and the work tree), then one window of the rest: every launch module in a fixed cycle, cut into
    consecutive windows that each fit the budget, and window number (turn mod windows) taken, the turn being the
    commit count (`git rev-list --count HEAD`) unless `--launch-turn` says. Consecutive commits take consecutive
    windows, so every launch test runs within `windows` commits of any change, and a change's own tests at once.
@@ -83,7 +83,8 @@ def windows(modules: Sequence[Module], stream_s: Mapping[str, float], budget_s: 
 
 def choose(modules: Sequence[Module], stream_s: Mapping[str, float], budget_s: float, *, turn: int,
            changed: Iterable[str] = (), always: Iterable[str] = ()) -> Choice:
-    """Changed modules, then `always`, then window `turn` mod windows, each added while the whole fits `budget_s`. The
+    """`always` (what later tiers read: first, so that nothing crowds it out), then the changed modules, then window
+    `turn` mod windows, each added while the whole fits `budget_s`. The
     windows cut the other modules to the room `always` leaves, the streams it reads already paid for; they do not
     depend on the change, so the turns keep their order whatever each commit changes."""
     by_path = {m.path: m for m in modules}
@@ -94,8 +95,8 @@ def choose(modules: Sequence[Module], stream_s: Mapping[str, float], budget_s: f
     cut = windows(rest, {s: (0.0 if s in paid else v) for s, v in stream_s.items()}, room) if rest else []
     choice = Choice(turn=turn % len(cut) if cut else 0, windows=max(1, len(cut)))
     window = [m.path for m in cut[choice.turn]] if cut else []
-    order = ([(p, "changed by this commit") for p in sorted(set(changed)) if p in by_path]
-             + [(p, "always (its streams feed the exact tier)") for p in always]
+    order = ([(p, "always (its streams feed the exact tier)") for p in always]
+             + [(p, "changed by this stop's commits") for p in sorted(set(changed)) if p in by_path]
              + [(p, f"window {choice.turn + 1} of {choice.windows}") for p in window])
     for path, why in order:
         if path in choice.why:

@@ -46,16 +46,19 @@ def test_the_changed_modules_go_first_and_what_does_not_fit_is_named():
     choice = choose([A, B, C, D], STREAMS, 500, turn=0, changed=["tests/test_b.py", "tests/other.txt"])
     assert choice.taken == ["tests/test_b.py"]
     assert choice.past_budget == ["tests/test_c.py"]
-    assert choice.why["tests/test_b.py"] == "changed by this commit"
+    assert choice.why["tests/test_b.py"] == "changed by this stop's commits"
     assert choice.estimate_s == 250
     assert choice.other_turns == ["tests/test_a.py", "tests/test_d.py"]
 
 
-def test_always_comes_after_the_change_and_shares_its_streams():
-    # a changed (300 with S); b always (50 more: S is paid); turn 2's window is [a, b], already taken.
-    choice = choose([A, B, C, D], STREAMS, 500, turn=2, changed=["tests/test_a.py"], always=["tests/test_b.py"])
-    assert choice.taken == ["tests/test_a.py", "tests/test_b.py"]
-    assert choice.estimate_s == 350 and not choice.past_budget
+def test_always_comes_first_so_that_no_change_crowds_it_out():
+    # b always (50 + S's 200 = 250), then the changed a (100 more: S is paid, 350) and c (300 more: 650 > 500, named).
+    # The windows cut c, d, a to the 250 s b leaves, S paid: [c], [d], [a]; turn 2's is a, already taken.
+    choice = choose([A, B, C, D], STREAMS, 500, turn=2, changed=["tests/test_c.py", "tests/test_a.py"],
+                    always=["tests/test_b.py"])
+    assert choice.taken == ["tests/test_b.py", "tests/test_a.py"]
+    assert choice.past_budget == ["tests/test_c.py"]
+    assert choice.estimate_s == 350 and choice.windows == 3
 
 
 CONFTEST = """
