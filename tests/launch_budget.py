@@ -181,12 +181,14 @@ class LaunchBudget:
         self.choice = choose(modules, self.stream_s, self.budget_s,
                              turn=commit_count(self.root) if turn is None else turn,
                              changed=changed_tests(self.root, hours) if hours else (), always=always)
-        taken = set(self.choice.taken)
-        kept = [i for i in items if MARKER not in i.keywords or self._module(i) in taken]
+        rank = {path: k for k, path in enumerate(self.choice.taken)}
+        kept = [i for i in items if MARKER not in i.keywords or self._module(i) in rank]
         left = [i for i in items if i not in kept]
+        # Run in the order chosen, not the files' order: what comes first must not be the first skipped at the budget.
+        kept.sort(key=lambda i: rank.get(self._module(i), -1) if MARKER in i.keywords else -1)
         if left:
             config.hook.pytest_deselected(items=left)
-            items[:] = kept
+        items[:] = kept
         self.module_s = {m.path: m.own_s for m in modules}
 
     # ---- running: never past the budget -----------------------------------------------------------------------
