@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from harness.derive.harness_overhead import BARE_STRATEGY, overhead_verdict
 from harness.derive.identity import cell_identity, identity_of
 from harness.derive.launches import last_row_indices
+from harness.derive.memory_flags import flag_lines
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.run_cost import planned_seconds
 from harness.environment import capture_environment
@@ -409,4 +410,7 @@ def summary_table(rows: Sequence[dict], results_file: Path | None = None) -> str
     if any(_oversubscribed(cell.get("host_oversubscribed")) for cell in cells.to_dict("records")):
         lines.append("(oversubscribed: a host ran more rank threads than it has cores, so those step times "
                      "measure the cores' sharing; docs/methodology.md, 'On CPU')")
+    # Last, where the eye lands: launches whose ranks held memory outside their model states
+    # (harness.derive.memory_flags).
+    lines += [f"MEMORY FLAGGED: {line}" for line in flag_lines(rows)]
     return "\n".join(lines)

@@ -11,6 +11,8 @@ step got slower, which only a timed comparison (`harness ab`, harness/ab.py) can
     PARBENCH_FAULT=extra-all-reduce:rank=all:step=0 python -m harness run --matrix ci --strategy ddp
     PARBENCH_FAULT=untracked-weight-copy:rank=all:step=0 python -m harness run --matrix ci --strategy fsdp2
     PARBENCH_FAULT=slow-step:factor=1.3:rank=all:step=0:strategy=ddp python -m harness run --matrix smoke
+    PARBENCH_FAULT=leak:bytes=100MiB:in=numpy:rank=all:step=0 python -m harness run --matrix smoke --strategy plain
+    PARBENCH_FAULT=leak-per-step:bytes=1MiB:in=tensor:rank=all:step=0 python -m harness run --matrix smoke ...
 
 kinds:
 - `kill`: the rank sends itself SIGKILL, as the kernel's out-of-memory killer would;
@@ -57,6 +59,15 @@ Four kinds change what a strategy does from the given step on, as a change to it
   the tensors outside the census (harness.rank.memory_model.untracked_tensor_bytes) do;
 - `lr-scale` (with `factor=F`): before that step the rank multiplies its torch optimizer's learning rate by F,
   for that step and every later one.
+Two kinds hold memory that no model state accounts for, as a leak would, which the memory readings outside the
+census must flag (harness.rank.memory_model: the gap at the last warm-up step, the growth over the timed steps):
+- `leak` (with `bytes=N`, optionally `in=tensor|numpy`): in that step, inside the counted step, the rank allocates N
+  bytes of ones (so every page is resident) and holds them to its end: a torch tensor on the rank's device (`in=tensor`,
+  the default; the tensors outside the census see it too) or a numpy array in host memory (`in=numpy`: no tensor, so
+  only the resident growth sees it);
+- `leak-per-step` (the same fields): the same, in that step and every later one, each step's N bytes held beside the
+  ones before: a leak of N bytes a step.
+N is a whole number of bytes, or one with a unit: `KiB`, `MiB`, `GiB` (`bytes=100MiB`).
 Two kinds are bugs of a checkpoint cell (harness.strategies.state_checkpoint), which its resume check must catch
 (`rank=all:step=0`, the only values they take):
 - `checkpoint-without-optimizer`: the save and the load leave the optimizer's state out (DeepSpeed's load skips its
@@ -92,11 +103,17 @@ EXTRA_ALL_REDUCE, WEIGHT_COPY, UNTRACKED_WEIGHT_COPY, LR_SCALE = CHANGE_KINDS = 
 SLOW_STEP = "slow-step"
 CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START = CHECKPOINT_KINDS = ("checkpoint-without-optimizer",
                                                                           "resume-data-from-start")
-KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,) + CHECKPOINT_KINDS
+LEAK, LEAK_PER_STEP = LEAK_KINDS = ("leak", "leak-per-step")
+KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,) + CHECKPOINT_KINDS + LEAK_KINDS
 FACTOR_KINDS = ("grad-scale", LR_SCALE, SLOW_STEP)
+LEAK_IN = ("tensor", "numpy")       # what a leak allocates: a torch tensor on the rank's device, a numpy array
+BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 USAGE = ("KIND:rank=R:step=S (R a rank or all; S+ for step S and every later one, silent kinds only; grad-scale and "
          "lr-scale also :factor=F, grad-scale and overflow optionally :tensors=PATTERN; slow-step also :factor=F >= 1 "
-         "and optionally :strategy=NAME)")
+         "and optionally :strategy=NAME; leak and leak-per-step also :bytes=N (100MiB) and optionally "
+         ":in=tensor|numpy)")
+# What the leaking kinds hold, for the rest of the rank's life: nothing else references it.
+LEAKED: list = []
 ALL_RANKS = -1           # rank=all
 EXTRA_ALL_REDUCE_ELEMENTS = 1024       # 4,096 bytes in fp32: one all-reduce's calls and bytes, plainly seen
 WEIGHT_COPY_STATE = "parbench_fault_weight_copy"     # the optimizer-state key the copy is kept under
@@ -113,6 +130,8 @@ class Fault:
     tensors: str = ""        # grad-scale only: a pattern of parameter names whose gradients alone it scales
     strategy: str = ""       # slow-step only: the strategy whose cells it slows ("": every cell)
     onward: bool = False     # a silent kind only (`step=S+`): in step S and every later one
+    leak_bytes: int = 0      # leak, leak-per-step: the bytes held in (each) step
+    leak_in: str = ""        # leak, leak-per-step: one of LEAK_IN
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
@@ -128,16 +147,19 @@ class Fault:
             factor = float(values.pop("factor")) if kind in FACTOR_KINDS else 1.0
             tensors = values.pop("tensors", "") if kind in ("grad-scale", OVERFLOW) else ""
             strategy = values.pop("strategy", "") if kind == SLOW_STEP else ""
+            leak_bytes = _bytes(values.pop("bytes")) if kind in LEAK_KINDS else 0
+            leak_in = values.pop("in", LEAK_IN[0]) if kind in LEAK_KINDS else ""
         except (KeyError, ValueError):
             raise ValueError(f"{FAULT_ENV}={text!r}: expected {USAGE}, KIND one of {', '.join(KINDS)}") from None
         if kind not in KINDS or values:
             raise ValueError(f"{FAULT_ENV}={text!r}: kind must be one of {', '.join(KINDS)}, with only rank= "
                              "and step= (and factor= for grad-scale and lr-scale, optionally tensors= for "
-                             "grad-scale and overflow; factor=, optionally strategy=, for slow-step)")
+                             "grad-scale and overflow; factor=, optionally strategy=, for slow-step; bytes=, "
+                             "optionally in=, for leak and leak-per-step)")
         if (rank < 0 and rank_text != "all") or step < 0 or not math.isfinite(factor):
             raise ValueError(f"{FAULT_ENV}={text!r}: rank must be >= 0 or all, step >= 0 and factor a finite "
                              "number")
-        if onward and kind not in SILENT_KINDS:
+        if onward and kind not in (*SILENT_KINDS, LEAK_PER_STEP):
             raise ValueError(f"{FAULT_ENV}={text!r}: step=S+ (every step from S on) is for the silent kinds alone: "
                              f"{', '.join(SILENT_KINDS)}")
         if kind in CHECKPOINT_KINDS and (rank != ALL_RANKS or step != 0):
@@ -146,6 +168,8 @@ class Fault:
         if kind == EXTRA_ALL_REDUCE and rank != ALL_RANKS:
             raise ValueError(f"{FAULT_ENV}={text!r}: {EXTRA_ALL_REDUCE} needs rank=all: an all-reduce that one "
                              "rank issues alone never completes")
+        if kind in LEAK_KINDS and (leak_bytes <= 0 or leak_in not in LEAK_IN):
+            raise ValueError(f"{FAULT_ENV}={text!r}: {kind} needs bytes= above 0 and in= one of {', '.join(LEAK_IN)}")
         if kind == SLOW_STEP and factor < 1:
             raise ValueError(f"{FAULT_ENV}={text!r}: slow-step's factor must be >= 1 (a sleep only slows a step)")
         if strategy:
@@ -155,7 +179,7 @@ class Fault:
                 raise ValueError(f"{FAULT_ENV}={text!r}: no strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
         if kind == OVERFLOW:
             factor = math.inf        # what `scale_tensor_gradients` multiplies the gradients by
-        return cls(kind, rank, step, factor, tensors, strategy, onward)
+        return cls(kind, rank, step, factor, tensors, strategy, onward or kind == LEAK_PER_STEP, leak_bytes, leak_in)
 
     def _fires(self, rank: int, step: int) -> bool:
         return (step >= self.step if self.onward else step == self.step) and self.rank in (rank, ALL_RANKS)
@@ -206,7 +230,10 @@ class Fault:
                 group["lr"] *= self.factor
 
     def in_step(self, rank: int, step: int, device: torch.device) -> None:
-        """Inside the counted step, before the strategy's own: `extra-all-reduce`'s collective, from its step on."""
+        """Inside the counted step, before the strategy's own: `extra-all-reduce`'s collective, from its step on; the
+        leaking kinds' allocation, held in LEAKED."""
+        if self.kind in LEAK_KINDS and self._fires(rank, step):
+            LEAKED.append(self._allocate(device))
         if self.kind != EXTRA_ALL_REDUCE or step < self.step:
             return
         import torch.distributed as dist
@@ -232,6 +259,14 @@ class Fault:
         for tensor, state in optimizer().state.items():
             if state:
                 state[WEIGHT_COPY_STATE] = tensor.detach().to(torch.float32, copy=True)
+
+    def _allocate(self, device: torch.device) -> object:
+        """`leak_bytes` of ones (written, so resident): a uint8 tensor on `device`, or a numpy array."""
+        if self.leak_in == "numpy":
+            import numpy as np
+
+            return np.ones(self.leak_bytes, dtype=np.uint8)
+        return torch.ones(self.leak_bytes, dtype=torch.uint8, device=device)
 
     def scale_tensor_gradients(self, rank: int, step: int, model: torch.nn.Module) -> Callable[[], None]:
         """Before a step: with `tensors=`, arm `model`'s (the unwrapped layers') matching parameters so that
@@ -273,6 +308,15 @@ class Fault:
                 raise RuntimeError(f"{FAULT_ENV}: tensors={self.tensors!r} scaled no gradient on rank {rank} in "
                                    f"step {step}")
         return disarm
+
+
+def _bytes(text: str) -> int:
+    """'100MiB' -> 104857600, '4096' -> 4096; ValueError otherwise."""
+    number = text.rstrip("BKMGi")
+    unit = text[len(number):] or "B"
+    if unit not in BYTE_UNITS:
+        raise ValueError(text)
+    return int(number) * BYTE_UNITS[unit]
 
 
 def fault_from_environment() -> Fault | None:

@@ -32,8 +32,9 @@ from harness.rank.compute_only import CompletedPass, compute_only_pass
 from harness.rank.checkpointed_run import CheckpointedRun, restart_count
 from harness.rank.horovod_elastic import ElasticSteps, is_elastic
 from harness.rank.faults import CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START, Fault, fault_from_environment
-from harness.rank.memory_model import (ModelStateReader, PeakRssSince, largest_module_own_parameters,
-                                       outside_census_flag_bytes, reset_peak_memory, resident_bytes)
+from harness.rank.memory_model import (ModelStateReader, PeakRssSince, TimedStepsGrowth, import_optimizer_modules,
+                                       largest_module_own_parameters, outside_census_flag_bytes, reset_peak_memory,
+                                       resident_bytes)
 from harness.rank.recompute_pass import recompute_pass
 from harness.rank.saved_activations import SavedActivationCensus
 from harness.spec import Precision, RunSpec, Status
@@ -126,7 +127,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     layout = strategy.layout(spec)
     torch.manual_seed(spec.seed)
     # What the model-state reading measures this rank's resident growth from: after the imports and the process
-    # group, before the model and everything the strategy builds around it.
+    # group, and what a torch optimizer first imports, before the model and everything the strategy builds around it.
+    import_optimizer_modules()
     resident_before_model = resident_bytes(context.device)
     layers = workload.build_layers()                  # on CPU from the seed: identical on every rank
     parameters = count_parameters(torch.nn.Sequential(*layers))
@@ -152,7 +154,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     timer = StepTimer(context.device)
     losses: list[torch.Tensor] = []
     outcomes: list[tuple[bool, float] | None] = []       # fp16: each step's (applied, loss scale)
-    model_states = ModelStateReader(trainer, context.device, spec.warmup_steps, resident_before=resident_before_model)
+    model_states = ModelStateReader(trainer, context.device, spec.warmup_steps, resident_before=resident_before_model,
+                                    strategy=spec.strategy)
+    growth = TimedStepsGrowth(context.device, spec.warmup_steps, spec.timed_steps)     # a leak of every step
     peak_rss_since = PeakRssSince.PROCESS_START
     norms = FirstStepNorms(spec, trainer)
     # A checkpoint cell reads the same norms in step K, the first its resumed launch runs (harness.derive.resume).
@@ -189,6 +193,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
                                             context.device)
                              for index in range(layout.micro_batches)]
+            growth.before_step(step)        # before the barrier: its gc.collect() delays no rank's clock
             trainer.barrier()
             timed = step >= spec.warmup_steps
             if step == spec.warmup_steps:
@@ -225,6 +230,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             if run:
                 run.after_step(step, context.device)
             model_states.after_step(step, micro_batches)
+            growth.after_step(step)
 
         return None
 
@@ -272,7 +278,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     by_rank = trainer.gather({"times": timer.seconds, "wall": timer.wall_seconds, "memory": memory,
                               "stalled": timer.stalled, "host_lost": timer.host_lost_seconds,
                               "host": socket.gethostname(), "node": _node_rank(), "comm": counter.per_step(),
-                              "compute_only": compute_only_raw, "model_states": _model_state_figures(model_states),
+                              "compute_only": compute_only_raw,
+                              "model_states": _model_state_figures(model_states, growth),
                               "parameters_held": trainer.parameters_held(parameters),
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
@@ -559,8 +566,23 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
         figures["untracked_tensor_bytes_by_rank"] = [r["untracked"] for r in readings]
         figures["resident_growth_bytes_by_rank"] = [r["resident_growth"] for r in readings]
         figures["memory_outside_census_bytes_by_rank"] = [r["outside_census"] for r in readings]
-        figures["memory_outside_census_flag_bytes"] = outside_census_flag_bytes(context.device)
+        figures["memory_outside_census_flag_bytes"] = outside_census_flag_bytes(context.device, spec.strategy)
         figures["memory_outside_census_flagged"] = any(r["flagged"] for r in readings)
+    # Growth over the timed steps, from the last warm-up step's start (harness.rank.memory_model.TimedStepsGrowth): a
+    # leak of every step.
+    growth = readings[0]["timed_growth"]
+    if growth["unavailable_because"]:
+        figures["memory_growth_timed_steps_unavailable_because"] = growth["unavailable_because"]
+    else:
+        figures["memory_growth_steps"] = growth["steps"]
+        figures["memory_growth_timed_steps_bytes_by_rank"] = [r["timed_growth"]["resident"] for r in readings]
+        figures["memory_growth_timed_steps_flag_bytes"] = growth["flag_bytes"]["resident"]
+        if context.device.type == "cuda":
+            figures["allocated_growth_timed_steps_bytes_by_rank"] = [r["timed_growth"]["allocated"] for r in readings]
+            figures["allocated_growth_timed_steps_flag_bytes"] = growth["flag_bytes"]["allocated"]
+        figures["memory_growth_timed_steps_flagged"] = any(r["timed_growth"]["flagged"] for r in readings)
+        if growth["note"]:
+            figures["memory_growth_timed_steps_note"] = growth["note"]
     # The cell's own cluster, from its spec rather than a launcher's environment variable: DeepSpeed divides
     # by num_nodes x num_gpus_per_node, which must be the world it shards over.
     estimate = strategy.deepspeed_estimate_bytes(parameters, largest_module, spec.ranks_per_node, spec.nnodes,
@@ -570,12 +592,16 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
     return figures
 
 
-def _model_state_figures(reader: ModelStateReader) -> dict[str, Any]:
-    """What this rank's model-state reading found, as plain values for the gather."""
+def _model_state_figures(reader: ModelStateReader, growth: TimedStepsGrowth) -> dict[str, Any]:
+    """What this rank's model-state reading and its growth over the timed steps found, as plain values for the
+    gather."""
     return {"census": reader.census, "allocated": reader.allocated, "note": reader.note, "read_at": reader.read_at,
             "unavailable_because": reader.unavailable_because, "untracked": reader.untracked,
             "resident_growth": reader.resident_growth, "outside_census": reader.outside_census,
-            "flagged": reader.flagged}
+            "flagged": reader.flagged,
+            "timed_growth": {"resident": growth.resident, "allocated": growth.allocated, "flagged": growth.flagged,
+                             "steps": growth.steps, "flag_bytes": growth.flag_bytes(), "note": growth.note,
+                             "unavailable_because": growth.unavailable_because}}
 
 
 def _loss_scaling_figures(spec: RunSpec, by_rank: list[dict[str, Any]]) -> dict[str, Any]:

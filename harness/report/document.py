@@ -2,7 +2,8 @@
 
     python -m harness report results/reference/ci-cpu/full.jsonl --out report/
 
-Both open with the verdicts (harness.report.verdicts), the HTML then shows the plots (harness.report.plots,
+Both open with the verdicts (harness.report.verdicts; first, where the rows read it, the launches whose ranks held
+memory outside their model states: harness.derive.memory_flags), the HTML then shows the plots (harness.report.plots,
 and harness.report.projected where the files hold projected rows), then the compact table of cells
 (harness.report.table), then the environments the rows ran in. The HTML embeds every plot as inline SVG
 and fetches nothing, so it opens offline and can be archived with the rows. Every string that came from a
@@ -21,7 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from harness.derive.cells import cell_table, launch_table
-from harness.derive.rows import Row, load_rows
+from harness.derive.memory_flags import FLAG_COLUMNS, SECTION as MEMORY_HEADING, flag_columns, verdict_lines
+from harness.derive.rows import Row, load_rows, measurements
 from harness.derive.throughput import Basis
 from harness.record import COMMBENCH_KIND, read_rows
 from harness.report.plots import (plot_busbw, plot_communication, plot_efficiency, plot_losses, plot_memory,
@@ -60,17 +62,20 @@ PARAMETER_SERVER_HEADING = "Parameter server against all-reduce"
 CHECKPOINT_HEADING = "Checkpoint and resume"
 
 
-def _verdict_sections(found: Verdicts) -> list[tuple[str, list[str]]]:
-    """(heading, lines) in the order they are shown: what each memory technique saved and cost where cells ran
-    with one, the parameter servers beside all-reduce where they ran, each group of comparable cells, then parity, then the cells that did not run."""
-    techniques = [(TECHNIQUES_HEADING, found.techniques)] if found.techniques else []
-    techniques += [(PARAMETER_SERVER_HEADING, found.parameter_server)] if found.parameter_server else []
-    techniques += [(CHECKPOINT_HEADING, found.checkpoint)] if found.checkpoint else []
-    return (techniques + [(group.heading, group.lines) for group in found.groups]
+def _verdict_sections(found: Verdicts, memory: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """(heading, lines) in the order they are shown: memory outside the model states where the rows read it
+    (`memory`: harness.derive.memory_flags.verdict_lines, first, so that a flagged launch is not missed), what each
+    memory technique saved and cost where cells ran with one, the parameter servers beside all-reduce where they ran,
+    each group of comparable cells, then parity, then the cells that did not run."""
+    first = [(MEMORY_HEADING, list(memory))] if memory else []
+    first += [(TECHNIQUES_HEADING, found.techniques)] if found.techniques else []
+    first += [(PARAMETER_SERVER_HEADING, found.parameter_server)] if found.parameter_server else []
+    first += [(CHECKPOINT_HEADING, found.checkpoint)] if found.checkpoint else []
+    return (first + [(group.heading, group.lines) for group in found.groups]
             + [("Loss parity", found.parity), ("Failed or skipped cells", found.not_run)])
 
 
-def verdicts_html(found: Verdicts) -> str:
+def verdicts_html(found: Verdicts, memory: Sequence[str] = ()) -> str:
     e = html.escape
     parts = ["<section id='verdicts'><h2>Verdicts</h2>",
              f"<p class='note'>Per device, workload, precision, global batch and world size. Margins are between "
@@ -78,7 +83,7 @@ def verdicts_html(found: Verdicts) -> str:
              f"communication dominates where more than {EXPOSED_DOMINATES:.0%} of the step lies beyond the "
              f"strategy's own world-size-1 step. Memory per "
              f"rank: on GPU the allocator's model states at gradients_ready; on CPU peak RSS.</p>"]
-    for heading, lines in _verdict_sections(found):
+    for heading, lines in _verdict_sections(found, memory):
         parts.append(f"<h3>{e(heading)}</h3><ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>")
     parts.append("</section>")
     return "\n".join(parts)
@@ -174,7 +179,7 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
              + (f", {len(projections)} projected rows (drawn under 'Projected scaling' only, never in the verdicts "
                 "or the table)" if projections else "")
              + f"; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.</p>",
-             verdicts_html(found)]
+             verdicts_html(found, verdict_lines(raw_rows))]
     per_workload = lambda plot, frames: [(plot(frame, w), ()) for _, frame in frames for w in workloads]  # noqa: E731
     # Each workload's throughput beside its scaling efficiency.
     speed = [figure for pair in zip(per_workload(plot_throughput, by_device), per_workload(plot_efficiency, by_device))
@@ -206,11 +211,11 @@ def html_report(summary: pd.DataFrame, table: pd.DataFrame, raw_rows: Sequence[R
 
 
 def markdown_report(summary: pd.DataFrame, environments: list[dict], sources: Sequence[Path],
-                    table: pd.DataFrame | None = None) -> str:
+                    table: pd.DataFrame | None = None, raw_rows: Sequence[Row] = ()) -> str:
     escape = lambda text: text.replace("|", "\\|")  # noqa: E731
     lines = ["# parbench report", "", f"From {', '.join(str(s) for s in sources)}; "
              f"generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", "", "## Verdicts", ""]
-    for heading, items in _verdict_sections(verdicts(summary, table)):
+    for heading, items in _verdict_sections(verdicts(summary, table), verdict_lines(raw_rows)):
         lines += [f"### {heading}", ""] + [f"- {item}" for item in items] + [""]
     lines += ["## Cells", ""]
     for found in tables(summary):
@@ -251,11 +256,17 @@ def write_report(sources: Iterable[Path], out: Path) -> list[Path]:
     commbench = read_rows(sources, kind=COMMBENCH_KIND)
     projections = read_projections(sources)
     table = launch_table(rows)
+    # Each launch's memory outside its model states (harness.derive.memory_flags) in rows.csv: whether it was flagged
+    # beside its status, the figures last.
+    table = pd.concat([table, pd.DataFrame([flag_columns(measurements(row)) for row in rows], columns=FLAG_COLUMNS,
+                                           index=table.index)], axis=1)
+    if "status" in table:
+        table.insert(table.columns.get_loc("status") + 1, "memory_flagged", table.pop("memory_flagged"))
     summary = cell_table(rows)
     environments = _environments(rows)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "report.md", out / "report.html", out / "rows.csv", out / "rows.parquet"]
-    written[0].write_text(markdown_report(summary, environments, sources, table))
+    written[0].write_text(markdown_report(summary, environments, sources, table, rows))
     written[1].write_text(html_report(summary, table, rows, commbench, environments, sources, projections))
     table.to_csv(written[2], index=False)
     table.to_parquet(written[3], index=False)
