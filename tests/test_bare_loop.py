@@ -2,8 +2,8 @@
 (harness.derive.harness_overhead): the plain loop's mean step over the bare loop's, held to 3% in the report.
 
 Launched: the plain loop and the bare loop on gpt-tiny in fp32 at world size 1 (2 launches, a few seconds each), and
-the plain loop again with every step made 1.3 times longer (`slow-step`, harness.rank.faults), which the bare loop,
-reading no fault, does not take. The verdicts' wording is judged on hand-made figures.
+the plain loop again with every step made 3 times longer (`slow-step`, harness.rank.faults) beside a second bare loop
+in the same stream, which, reading no fault, does not take it. The verdicts' wording is judged on hand-made figures.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ AT_1 = ("--workload", "gpt-tiny", "--world-sizes", "1", "--strategy")
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     streams = [Stream("plain-and-bare", (*AT_1, "plain,bare")),
-               Stream("plain-slowed", (*AT_1, "plain"), {FAULT_ENV: "slow-step:factor=1.3:rank=all:step=0"})]
+               Stream("plain-slowed", (*AT_1, "plain,bare"),
+                      {FAULT_ENV: "slow-step:factor=3:rank=all:step=0:strategy=plain"})]
     found = run_streams(tmp_path_factory.mktemp("bare"), streams)
     honest = {row.spec.strategy: row.to_dict() for row in found["plain-and-bare"]}
-    return honest["plain"], honest["bare"], found["plain-slowed"][0].to_dict()
+    slowed = {row.spec.strategy: row.to_dict() for row in found["plain-slowed"]}
+    return honest["plain"], honest["bare"], slowed
 
 
 def test_the_wide_matrix_has_the_bare_loop_beside_the_plain_loop_at_world_size_1():
@@ -70,9 +72,13 @@ def test_the_harness_overhead_is_the_plain_mean_step_over_the_bare_loops(launche
     cells = cell_table([plain, bare]).set_index("strategy")
     assert cells.loc["plain", "harness_overhead_share"] == pytest.approx(expected, rel=1e-12)
     assert cells.loc["bare", "harness_overhead_share"] == pytest.approx(expected, rel=1e-12)
-    # A plain loop 1.3 times slower is 30% over the bare loop's step, give or take this machine's launch-to-launch
-    # spread (a 2-core VM: within about 10% here): the planted cost shows, far over the limit.
-    slowed_cells = cell_table([slowed, bare]).set_index("strategy")
+    # A plain loop 3 times slower is 200% over the bare loop's step, measured against a bare loop launched beside it.
+    # Not a timing test: launch-to-launch spread on a 2-core VM under load reached 20% (a 1.3x plant once read 11%);
+    # this holds unless the bare launch runs 2.6 times slower than the plain one, and the planted cost shows far
+    # over the limit. Without the plant (the bare loop reading the fault too, or the sleep dropped) it reads near 0.
+    assert slowed["bare"]["status"] == "ok", slowed["bare"]["message"]
+    assert "step_time_s" not in slowed["bare"]["measurements"]
+    slowed_cells = cell_table([slowed["plain"], slowed["bare"]]).set_index("strategy")
     assert slowed_cells.loc["plain", "harness_overhead_share"] > 0.15 > OVERHEAD_LIMIT
 
 
