@@ -146,8 +146,15 @@ def test_without_a_budget_nothing_is_deselected(pytester, suite):
 def test_every_launch_module_has_a_turn_in_ci_s_budget():
     # .ci/run's own budget and always-taken modules, read from it: a module grown past what a window can hold beside
     # them would never run in CI, and this fails naming it.
+    # The budget checked is what CI gives it where make test takes 1.2 times its own budget, as it did in CI on
+    # 2026-11-29 (432 s of 360): 1800 - 432 - 630 = 738 s. The fault-tolerance matrix's 791 s beside the always-taken
+    # modules did not fit it as one module: it is two.
     ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
-    budget = float(re.search(r"--launch-budget (\d+)", ci).group(1))
+    whole = float(re.search(r"^BUDGET_S=(\d+)$", ci, re.M).group(1))
+    make_test = float(re.search(r'^tier "make test" (\d+)$', ci, re.M).group(1))
+    after = sum(float(s) for s in re.search(r"^AFTER_LAUNCH_S=\$\(\(([\d +]+)\)\)", ci, re.M).group(1).split("+"))
+    budget = min(float(re.search(r"^LAUNCH_BUDGET_S=(\d+)$", ci, re.M).group(1)), whole - 1.2 * make_test - after)
+    assert budget >= 600, budget
     always = re.search(r"--launch-always (\S+)", ci).group(1).split(",")
     own, streams = load_costs()
     reads = json.loads(launch_budget.LAUNCH_COSTS.read_text())["reads"]
