@@ -69,6 +69,7 @@ from harness.derive.gate import (DEFAULT_ALPHA, FASTEST_STEP_THRESHOLDS, GateRes
                                  check_thresholds, gate, launches_needed_a_side)
 from harness.derive.rows import label as row_label
 from harness.launch.processes import stop_process_tree
+from harness.launch.tether import tethered
 from harness.rank.faults import FAULT_ENV, Fault
 from harness.record import read_rows
 from harness.spec import DeviceKind, SpecError, Status
@@ -389,8 +390,8 @@ def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None, options: Se
         env.update(side.env)
         log = (logs or side.results.parent) / f"{side.name}-{index}.log"
         with open(log, "w") as out:
-            run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--matrix", matrix, *options,
-                                    "--out", str(side.results)], cwd=side.checkout, env=env, stdout=out,
+            command = [sys.executable, "-m", "harness", "run", "--matrix", matrix, *options, "--out", str(side.results)]
+            run = subprocess.Popen(tethered_in(side.checkout, command), cwd=side.checkout, env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 returncode = run.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -404,6 +405,14 @@ def matrix_launch(matrix: str = AB_MATRIX, logs: Path | None = None, options: Se
             tail = " | ".join(log.read_text().strip().splitlines()[-3:])
             raise LaunchFailed(f"{side.name} launch {index} exited {returncode} (log {log}): {tail}")
     return launch
+
+
+def tethered_in(checkout: Path, command: list[str]) -> list[str]:
+    """`command`, run in `checkout`, bound to this process by the tether (harness.launch.tether), so that an `ab`
+    killed by SIGKILL takes its running `harness run` with it, as that run takes its launches. `python -m` there
+    imports the checkout's own tether, so a base from before it (no harness/launch/tether.py) runs `command` as it
+    is."""
+    return tethered(command) if (checkout / "harness" / "launch" / "tether.py").is_file() else command
 
 
 class BudgetSpent(Exception):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -509,3 +510,28 @@ def test_an_a_a_measurement_plants_the_fault_on_the_new_side_alone_and_tallies_i
     assert lines[-1].startswith("A/B over 2 runs: 2 passed, 0 regressions, 0 failed, 0 skipped;")
     with pytest.raises(Unavailable, match=f"the base HEAD is HEAD {head[:12]} itself: nothing changed"):
         measure(repo, tmp_path / "ab2", base_ref="HEAD", launch=factory)
+
+
+def test_a_launch_is_tethered_to_ab_where_its_checkout_has_the_tether(tmp_path, monkeypatch):
+    # A SIGKILLed `ab` must take its running `harness run` with it (harness.launch.tether); a base from before the
+    # tether existed runs the command as it is, since `python -m` there imports the base's own modules.
+    started: list[list[str]] = []
+
+    class Done:
+        def __init__(self, command, **_):
+            started.append(command)
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(ab.subprocess, "Popen", Done)
+    monkeypatch.setattr(ab, "check_new_rows", lambda side, before: before + 1)
+    project = Path(__file__).resolve().parents[1]
+    old = tmp_path / "old"
+    old.mkdir()
+    for checkout in (project, old):
+        matrix_launch("smoke", tmp_path, ("--strategy", "plain"))(Side("base", checkout, "x", tmp_path / "b.jsonl"), 1)
+    tethered, bare = started
+    assert tethered[:3] == [sys.executable, "-m", "harness.launch.tether"] and "--group" in tethered
+    assert tethered[tethered.index("--") + 1:] == bare
+    assert bare[:4] == [sys.executable, "-m", "harness", "run"]
