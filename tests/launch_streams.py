@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from harness.cli import EXIT_CHECK_FAILED
+from harness.cli.run import EXIT_CHECK_FAILED
 from harness.record import read_results
 from harness.spec import RunResult
 

@@ -326,7 +326,7 @@ def test_a_cells_size_check_is_its_launch_furthest_off_the_plan_with_that_launch
 
 
 def test_a_resume_or_parity_mismatch_makes_run_exit_with_the_check_failed_status(capsys):
-    from harness.cli import EXIT_CHECK_FAILED, failed_checks, run_exit_status
+    from harness.cli.run import EXIT_CHECK_FAILED, failed_checks, run_exit_status
     from harness.spec import RunResult, Status
 
     planted = {**resumed_row(probe={**PROBE, "update_norm_first_step": 0.48}), "status": "ok", "run_id": "p"}

@@ -287,7 +287,7 @@ def test_the_gpu_table_in_the_docs_is_the_committed_h200_rows():
 
 
 def test_none_given_on_the_command_line_is_the_word_where_an_option_takes_words():
-    from harness.cli import _option
+    from harness.cli.arguments import _option
     from harness.matrix import Selection
 
     # The command line reads `=none` as None; a strategy's word-valued option gets the word back, so that

@@ -1,14 +1,19 @@
 """The command line refuses bad input with one line and exit status 2, before launching anything."""
 
+import argparse
+import ast
+import importlib
 import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.cli import build_parser, main
+from harness.cli.arguments import add_model_arguments, parser_of
 
 
 def run_cli(capsys, *args):
@@ -225,3 +230,35 @@ def test_a_compare_with_a_side_that_holds_no_rows_is_refused_naming_the_file(tmp
     for base, new in ((REFERENCE, empty), (empty, REFERENCE)):
         line = one_line_error(capsys, "compare", str(base), str(new))
         assert line == f"parbench: error: {empty} holds no cell rows: nothing to compare"
+
+
+# ---- the parser: each subcommand's arguments in its own module, and an argument several take written once ------
+
+CLI = Path(__file__).resolve().parents[1] / "harness" / "cli"
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [commands] = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    return commands.choices
+
+
+def test_every_subcommand_is_registered_by_its_own_module_under_harness_cli():
+    handlers = {name: parser.get_default("handler") for name, parser in subcommands(build_parser()).items()}
+    modules = {name: handler.__module__ for name, handler in handlers.items()}
+    assert len(set(modules.values())) == len(modules) and all(m.startswith("harness.cli.") for m in modules.values())
+    for name, module in modules.items():   # the module whose command_* it runs adds it, and nothing else
+        assert list(subcommands(parser_of(importlib.import_module(module).add_parser))) == [name]
+
+
+def test_an_argument_several_subcommands_take_alike_is_written_once():
+    calls = Counter(", ".join(ast.unparse(part) for part in (*call.args, *call.keywords))
+                    for path in sorted(CLI.glob("*.py")) for call in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument")
+    assert [call for call, count in calls.items() if count > 1] == []
+    group = argparse.ArgumentParser(add_help=False)
+    add_model_arguments(group)
+    shared = [(action.option_strings, action.type, action.help) for action in group._actions]
+    for name in ("plan", "memory"):     # both describe the model through that one group
+        taken = [(action.option_strings, action.type, action.help) for action in
+                 subcommands(build_parser())[name]._actions]
+        assert all(option in taken for option in shared), name

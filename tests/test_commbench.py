@@ -103,7 +103,7 @@ def test_comm_run_at_two_ranks_records_every_ranks_time_their_mean_and_the_slowe
 def test_comm_on_cpu_warns_past_the_cores_and_refuses_past_four_ranks_a_core_unless_told(capsys):
     import pytest
 
-    from harness.cli import check_comm_ranks
+    from harness.cli.comm import check_comm_ranks
     from harness.machine import Machine
     from harness.spec import DeviceKind, SpecError
 
@@ -123,7 +123,7 @@ def test_comm_on_cpu_warns_past_the_cores_and_refuses_past_four_ranks_a_core_unl
 def test_comm_s_refusal_says_how_many_ranks_a_core_unrounded():
     import pytest
 
-    from harness.cli import check_comm_ranks
+    from harness.cli.comm import check_comm_ranks
     from harness.machine import Machine
     from harness.spec import DeviceKind, SpecError
 

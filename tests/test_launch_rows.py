@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from harness import runner
-from harness.cli import EXIT_CHECK_FAILED, failed_checks, run_exit_status
+from harness.cli.run import EXIT_CHECK_FAILED, failed_checks, run_exit_status
 from harness.derive.cells import cell_table, launch_table
 from harness.derive.launches import last_rows
 from harness.derive.rows import load_rows

@@ -5,7 +5,8 @@ GPUs and cores are replaced by stand-ins here, so nothing depends on where the t
 import pytest
 
 from harness import machine as machine_module
-from harness.cli import build_parser, main, plan_run
+from harness.cli import build_parser, main
+from harness.cli.run import plan_run
 from harness.machine import Machine
 from harness.spec import DeviceKind
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import _count, main
+from harness.cli import main
+from harness.cli.arguments import _count
 from harness.derive.activations import llama_block_activations
 from harness.project.cluster import load_cluster, preset
 from harness.project.confidence import CONFIDENCE

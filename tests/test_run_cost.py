@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.cli import run_header
+from harness.cli.run import run_header
 from harness.matrix import Machine, Selection, build_matrix
 from harness.run_cost import DEFAULT_RUN_BUDGET_S, planned_seconds
 from harness.runner import Planned
