@@ -60,9 +60,9 @@ def test_a_change_to_the_rank_loop_touches_no_strategy_and_one_to_base_touches_a
 
 
 def test_the_estimate_is_launches_times_both_sides_times_harness_start_and_each_cell():
-    # DDP alone, 8 a side: 2 x 8 x (1.8 + 5.2) = 112 s; with ZeRO-2, 2 x 8 x (1.8 + 5.2 + 10.6) = 281.6 s.
-    assert estimated_seconds(["ddp"], 8) == pytest.approx(112.0)
-    assert estimated_seconds(["ddp", "zero2"], 8) == pytest.approx(281.6)
+    # DDP alone, 8 a side: 2 x 8 x (4.0 + 14.8) = 300.8 s; with ZeRO-2, 2 x 8 x (4.0 + 14.8 + 25.0) = 700.8 s.
+    assert estimated_seconds(["ddp"], 8) == pytest.approx(300.8)
+    assert estimated_seconds(["ddp", "zero2"], 8) == pytest.approx(700.8)
 
 
 def test_ddp_alone_takes_eight_launches_a_side():
@@ -70,16 +70,25 @@ def test_ddp_alone_takes_eight_launches_a_side():
     assert choice.timed == ("ddp",) and choice.launches == AB_LAUNCHES == 8 and not choice.left_out
 
 
-def test_a_change_to_zero_times_every_stage_at_five_launches_and_names_autotp_left_out():
-    # 4 cells x 3 metrics = 12: the gate needs 1 / C(2n, n) <= 0.05 / 12 = 0.00417, so n >= 5 (1 / 252 = 0.00397);
-    # at 5 a side: 2 x 5 x (1.8 + 5.2 + 10.7 + 10.6 + 13.0) = 413 s <= 420; at 6, 495.6 s > 420.
+def test_a_change_to_zero_times_its_stages_in_turn_beside_ddp_and_names_the_rest_left_out():
+    # DDP and one stage, 2 cells x 3 metrics = 6: the gate needs 1 / C(2n, n) <= 0.05 / 6 = 0.00833, so n >= 5
+    # (1 / 252 = 0.00397; at 4, 1 / 70 = 0.0143). ZeRO-1 at 5 a side: 2 x 5 x (4.0 + 14.8 + 25.1) = 439 s <= 540, at 6
+    # 526.8 s <= 540, at 7 614.6 s > 540. A second stage: 9 metrics, still 5 a side: 2 x 5 x (4.0 + 14.8 + 25.1 + 25.0)
+    # = 689 s > 540. ZeRO-3 first: 2 x 5 x (4.0 + 14.8 + 31.5) = 503 s, at 6 603.6 s: 5 a side.
     touched = {name: ["harness/strategies/zero.py"] for name in ("zero1", "zero2", "zero3", "autotp")}
-    choice = choose_cells(touched, {"zero1", "zero2", "zero3"}, rotation=1)
-    assert set(choice.timed) == {"ddp", "zero1", "zero2", "zero3"} and choice.launches == 5
-    # AutoTP only imports zero.py, so it comes after the stages whose own module changed, and does not fit.
-    assert list(choice.left_out) == ["autotp"] and "budget" in choice.left_out["autotp"]
-    assert estimated_seconds(choice.timed, 5) == pytest.approx(413.0)
-    assert estimated_seconds(choice.timed, 5) <= AB_BUDGET_S < estimated_seconds(choice.timed, 6)
+    must = {"zero1", "zero2", "zero3"}
+    firsts = {}
+    for rotation in range(3):
+        choice = choose_cells(touched, must, rotation=rotation)
+        assert len(choice.timed) == 2 and choice.timed[0] == "ddp"
+        firsts[choice.timed[1]] = choice.launches
+        # AutoTP only imports zero.py: after the stages whose own module changed, never before them.
+        assert list(choice.left_out)[-1] == "autotp" and "budget" in choice.left_out["autotp"]
+        assert all("its own code changed, but past" in choice.left_out[name] for name in must - set(choice.timed))
+    assert firsts == {"zero1": 6, "zero2": 6, "zero3": 5}
+    assert estimated_seconds(("ddp", "zero1"), 6) == pytest.approx(526.8) and 526.8 <= AB_BUDGET_S
+    assert estimated_seconds(("ddp", "zero3"), 5) == pytest.approx(503.0)
+    assert estimated_seconds(("ddp", "zero3"), 6) == pytest.approx(603.6) and 503.0 <= AB_BUDGET_S < 603.6
 
 
 def test_the_rotation_gives_each_touched_strategy_its_turn_and_dataparallel_is_left_out_with_its_reason():
