@@ -49,19 +49,19 @@ def test_a_cells_wall_time_and_gpu_hours_are_the_hand_worked_figures():
     # At a compute MFU of 0.4 (given), the plain loop at one GPU, no collectives: a step = 65536 samples x
     # 101,990,400 / (989.4e12 x 0.4)
     #   = 6.68403e12 / 3.9576e14 = 0.0168891 s
-    # A launch starts in 3.6 s (harness.ab.LAUNCH_SECONDS["plain"]) and runs 2 + 998 = 1000 steps; 3 repeats:
-    #   wall = 3 x (3.6 + 1000 x 0.0168891) = 3 x 20.4891 = 61.4674 s; GPU-hours = 61.4674 x 1 GPU / 3600 = 0.0170743
+    # A launch starts in 9.4 s (harness.ab.LAUNCH_SECONDS["plain"]) and runs 2 + 998 = 1000 steps; 3 repeats:
+    #   wall = 3 x (9.4 + 1000 x 0.0168891) = 3 x 26.2891 = 78.8674 s; GPU-hours = 78.8674 x 1 GPU / 3600 = 0.0219076
     cluster = load_cluster("dgx-h100-ib")
     [cell] = project_cells([tiny("plain", 1)], cluster, mfu=0.4)
-    assert cell.start_s == 3.6
+    assert cell.start_s == 9.4
     assert math.isclose(cell.step_s, 0.0168891, rel_tol=1e-5)
-    assert math.isclose(cell.wall_s, 61.4674, rel_tol=1e-5)
-    assert math.isclose(cell.gpu_hours, 0.0170743, rel_tol=1e-5)
+    assert math.isclose(cell.wall_s, 78.8674, rel_tol=1e-5)
+    assert math.isclose(cell.gpu_hours, 0.0219076, rel_tol=1e-5)
     # The header sums the cells it can price, the cells' GPU-hours and the reservation's (1 node x 8 GPUs x the wall:
-    # 8 x 0.0170743 = 0.136594); the cell's own line shows the formula's terms.
+    # 8 x 0.0219076 = 0.175261); the cell's own line shows the formula's terms.
     header = projected_lines([cell], cluster, "a test's", nodes=1)
-    assert header[0] == ("projected, not measured: 0.0171 h of launches one after another; 0.0171 GPU-hours in the "
-                         "cells (each its own GPUs), 0.137 GPU-hours reserved (1 node(s) x 8 GPUs x the wall time), "
+    assert header[0] == ("projected, not measured: 0.0219 h of launches one after another; 0.0219 GPU-hours in the "
+                         "cells (each its own GPUs), 0.175 GPU-hours reserved (1 node(s) x 8 GPUs x the wall time), "
                          "for 1 of the 1 cells")
     assert "cluster dgx-h100-ib (a test's): NVIDIA H100 80GB HBM3" in header[1]
     assert header[2] == "  compute MFU of 1 cell(s): given"
@@ -95,7 +95,7 @@ def test_gpu_hours_count_every_gpu_of_the_cell_and_its_collectives_add_to_its_st
     step = cell_step(tiny("ddp", 8), cluster, mfu=0.4)
     assert math.isclose(step.compute_s, 0.0168891 / 8, rel_tol=1e-5) and step.comm_s > 0
     assert eight.step_s == step.compute_s + step.comm_s
-    assert math.isclose(eight.wall_s, 3 * (5.2 + 1000 * eight.step_s))        # LAUNCH_SECONDS["ddp"] = 5.2
+    assert math.isclose(eight.wall_s, 3 * (14.8 + 1000 * eight.step_s))       # LAUNCH_SECONDS["ddp"] = 14.8
     assert math.isclose(eight.gpu_hours, eight.wall_s * 8 / 3600)
     header = projected_lines([one, eight], cluster, "a test's", nodes=4)[0]
     wall = one.wall_s + eight.wall_s
