@@ -20,7 +20,7 @@ smoke: setup
 # The README's test command: the unit tier (no process started) and tests/test_core_launch.py, which starts each
 # launcher once end to end (torchrun, DeepSpeed's, horovodrun): 6.5 minutes from a fresh clone here, setup included.
 test: setup
-	$(PYTHON) -m pytest -m "not launch or core"
+	$(PYTHON) -m pytest -m "not launch or core" -n auto
 
 # Every other test that launches ranks: about an hour on a 2-core machine. CI takes a budget of them a commit, the
 # change's own first and the rest in turn (.ci/run's launch tier, tests/launch_budget.py); run this in full after a
@@ -36,7 +36,7 @@ test-matrix: setup test-tools
 
 # The unit tier: the tests that start no process (marked otherwise `launch`; tests/launch_guard.py), under a minute.
 test-unit: setup
-	$(PYTHON) -m pytest -m "not launch"
+	$(PYTHON) -m pytest -m "not launch" -n auto
 
 # Build the reproduction image on a local Debian base and run cells in it (root; docs/setup.md). CI runs it
 # when the image's inputs changed since the commit recorded in .ci/docker-check-passed.
