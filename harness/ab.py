@@ -23,12 +23,15 @@ How:
 - the cells (`select_cells`), among the strategies both sides have: gpt-tiny at 2 ranks under DDP on every change
   (the step loop and the runner every strategy runs), and under each strategy the change touches (harness.touched:
   a file a cell of it runs differs from the base: its module, its launcher's, what they import, gpt-tiny's
-  workload files; a registry's changed entries alone count for the strategies they build). First those whose own
-  module or a family module they run changed (harness.touched.must_time: `deepspeed_common.py` is ZeRO-1/2/3's,
-  the pipeline's and AutoTP's), in the registry's order, never rotated out; then the others touched, turned by the
-  head commit. Each is added while the cells fit the tier's budget (`AB_BUDGET_S`, from each strategy's measured
-  seconds a launch, `LAUNCH_SECONDS`) at the launches the gate needs, the launches a side going down to the
-  gate's least before a strategy is left out; the ones left out are named, never passed in silence;
+  workload files; a registry's changed entries alone count for the strategies they build), each added while the
+  cells fit the tier's budget (`AB_BUDGET_S`, 620 s, planned at `AB_ESTIMATE_MARGIN` times each strategy's
+  measured seconds a launch, `LAUNCH_SECONDS`) at the launches the gate needs, the launches a side going down to the
+  gate's least before a strategy is left out, the touched turned by the head commit. Where a strategy's own module
+  or a family module it runs changed (harness.touched.must_time: `deepspeed_common.py` is ZeRO-1/2/3's, the
+  pipeline's and AutoTP's), those come first, in the registry's order and never turned, at the gate's least
+  launches, in a budget raised for them as far as `AB_MUST_TIME_BUDGET_S` (ZeRO-1/2/3 take 984 s of it), DDP beside
+  them where it still fits; `.ci/run` leaves the tier that budget (`harness ab --print-budget`). The ones left out
+  are named, never passed in silence;
 - a launch is one `python -m harness run --matrix smoke --strategy ... --out SIDE.jsonl` with this interpreter (the same
   virtual environment), started in the side's checkout: python puts the working folder first on sys.path,
   so `harness` is that side's code, and so is every rank it starts (`-m harness.rank.worker` in the
@@ -131,12 +134,21 @@ LAUNCH_SECONDS = {"plain": 9.4, "bare": 8.8, "ddp": 14.8, "horovod": 17.3, "zero
                   "zero3": 31.5, "fsdp2": 20.9, "pipeline": 22.7, "tp": 32.3, "fsdp2-tp": 34.9, "autotp": 30.9,
                   "ps": 12.2, "ps-async": 14.9}
 UNMEASURED_LAUNCH_S = 35.0      # a strategy registered since (another test's, a new one): as the slowest
-# The tier's budget of launch time, both sides: DDP's cell and the touched strategies' that fit. 9 minutes keeps
-# .ci/run inside its 30 (README, "Tests") with the other tiers' times measured in a fresh-clone rehearsal of it, and
-# holds DDP with any one other strategy at the 5 launches a side their family of 6 metrics needs (DDP with FSDP2+TP,
-# the slowest, 537 s), or DDP alone at 8 (301 s). It holds no more: DDP with ZeRO-1/2/3, what a change to
-# deepspeed_common.py touches, would take 1,004 s, so those take turns (`choose_cells`).
-AB_BUDGET_S = 540.0
+# The tier's budget of launch time, both sides, for most changes: DDP's cell and the touched strategies' that fit.
+# About 10 minutes: it holds DDP with any one other strategy at the 5 launches a side their family of 6 metrics needs,
+# planned with its margin (the slowest, FSDP2+TP: 1.15 x 2 x 5 x (4.0 + 14.8 + 34.9) = 617.6 s), or DDP alone at 8
+# (345.9 s); .ci/run's launch tier takes what the 30 minutes leave beside it.
+AB_BUDGET_S = 620.0
+# The most a change to a strategy's own code, or to its family's module, may take: its strategies are timed at the
+# gate's least launches, and the tier's budget is raised as far as this to hold them (.ci/run asks for it before its
+# launch tier, `harness ab --print-budget`, and that tier takes less). A change to deepspeed_common.py times ZeRO-1/2/3
+# at 5 a side: 2 x 5 x (4.0 + 25.1 + 25.0 + 31.5) = 856 s, x 1.15 = 984 s; DDP beside them would take 1,155 s.
+AB_MUST_TIME_BUDGET_S = 1000.0
+# The tier plans at this multiple of its estimates: launches inside the tier ran over LAUNCH_SECONDS' medians (a
+# fresh-clone .ci/run rehearsal on 2026-11-29: DDP 16.6 s against 14.8, the plain loop 11.5 against 9.4; a run of DDP
+# and ZeRO-1 on 2026-11-29: 15.8 and 27.5 s against 14.8 and 25.1, `harness run`'s own start 4.6 s against 4.0), and a
+# tier planned at the bare estimate stops a pair short of the launches the gate needs ("budget spent").
+AB_ESTIMATE_MARGIN = 1.15
 
 
 def one_launch_seconds(strategies: Sequence[str]) -> float:
@@ -149,11 +161,20 @@ def estimated_seconds(strategies: Sequence[str], launches: int) -> float:
     return 2 * launches * one_launch_seconds(strategies)
 
 
+def least_launches(strategies: Sequence[str]) -> int:
+    """The fewest launches a side at which the gate can judge every metric of these cells' family."""
+    return max(MIN_LAUNCHES, launches_needed_a_side(DEFAULT_ALPHA / (CPU_METRICS_A_CELL * len(strategies))))
+
+
+def planned_seconds(strategies: Sequence[str], launches: int) -> float:
+    """What the tier plans for `launches` a side of these cells: the estimate with its margin (AB_ESTIMATE_MARGIN)."""
+    return AB_ESTIMATE_MARGIN * estimated_seconds(strategies, launches)
+
+
 def launches_a_side(strategies: Sequence[str], budget_s: float = AB_BUDGET_S, most: int = AB_LAUNCHES) -> int | None:
-    """The launches a side the tier takes for these cells: as many as the budget holds, up to `most`, and never
-    fewer than the gate needs to judge every metric of their family; None where the budget holds fewer."""
-    needed = max(MIN_LAUNCHES, launches_needed_a_side(DEFAULT_ALPHA / (CPU_METRICS_A_CELL * len(strategies))))
-    fits = [n for n in range(needed, most + 1) if estimated_seconds(strategies, n) <= budget_s]
+    """The launches a side the tier takes for these cells: as many as the budget holds at the planned seconds, up to
+    `most`, and never fewer than the gate needs to judge every metric of their family; None where it holds fewer."""
+    fits = [n for n in range(least_launches(strategies), most + 1) if planned_seconds(strategies, n) <= budget_s]
     return max(fits) if fits else None
 
 
@@ -166,6 +187,7 @@ class CellChoice:
     why: Mapping[str, str]              # strategy: "always" or the changed files it runs
     left_out: Mapping[str, str]         # strategy: the reason
     launches: int
+    budget_s: float = AB_BUDGET_S       # the tier's budget for them: AB_BUDGET_S, or raised for a strategy's own code
     new: tuple[str, ...] = ()
     gone: tuple[str, ...] = ()
 
@@ -176,7 +198,8 @@ class CellChoice:
     def describe(self) -> str:
         timed = "; ".join(f"{name} ({self.why[name]})" for name in self.timed)
         line = (f"A/B cells: {AB_WORKLOAD} at {AB_WORLD_SIZE} ranks under {timed}; {self.launches} launches a side, "
-                f"about {self.estimated_s() / 60:.1f} min of the tier's {AB_BUDGET_S / 60:.0f}-minute budget")
+                f"{self.estimated_s():.0f} s estimated, planned at {AB_ESTIMATE_MARGIN:g} times that within the tier's "
+                f"{self.budget_s:.0f}-s budget")
         if self.left_out:
             line += "; not timed: " + "; ".join(f"{name} ({why})" for name, why in self.left_out.items())
         line += "".join(f"; new: {name} (nothing to compare: one launch on the new side alone, to prove it starts)"
@@ -187,37 +210,64 @@ class CellChoice:
 
 
 def choose_cells(touched: Mapping[str, Sequence[str]], must_time: Mapping[str, Sequence[str]] | set[str], *,
-                 rotation: int = 0, budget_s: float = AB_BUDGET_S) -> CellChoice:
-    """AB_ALWAYS, then the touched strategies that must be timed (their own module or their family's shared module
-    changed: harness.touched.must_time), then the others touched, each list in the registry's order turned by
-    `rotation` (the head commit's, so that over commits each gets its turn). Each is added where the cells with it
-    still fit `budget_s` at the launches the gate needs: the more cells, the fewer launches a side (down to the
-    gate's least for their family; AB_LAUNCHES at most). A must-time strategy comes before every other touched one,
-    and is left out, named, only where even the gate's least launches cannot hold it beside those before it: on the
-    2-core VM one strategy beside DDP fits, so a family module's strategies (ZeRO-1/2/3, the pipeline, AutoTP) take
-    turns over commits."""
-    timed = list(AB_ALWAYS)
-    why = {name: "always" for name in AB_ALWAYS}
+                 rotation: int = 0, budget_s: float = AB_BUDGET_S,
+                 most_s: float = AB_MUST_TIME_BUDGET_S) -> CellChoice:
+    """The cells the tier times, and its budget.
+
+    Where no strategy's own code changed: AB_ALWAYS (DDP: the step loop and the runner every strategy runs), then the
+    touched strategies turned by `rotation` (the head commit's, so that over commits each gets its turn), each added
+    where the cells with it fit `budget_s` at the launches the gate needs: the more cells, the fewer launches a side,
+    down to the gate's least for their family (AB_LAUNCHES at most).
+
+    Where some did (harness.touched.must_time: a strategy's own module, or a family module it runs): those strategies
+    in the registry's order, never turned, so that a family's first members (deepspeed_common.py: ZeRO-1/2/3) are
+    timed on every such change, each added while they fit `most_s` at the gate's least launches; then DDP where it
+    still fits beside them (the step loop it stands for runs in their cells too); the tier's budget is what they need,
+    `budget_s` at least. The other touched strategies follow in turn, in that budget. Whatever is left out is named."""
+    why: dict[str, str] = {}
     left_out: dict[str, str] = {}
     candidates = [name for name in touched if name not in AB_ALWAYS]
     for name in candidates:
         if name in AB_NOT_ON_CPU:
             left_out[name] = AB_NOT_ON_CPU[name]
     candidates = [name for name in candidates if name not in AB_NOT_ON_CPU]
-    for name in _turned([n for n in candidates if n in must_time], rotation) + \
-            _turned([n for n in candidates if n not in must_time], rotation):
-        if launches_a_side([*timed, name], budget_s) is not None:
-            timed.append(name)
-            files = touched[name]
-            why[name] = (("its own code changed: " if name in must_time else "touched: ") + ", ".join(files[:2])
-                         + (f" and {len(files) - 2} more" if len(files) > 2 else ""))
+
+    def least_s(cells: Sequence[str]) -> float:
+        return planned_seconds(cells, least_launches(cells))
+
+    def because(name: str) -> str:
+        files = touched[name]
+        return (("its own code changed: " if name in must_time else "touched: ") + ", ".join(files[:2])
+                + (f" and {len(files) - 2} more" if len(files) > 2 else ""))
+
+    own: list[str] = []
+    for name in (n for n in candidates if n in must_time):
+        if least_s([*own, name]) <= most_s:
+            own.append(name)
+            why[name] = because(name)
         else:
-            mine = "its own code changed, but " if name in must_time else "touched, but "
-            left_out[name] = mine + f"past the tier's {budget_s / 60:.0f}-minute budget with the cells above"
-    launches = launches_a_side(timed, budget_s)
+            left_out[name] = (f"its own code changed, but past the {most_s:.0f}-s budget the tier may take for a "
+                              f"strategy's own code, with the cells before it; `harness ab --strategy {name}` times it")
+    if own and least_s([*AB_ALWAYS, *own]) > most_s:
+        timed = own
+        for name in AB_ALWAYS:
+            left_out[name] = (f"past the {most_s:.0f}-s budget beside {', '.join(own)}, whose own code changed; the "
+                              f"step loop and runner it stands for run in their cells")
+    else:
+        timed = [*AB_ALWAYS, *own]
+        why.update({name: "always" for name in AB_ALWAYS})
+    budget = max(budget_s, least_s(timed)) if own else budget_s
+    for name in _turned([n for n in candidates if n not in must_time], rotation):
+        if launches_a_side([*timed, name], budget) is not None:
+            timed.append(name)
+            why[name] = because(name)
+        else:
+            left_out[name] = f"touched, but past the tier's {budget:.0f}-s budget with the cells above"
+    launches = launches_a_side(timed, budget)
     if launches is None:
-        raise SpecError(f"the A/B budget of {budget_s:.0f} s does not hold {', '.join(timed)} at the launches the gate needs")
-    return CellChoice(tuple(timed), why, left_out, launches)
+        raise SpecError(f"the A/B budget of {budget:.0f} s does not hold {', '.join(timed)} at the launches the gate "
+                        f"needs")
+    return CellChoice(tuple(timed), why, left_out, launches, budget)
 
 
 def _turned(names: list[str], rotation: int) -> list[str]:
@@ -240,10 +290,13 @@ def registries(repo: Path, base_commit: str, head: str) -> tuple[list[str], list
     return base, this
 
 
-def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_BUDGET_S) -> CellChoice:
+def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_BUDGET_S,
+                 most_s: float = AB_MUST_TIME_BUDGET_S, cap_s: float | None = None) -> CellChoice:
     """The tier's cells for the change from `base_commit` to this checkout (harness.touched), among the strategies
     both register: each side is sent only strategies it has. A strategy new on this side is named new and launched
-    once here; one the base has and this checkout lacks is named gone. The new one's launch comes out of the budget."""
+    once here; one the base has and this checkout lacks is named gone. The new one's launch comes out of the budget.
+    `cap_s` holds both budgets to at most that (.ci/run's: what its 30 minutes leave the tier); Unavailable where it
+    holds not even DDP's cell at the gate's least launches."""
     from harness.strategies import STRATEGIES
     from harness.touched import must_time, touched_strategies
 
@@ -252,9 +305,28 @@ def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_B
     gone = tuple(name for name in base_names if name not in head_names)
     both = {name: STRATEGIES[name] for name in head_names if name in base_names and name in STRATEGIES}
     touched = touched_strategies(repo, base_commit, both, workload=AB_WORKLOAD)
+    proving = AB_ESTIMATE_MARGIN * one_launch_seconds(new) if new else 0.0
+    if cap_s is not None:
+        budget_s, most_s = min(budget_s, cap_s), min(most_s, cap_s)
+        if launches_a_side(AB_ALWAYS, budget_s - proving) is None:
+            raise Unavailable(f"the tier's budget, capped at {cap_s:.0f} s (what CI's 30 minutes leave it), holds no "
+                              f"cell at the launches the gate needs")
     choice = choose_cells(touched, must_time(repo, touched, both), rotation=int(head[:8], 16),
-                          budget_s=budget_s - (one_launch_seconds(new) if new else 0.0))
-    return replace(choice, new=new, gone=gone)
+                          budget_s=budget_s - proving, most_s=most_s - proving)
+    return replace(choice, budget_s=choice.budget_s + proving, new=new, gone=gone)
+
+
+def planned_budget(repo: Path, base_ref: str = BASE_DEFAULT, cap_s: float | None = None) -> float:
+    """The seconds of launch time the tier's own choice of cells for this change is held to (`select_cells`), 0 where
+    it would judge nothing (no base to measure against): what .ci/run leaves the tier (`harness ab --print-budget`)."""
+    try:
+        head = head_commit(repo)
+        base_commit = resolve_base(repo, base_ref)
+        if base_commit == head:
+            return 0.0
+        return select_cells(repo, base_commit, head, cap_s=cap_s).budget_s
+    except Unavailable:
+        return 0.0
 
 
 class Outcome(enum.StrEnum):
@@ -569,12 +641,14 @@ def _load() -> str:
 def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = False, repeat: int = 1,
             min_launches: int | None = None, thresholds: Mapping[str, float] | None = None,
             plant_new: str = "", matrix: str = AB_MATRIX, strategies: Sequence[str] | None = None,
+            budget_cap_s: float | None = None,
             launch: Callable[..., Launch] = matrix_launch, say: Callable[[str], None] = print) -> list[TierResult]:
     """The tier `repeat` times, each into OUT/runK/{base,new}.jsonl, the base checkout made once. With
     `a_a` the base is HEAD itself: every regression is then a false alarm. `plant_new` is a PARBENCH_FAULT
     for the new side's launches alone (the base's never inherit one). The cells: `tier_plan`; a strategy new on
     this side is launched once, on this side alone, before the launches in turns (its failure fails the tier).
-    The tier's own choice of cells keeps to AB_BUDGET_S of wall time a run (`run_tier`, and each launch's deadline)."""
+    The tier's own choice of cells keeps to its budget of wall time a run (`select_cells`; `run_tier`, and each
+    launch's deadline)."""
     if repeat < 1 or (min_launches is not None and min_launches < MIN_LAUNCHES):
         raise SpecError(f"--repeat must be >= 1 and --launches >= {MIN_LAUNCHES}, got {repeat} and {min_launches}")
     try:
@@ -602,7 +676,7 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
     if base_commit == head and not a_a:
         raise Unavailable(f"the base {base_ref} is HEAD {head[:12]} itself: nothing changed to measure")
     dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no").stdout.strip())
-    plan = tier_plan(repo, base_commit, head, matrix, strategies, say)
+    plan = tier_plan(repo, base_commit, head, matrix, strategies, say, budget_cap_s)
     min_launches = min_launches or plan.launches
     say(f"A/B: base {base_commit[:12]}{' (HEAD: an A/A run)' if a_a else ''} vs new {head[:12]}"
         f"{' with uncommitted changes' if dirty else ''} (this checkout), the {matrix} matrix, launches in turns, "
@@ -640,7 +714,7 @@ def measure(repo: Path, out: Path, *, base_ref: str = BASE_DEFAULT, a_a: bool = 
                 f"in {spent}, load before {load}, after {_load()}; separations: {separations(result.gate)}")
             results.append(result)
     say(f"A/B tier: {time.monotonic() - tier_began:.0f} s in all, choosing cells and the base's checkout included"
-        + ("" if plan.budget_s is None else f"; its launches' budget {plan.budget_s:.0f} s a run (AB_BUDGET_S)"))
+        + ("" if plan.budget_s is None else f"; its launches' budget {plan.budget_s:.0f} s a run"))
     if repeat > 1:
         say(tally(results))
     return results
@@ -660,7 +734,7 @@ class TierPlan:
 
 
 def tier_plan(repo: Path, base_commit: str, head: str, matrix: str, strategies: Sequence[str] | None,
-              say: Callable[[str], None]) -> TierPlan:
+              say: Callable[[str], None], budget_cap_s: float | None = None) -> TierPlan:
     """The cells: `strategies` where given, else on the smoke matrix DDP and what the change touches (`select_cells`,
     in its budget), else the matrix as it is; a strategy the base does not register goes to the new side alone."""
     if strategies:
@@ -674,11 +748,11 @@ def tier_plan(repo: Path, base_commit: str, head: str, matrix: str, strategies: 
                         LAUNCH_OPTIONS + ("--strategy", ",".join(new_only)), AB_LAUNCHES, None, 0.0)
     if matrix != AB_MATRIX:
         return TierPlan(LAUNCH_OPTIONS, (), (), AB_LAUNCHES, None, 0.0)
-    choice = select_cells(repo, base_commit, head)
+    choice = select_cells(repo, base_commit, head, cap_s=budget_cap_s)
     say(choice.describe())
     cells = LAUNCH_OPTIONS + ("--workload", AB_WORKLOAD, "--world-sizes", str(AB_WORLD_SIZE), "--strategy")
     return TierPlan(cells + (",".join(choice.timed),), choice.new, cells + (",".join(choice.new),), choice.launches,
-                    AB_BUDGET_S, 2 * one_launch_seconds(choice.timed))
+                    choice.budget_s, 2 * one_launch_seconds(choice.timed))
 
 
 def prove_new(side: Side, launch: Launch) -> str:

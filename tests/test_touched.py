@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.ab import AB_BUDGET_S, AB_LAUNCHES, choose_cells, estimated_seconds, launches_a_side
+from harness.ab import (AB_BUDGET_S, AB_LAUNCHES, AB_MUST_TIME_BUDGET_S, choose_cells, estimated_seconds,
+                        launches_a_side, planned_seconds)
 from harness.strategies import STRATEGIES
 from harness.touched import strategy_files, touched_strategies
 
@@ -70,25 +71,44 @@ def test_ddp_alone_takes_eight_launches_a_side():
     assert choice.timed == ("ddp",) and choice.launches == AB_LAUNCHES == 8 and not choice.left_out
 
 
-def test_a_change_to_zero_times_its_stages_in_turn_beside_ddp_and_names_the_rest_left_out():
-    # DDP and one stage, 2 cells x 3 metrics = 6: the gate needs 1 / C(2n, n) <= 0.05 / 6 = 0.00833, so n >= 5
-    # (1 / 252 = 0.00397; at 4, 1 / 70 = 0.0143). ZeRO-1 at 5 a side: 2 x 5 x (4.0 + 14.8 + 25.1) = 439 s <= 540, at 6
-    # 526.8 s <= 540, at 7 614.6 s > 540. A second stage: 9 metrics, still 5 a side: 2 x 5 x (4.0 + 14.8 + 25.1 + 25.0)
-    # = 689 s > 540. ZeRO-3 first: 2 x 5 x (4.0 + 14.8 + 31.5) = 503 s, at 6 603.6 s: 5 a side.
+def test_a_change_to_zero_times_all_three_stages_at_the_gates_least_launches_in_a_raised_budget():
+    # The three stages whose own module changed, 3 cells x 3 metrics = 9: the gate needs 1 / C(2n, n) <= 0.05 / 9 =
+    # 0.00556, so n >= 5 (1 / 252 = 0.00397; at 4, 1 / 70 = 0.0143). Planned at 1.15 times the estimate:
+    # 1.15 x 2 x 5 x (4.0 + 25.1 + 25.0 + 31.5) = 1.15 x 856 = 984.4 s <= 1,000, at 6 1,181.3 s. DDP beside them, 12
+    # metrics, still 5 a side: 1.15 x 2 x 5 x (4.0 + 14.8 + 25.1 + 25.0 + 31.5) = 1,154.6 s > 1,000, left out. AutoTP,
+    # which only imports zero.py, is no stage's: touched, and past the 984.4 s budget beside them. Never turned.
     touched = {name: ["harness/strategies/zero.py"] for name in ("zero1", "zero2", "zero3", "autotp")}
     must = {"zero1", "zero2", "zero3"}
-    firsts = {}
-    for rotation in range(3):
+    for rotation in range(4):
         choice = choose_cells(touched, must, rotation=rotation)
-        assert len(choice.timed) == 2 and choice.timed[0] == "ddp"
-        firsts[choice.timed[1]] = choice.launches
-        # AutoTP only imports zero.py: after the stages whose own module changed, never before them.
-        assert list(choice.left_out)[-1] == "autotp" and "budget" in choice.left_out["autotp"]
-        assert all("its own code changed, but past" in choice.left_out[name] for name in must - set(choice.timed))
-    assert firsts == {"zero1": 6, "zero2": 6, "zero3": 5}
-    assert estimated_seconds(("ddp", "zero1"), 6) == pytest.approx(526.8) and 526.8 <= AB_BUDGET_S
-    assert estimated_seconds(("ddp", "zero3"), 5) == pytest.approx(503.0)
-    assert estimated_seconds(("ddp", "zero3"), 6) == pytest.approx(603.6) and 503.0 <= AB_BUDGET_S < 603.6
+        assert choice.timed == ("zero1", "zero2", "zero3") and choice.launches == 5
+        assert choice.budget_s == pytest.approx(984.4)
+        assert set(choice.left_out) == {"ddp", "autotp"}
+        assert "past the 1000-s budget beside zero1, zero2, zero3" in choice.left_out["ddp"]
+        assert choice.left_out["autotp"] == "touched, but past the tier's 984-s budget with the cells above"
+    assert planned_seconds(("zero1", "zero2", "zero3"), 5) == pytest.approx(984.4)
+    assert planned_seconds(("zero1", "zero2", "zero3"), 6) == pytest.approx(1181.28)
+    with_ddp = planned_seconds(("ddp", "zero1", "zero2", "zero3"), 5)
+    assert with_ddp == pytest.approx(1154.6) and with_ddp > AB_MUST_TIME_BUDGET_S
+
+
+def test_one_strategy_s_own_change_is_timed_beside_ddp_in_the_usual_budget():
+    # FSDP2 alone would need 4 a side (3 metrics: 1 / 70 <= 0.05 / 3): 1.15 x 2 x 4 x (4.0 + 20.9) = 229.1 s, under
+    # the usual 620 s, which is then the budget. Beside DDP, 6 metrics, 5 a side at least: 1.15 x 2 x n x (4.0 + 14.8 +
+    # 20.9) = 91.31 n s: 547.9 at 6 <= 620 < 639.2 at 7, so 6 a side.
+    choice = choose_cells({"fsdp2": ["harness/strategies/fsdp2.py"]}, {"fsdp2"})
+    assert choice.timed == ("ddp", "fsdp2") and choice.launches == 6 and choice.budget_s == AB_BUDGET_S == 620
+    assert planned_seconds(("ddp", "fsdp2"), 6) == pytest.approx(547.86)
+    assert planned_seconds(("ddp", "fsdp2"), 7) == pytest.approx(639.17)
+
+
+def test_a_pair_of_one_family_is_timed_with_ddp_in_the_budget_they_need():
+    # tp.py is tp's own module and FSDP2+TP's family module: 1.15 x 2 x 5 x (4.0 + 32.3 + 34.9) = 818.8 s; with DDP
+    # (9 metrics, 5 a side) 1.15 x 2 x 5 x (4.0 + 14.8 + 32.3 + 34.9) = 989 s <= 1,000: all three, in 989 s.
+    touched = {name: ["harness/strategies/tp.py"] for name in ("tp", "fsdp2-tp")}
+    choice = choose_cells(touched, set(touched))
+    assert choice.timed == ("ddp", "tp", "fsdp2-tp") and choice.launches == 5
+    assert choice.budget_s == pytest.approx(989.0) and not choice.left_out
 
 
 def test_the_rotation_gives_each_touched_strategy_its_turn_and_dataparallel_is_left_out_with_its_reason():
@@ -97,4 +117,7 @@ def test_the_rotation_gives_each_touched_strategy_its_turn_and_dataparallel_is_l
     assert firsts == set(STRATEGIES) - {"ddp", "dataparallel"}
     choice = choose_cells(touched, set())
     assert "CUDA" in choice.left_out["dataparallel"]
-    assert launches_a_side(choice.timed) == choice.launches and estimated_seconds(choice.timed, choice.launches) <= AB_BUDGET_S
+    assert launches_a_side(choice.timed) == choice.launches and planned_seconds(choice.timed, choice.launches) <= AB_BUDGET_S
+    # The slowest beside DDP, FSDP2+TP, at 5 a side: 1.15 x 2 x 5 x (4.0 + 14.8 + 34.9) = 617.55 s <= 620.
+    slowest = planned_seconds(("ddp", "fsdp2-tp"), 5)
+    assert slowest == pytest.approx(617.55) and slowest <= AB_BUDGET_S

@@ -34,6 +34,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                     "alone, e.g. slow-step:factor=1.3:rank=all:step=0:strategy=ddp")
     ab.add_argument("--matrix", default="smoke", help=f"one of: {', '.join(MATRICES)} (default smoke)")
     ab.add_argument("--out", type=Path, help="folder for both sides' rows and launch logs (default results/ab-<time>)")
+    ab.add_argument("--budget-cap", type=float, metavar="SECONDS", help="hold the tier's own choice of cells to at most "
+                    "this many seconds of launches (default: its own budgets, 620 s, up to 1,000 where a strategy's "
+                    "own code changed; harness/ab.py)")
+    ab.add_argument("--print-budget", action="store_true", help="print the seconds of launch time the tier's own "
+                    "choice of cells for this change is held to (0 where it would judge nothing), and launch nothing: "
+                    ".ci/run leaves the tier that much")
     ab.add_argument("--allow-unjudged", action="store_true", help=f"exit 0 where the tier judged nothing (a shallow "
                     f"clone, a base that does not launch; default: exit {EXIT_NOTHING_JUDGED}, saying why)")
 
@@ -44,11 +50,16 @@ def command_ab(args: argparse.Namespace) -> int:
 
     if args.matrix not in MATRICES:
         raise SpecError(f"--matrix {args.matrix!r}: known: {', '.join(MATRICES)}")
+    if args.budget_cap is not None and not args.budget_cap > 0:
+        raise SpecError(f"--budget-cap {args.budget_cap:g}: a number of seconds above 0 is allowed")
+    if args.print_budget:
+        print(f"{ab.planned_budget(PROJECT_ROOT, args.base, args.budget_cap):.0f}")
+        return 0
     out = args.out or Path("results") / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         results = ab.measure(PROJECT_ROOT, out, base_ref=args.base, a_a=args.a_a, repeat=args.repeat,
                              min_launches=args.launches, thresholds=dict(args.threshold), plant_new=args.plant_new,
-                             matrix=args.matrix, strategies=args.strategy)
+                             matrix=args.matrix, strategies=args.strategy, budget_cap_s=args.budget_cap)
     except ab.Unavailable as why:
         print(f"A/B run: {ab.Outcome.SKIPPED.value}: {why}")
         return nothing_judged_status(f"nothing judged: {why}", allow=args.allow_unjudged)
