@@ -262,3 +262,14 @@ def test_an_argument_several_subcommands_take_alike_is_written_once():
         taken = [(action.option_strings, action.type, action.help) for action in
                  subcommands(build_parser())[name]._actions]
         assert all(option in taken for option in shared), name
+
+
+def test_python_m_harness_cli_runs_the_command_line_as_python_m_harness_does(monkeypatch, capsys):
+    import gc
+    import runpy
+
+    monkeypatch.setattr(gc, "freeze", lambda: None)      # harness/__main__.py's: not on this test process's objects
+    monkeypatch.setattr(sys, "argv", ["harness.cli", "list"])
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_module("harness.cli", run_name="__main__", alter_sys=True)
+    assert ended.value.code == 0 and capsys.readouterr().out.startswith("matrices:")

@@ -76,6 +76,21 @@ def test_a_resumed_launch_counts_once_in_the_report(tmp_path):
     assert verdicts(cells, launch_table(rows)).not_run == ["None: every one of the 1 cell ran."]
 
 
+def test_rows_csv_keeps_every_row_and_marks_the_one_a_later_row_replaced(tmp_path):
+    import pandas as pd
+
+    from harness.report.document import write_report
+
+    out = tmp_path / "rows.jsonl"
+    write(out, [row(started="2026-01-01T10:05:00+00:00"), row(repeat=1, started="2026-01-01T10:01:00+00:00"),
+                row(status=Status.INTERRUPTED, started="2026-01-01T10:00:00+00:00")])
+    write_report([out], tmp_path / "report")
+    table = pd.read_csv(tmp_path / "report" / "rows.csv")
+    assert table[["repeat", "status", "replaced"]].values.tolist() == [[0, "ok", False], [1, "ok", False],
+                                                                      [0, "interrupted", True]]
+    assert list(table.columns[table.columns.get_loc("status"):][:3]) == ["status", "replaced", "memory_flagged"]
+
+
 def test_a_resume_runs_again_a_launch_whose_last_row_did_not_end_ok(tmp_path, monkeypatch):
     out = tmp_path / "rows.jsonl"
     write(out, [row(started="2026-01-01T10:00:00+00:00"),

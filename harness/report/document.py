@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from harness.derive.cells import cell_table, launch_table
+from harness.derive.launches import last_row_indices
 from harness.derive.memory_flags import FLAG_COLUMNS, SECTION as MEMORY_HEADING, flag_columns, verdict_lines
 from harness.derive.rows import Row, load_rows, measurements
 from harness.derive.throughput import Basis
@@ -260,8 +261,13 @@ def write_report(sources: Iterable[Path], out: Path) -> list[Path]:
     # beside its status, the figures last.
     table = pd.concat([table, pd.DataFrame([flag_columns(measurements(row)) for row in rows], columns=FLAG_COLUMNS,
                                            index=table.index)], axis=1)
+    # A launch recorded again (`run --resume`) counts by its last row in time (harness.derive.launches): rows.csv keeps
+    # every row, each replaced one marked, so that a reader filtering on it counts what the report counts.
+    counted = set(last_row_indices(rows))
+    table["replaced"] = [index not in counted for index in range(len(rows))]
     if "status" in table:
-        table.insert(table.columns.get_loc("status") + 1, "memory_flagged", table.pop("memory_flagged"))
+        table.insert(table.columns.get_loc("status") + 1, "replaced", table.pop("replaced"))
+        table.insert(table.columns.get_loc("replaced") + 1, "memory_flagged", table.pop("memory_flagged"))
     summary = cell_table(rows)
     environments = _environments(rows)
     out.mkdir(parents=True, exist_ok=True)
