@@ -34,6 +34,7 @@ class Family(enum.StrEnum):
     RESNET = "resnet"
     GPT = "gpt"
     LLAMA = "llama"
+    MOE = "moe"
 
 
 # What initialisation calls to fill a tensor's values: torch.nn.init's functions (those torch lets a mode see) and the

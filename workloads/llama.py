@@ -114,6 +114,10 @@ class LlamaEmbedding(nn.Module):
 
 
 class LlamaBlock(nn.Module):
+    """Attention (`attend`), then the feed-forward part (`feed_forward`: here the SwiGLU MLP; workloads.moe's block
+    replaces it with experts and keeps the rest). Built and initialised in one fixed order, so that a seed gives
+    every strategy the same weights."""
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         d, hd = config.n_embd, config.head_dim
@@ -124,14 +128,21 @@ class LlamaBlock(nn.Module):
         self.wqkv = nn.Linear(d, (config.n_head + 2 * config.n_kv_head) * hd, bias=False)
         self.wo = nn.Linear(config.n_head * hd, d, bias=False)
         self.ffn_norm = nn.RMSNorm(d, eps=config.norm_eps)
-        self.w_gate_up = nn.Linear(d, 2 * config.intermediate_size, bias=False)
-        self.w_down = nn.Linear(config.intermediate_size, d, bias=False)
+        self.build_feed_forward(config)
+        self.initialise(config)
+
+    def build_feed_forward(self, config) -> None:
+        self.w_gate_up = nn.Linear(config.n_embd, 2 * config.intermediate_size, bias=False)
+        self.w_down = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def initialise(self, config) -> None:
         for linear in (self.wqkv, self.wo, self.w_gate_up, self.w_down):
             nn.init.normal_(linear.weight, std=0.02)
         for projection in (self.wo, self.w_down):      # as GPT-2 scales its residual projections
             nn.init.normal_(projection.weight, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """x and its attention's output, added."""
         qkv = self.wqkv(self.attention_norm(x))
         batch, seq = qkv.shape[0], qkv.shape[1]
         # This module's key/value heads, from its own width: (group + 2) heads of head_dim a key/value head.
@@ -140,9 +151,15 @@ class LlamaBlock(nn.Module):
         q, k, v = (t.reshape(batch, seq, -1, self.head_dim).transpose(1, 2) for t in qkv.split(sizes, dim=-1))
         q, k = rotary(q, k, self.rope_theta)
         attention = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
-        x = x + self.wo(attention.transpose(1, 2).reshape(batch, seq, -1))
-        gate, up = self.w_gate_up(self.ffn_norm(x)).chunk(2, dim=-1)
-        return x + self.w_down(F.silu(gate) * up)
+        return x + self.wo(attention.transpose(1, 2).reshape(batch, seq, -1))
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attend(x)
+        return x + self.feed_forward(self.ffn_norm(x))
 
 
 class LlamaFinalNorm(nn.Module):

@@ -1,0 +1,280 @@
+"""Mixture-of-Experts decoders: the Llama block (workloads.llama) with its MLP replaced by E SwiGLU experts and a top-k
+router, as Mixtral builds it (Jiang et al. 2024, "Mixtral of Experts"), with DeepSeek-MoE's shared experts as an
+option (Dai et al. 2024: experts every token passes through, beside the routed ones).
+
+The router (Shazeer et al. 2017; Fedus et al. 2022, Switch Transformer): logits = x W_r (no bias), probabilities their
+softmax over the E experts (in fp32), each token sent to its k most probable experts with those k probabilities
+renormalised to sum to 1 as its gate weights (Mixtral's `softmax -> topk -> divide by their sum`; DeepSpeed-MoE's
+top-2 gate does the same). A token's output is the gate-weighted sum of its k experts' outputs, plus the shared
+experts' where the shape has them.
+
+Dropless: every expert takes every token routed to it (no capacity, no token dropped), the tokens grouped by expert
+and each expert's matrix multiply done on its group, as MegaBlocks (Gale et al. 2022) and torchtitan do. A strategy
+that caps an expert's tokens must set its capacity where it drops none to be compared with this (its rows record it).
+
+The load-balancing loss (Fedus et al. 2022, eq. 4, with GShard's top-k counting, Lepikhin et al. 2020): E x sum_e f_e
+P_e, f_e the share of the k T routing choices that went to expert e times k (so each f_e is the fraction of tokens e
+received) and P_e the mean router probability of e over the T tokens; k where routing is uniform. It reaches the
+gradients as Megatron-Core's `MoEAuxLossAutoScaler` takes it there: the block's output is returned unchanged and its
+backward adds `aux_scale` x d(loss)/d(router), so the model stays a list of layers whose loss is cross-entropy (a
+pipeline stage, a checkpointed block and every strategy's step need no other term). `aux_scale` is the coefficient
+times the factor a trainer multiplies its cross-entropy by (1 / its micro-batches): then gradient accumulation and
+the ranks' gradient average treat both terms alike.
+
+Experts are stored stacked, one (E, d, 2F) gate-and-up tensor and one (E, F, d) down tensor a block, as torchtitan's
+GroupedExperts holds them: an expert-parallel rank's share is a slice of dimension 0.
+
+Counts (`MoEConfig`): total parameters count every expert; active ones a token's k routed experts, the shared experts,
+the router and everything outside the experts. Training FLOPs per token are PaLM's (Chowdhery et al. 2022, appendix
+B), 6 N + 12 L H Q T, with N the active parameters that take part in matrix multiplies (the router's included, the
+input embedding's lookup not): a token's matmuls touch only its experts (Switch Transformer, section 2: "the same
+FLOPs per token" as the dense model of the active size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from workloads.base import Family, Tie
+from workloads.gpt import VOCAB_ROWS_MULTIPLE, DecoderWorkload
+from workloads.llama import LlamaBlock, LlamaEmbedding, LlamaFinalNorm, LlamaHead, LlamaTiedHead, tied_head_forward
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    vocab_size: int             # tokens the data draws from
+    seq_len: int                # tokens per sample
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_kv_head: int              # key/value heads, each shared by n_head / n_kv_head query heads
+    n_experts: int              # routed experts a block
+    top_k: int                  # experts a token is routed to
+    expert_intermediate_size: int       # each expert's SwiGLU width
+    n_shared_experts: int = 0           # experts every token passes through (DeepSeek-MoE), of the same width
+    aux_loss_coef: float = 0.01         # the load-balancing loss's coefficient (Switch Transformer's alpha)
+    tie_embeddings: bool = False
+    rope_theta: float = 1_000_000.0     # Mixtral's rotary base
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "n_layer", "n_embd", "n_head", "n_kv_head", "n_experts", "top_k",
+                     "expert_intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MoEConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"MoEConfig.top_k {self.top_k} must be at most n_experts {self.n_experts}")
+        if self.n_shared_experts < 0 or self.aux_loss_coef < 0:
+            raise ValueError("MoEConfig.n_shared_experts and aux_loss_coef must be >= 0")
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"MoEConfig.n_head {self.n_head} must divide n_embd {self.n_embd} into heads of an even "
+                             "size (rotary embeddings rotate pairs)")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"MoEConfig.n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return -(-self.vocab_size // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+
+    @property
+    def attention_parameters(self) -> int:
+        """wqkv and wo."""
+        d, hd = self.n_embd, self.head_dim
+        return d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
+
+    @property
+    def expert_parameters(self) -> int:
+        """One expert: its gate, up and down matrices."""
+        return 3 * self.n_embd * self.expert_intermediate_size
+
+    @property
+    def router_parameters(self) -> int:
+        return self.n_embd * self.n_experts
+
+    def _block(self, experts: int) -> int:
+        """A block with `experts` routed experts counted: attention, the experts, the shared ones, router, 2 norms."""
+        return (self.attention_parameters + (experts + self.n_shared_experts) * self.expert_parameters
+                + self.router_parameters + 2 * self.n_embd)
+
+    @property
+    def block_parameters(self) -> int:
+        return self._block(self.n_experts)
+
+    @property
+    def active_block_parameters(self) -> int:
+        return self._block(self.top_k)
+
+    def _model(self, block: int) -> int:
+        matrices = 1 if self.tie_embeddings else 2
+        return matrices * self.padded_vocab_size * self.n_embd + self.n_layer * block + self.n_embd
+
+    @property
+    def parameters(self) -> int:
+        """Every parameter, every expert counted, a tied matrix once."""
+        return self._model(self.block_parameters)
+
+    @property
+    def active_parameters(self) -> int:
+        """The parameters one token's forward pass uses: its k routed experts a block, and everything else."""
+        return self._model(self.active_block_parameters)
+
+    @property
+    def active_matmul_parameters(self) -> int:
+        """N of the PaLM formula: the active parameters but the untied input embedding (a lookup)."""
+        return self.active_parameters - (0 if self.tie_embeddings else self.padded_vocab_size * self.n_embd)
+
+
+def routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(probabilities over the experts in fp32, each token's k chosen experts, their gate weights renormalised to
+    sum to 1) from router logits (tokens, E)."""
+    probabilities = logits.float().softmax(dim=-1)
+    weights, chosen = probabilities.topk(top_k, dim=-1)
+    return probabilities, chosen, weights / weights.sum(dim=-1, keepdim=True)
+
+
+def load_balancing_loss(probabilities: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """E x sum_e f_e P_e (Switch Transformer eq. 4, top-k counted as GShard does): f_e the fraction of the T tokens
+    routed to e among their k choices, P_e e's mean probability."""
+    tokens, experts = probabilities.shape
+    received = torch.bincount(chosen.reshape(-1), minlength=experts).to(probabilities.dtype) / tokens
+    return experts * (received * probabilities.mean(dim=0)).sum()
+
+
+class AuxLossToGradients(torch.autograd.Function):
+    """Returns `output` unchanged; its backward passes `output`'s gradient through and gives `aux` the gradient
+    `scale`, so that `aux` x scale is in the gradients as if added to the loss (Megatron-Core's
+    MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.aux_shape = aux.shape
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return grad_output, torch.full(ctx.aux_shape, ctx.scale, dtype=torch.float32, device=grad_output.device), None
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts stacked: w_gate_up (E, d, 2F), w_down (E, F, d)."""
+
+    def __init__(self, n_experts: int, n_embd: int, width: int) -> None:
+        super().__init__()
+        self.w_gate_up = nn.Parameter(torch.empty(n_experts, n_embd, 2 * width))
+        self.w_down = nn.Parameter(torch.empty(n_experts, width, n_embd))
+
+    def expert(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = (x @ self.w_gate_up[index]).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ self.w_down[index]
+
+    def forward(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Each token's gate-weighted sum over its chosen experts' outputs, every token kept (dropless)."""
+        top_k = chosen.shape[-1]
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)          # the (token, choice) pairs grouped by expert
+        token_of = order // top_k
+        counts = torch.bincount(flat, minlength=self.w_gate_up.shape[0]).tolist()
+        grouped = tokens[token_of]
+        outputs, start = [], 0
+        for index, count in enumerate(counts):
+            outputs.append(self.expert(index, grouped[start:start + count]))
+            start += count
+        weighted = torch.cat(outputs) * weights.reshape(-1)[order].unsqueeze(-1).to(tokens.dtype)
+        return torch.zeros_like(tokens).index_add_(0, token_of, weighted)
+
+
+class MoEFeedForward(nn.Module):
+    """The router, the routed experts and the shared ones, with the load-balancing loss sent to the gradients. The
+    last forward's tokens per expert are kept in `tokens_per_expert` (a strategy records them)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        d, width = config.n_embd, config.expert_intermediate_size
+        self.top_k = config.top_k
+        self.aux_scale = config.aux_loss_coef      # a trainer with n micro-batches sets coef / n (module docstring)
+        self.router = nn.Linear(d, config.n_experts, bias=False)
+        self.experts = GroupedExperts(config.n_experts, d, width)
+        self.shared = (GroupedExperts(1, d, config.n_shared_experts * width) if config.n_shared_experts else None)
+        self.tokens_per_expert = torch.zeros(config.n_experts, dtype=torch.long)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        tokens = h.reshape(-1, h.shape[-1])
+        probabilities, chosen, weights = routing(self.router(tokens), self.top_k)
+        out = self.experts(tokens, chosen, weights)
+        if self.shared is not None:
+            out = out + self.shared.expert(0, tokens)
+        self.tokens_per_expert = torch.bincount(chosen.reshape(-1), minlength=probabilities.shape[-1]).detach()
+        if self.training and torch.is_grad_enabled() and self.aux_scale:
+            out = AuxLossToGradients.apply(out, load_balancing_loss(probabilities, chosen), self.aux_scale)
+        return out.reshape(h.shape)
+
+
+class MoEBlock(LlamaBlock):
+    """workloads.llama's block, its MLP replaced by `moe` (MoEFeedForward)."""
+
+    def build_feed_forward(self, config: MoEConfig) -> None:
+        self.moe = MoEFeedForward(config)
+
+    def initialise(self, config: MoEConfig) -> None:
+        scaled = 0.02 / math.sqrt(2 * config.n_layer)        # the residual projections, as the Llama block's
+        for weight in (self.wqkv.weight, self.moe.router.weight, self.moe.experts.w_gate_up):
+            nn.init.normal_(weight, std=0.02)
+        nn.init.normal_(self.wo.weight, std=scaled)
+        nn.init.normal_(self.moe.experts.w_down, std=scaled)
+        if self.moe.shared is not None:
+            nn.init.normal_(self.moe.shared.w_gate_up, std=0.02)
+            nn.init.normal_(self.moe.shared.w_down, std=scaled)
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.moe(h)
+
+
+class MoEWorkload(DecoderWorkload):
+    """Embedding, n_layer MoE blocks, final RMSNorm, head: the Llama family's layers with MoE blocks. Its FLOPs per
+    token count the active parameters (module docstring)."""
+
+    family = Family.MOE
+
+    def build_layers(self) -> list[nn.Module]:
+        c = self.config
+        embedding = LlamaEmbedding(c.padded_vocab_size, c.n_embd)
+        blocks = [MoEBlock(c) for _ in range(c.n_layer)]
+        head = LlamaTiedHead(embedding) if c.tie_embeddings else LlamaHead(c)
+        return [embedding, *blocks, LlamaFinalNorm(c), head]
+
+    def ties(self) -> tuple[Tie, ...]:
+        if not self.config.tie_embeddings:
+            return ()
+        return (Tie(key="token_embedding", owner=0, user=self.config.n_layer + 2,
+                    weight_attr="tok_embeddings.weight", user_forward=tied_head_forward),)
+
+    @property
+    def matmul_params(self) -> int:
+        return self.config.active_matmul_parameters
+
+    def describe(self) -> dict[str, object]:
+        c = self.config
+        return {**super().describe(), "active_parameters": c.active_parameters}
+
+
+MOE_CONFIGS = {
+    # For CPU: 4 experts, 2 a token, each of width 96, under llama-tiny's attention (4 query heads over 2 key/value
+    # heads) at 4 blocks; 411,200 parameters, 263,744 active.
+    "moe-tiny": (MoEConfig(vocab_size=500, seq_len=64, n_layer=4, n_embd=64, n_head=4, n_kv_head=2, n_experts=4,
+                           top_k=2, expert_intermediate_size=96), None),
+    # mistralai/Mixtral-8x7B-v0.1's config.json: hidden 4096, 32 layers, 32 heads, 8 key/value heads, 8 local
+    # experts, 2 a token, intermediate 14336, vocabulary 32,000, untied, rope_theta 1e6; the released weights hold
+    # 46,702,792,704 ("46.7B"; the paper: 47B parameters, 13B active). A sequence of 4096 tokens.
+    "mixtral-8x7b": (MoEConfig(vocab_size=32_000, seq_len=4096, n_layer=32, n_embd=4096, n_head=32, n_kv_head=8,
+                               n_experts=8, top_k=2, expert_intermediate_size=14_336), 46_702_792_704),
+}
