@@ -45,7 +45,7 @@ def test_shared_experts_count_in_both_totals():
     # 16 x (4 + 2 x 2) x 4 + 4 x 4 x 16 = 512 + 256 = 768, experts (2 + 1) x 384 = 1,152, router 32, norms 32: 1,984;
     # active (1 + 1) x 384 instead: 1,600. The model: 2 x 64 x 16 = 2,048 of embedding and head, + 16.
     config = MoEConfig(vocab_size=64, seq_len=8, n_layer=1, n_embd=16, n_head=4, n_kv_head=2, n_experts=2, top_k=1,
-                       expert_intermediate_size=8, n_shared_experts=1)
+                       intermediate_size=8, n_shared_experts=1)
     assert (config.parameters, config.active_parameters) == (2048 + 1984 + 16, 2048 + 1600 + 16)
     model = build_on_meta(lambda: MoEWorkload("shared", config, None).build_model())
     assert count_parameters(model) == config.parameters

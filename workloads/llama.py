@@ -53,14 +53,15 @@ class LlamaConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
+        kind = type(self).__name__
         for name in ("vocab_size", "seq_len", "n_layer", "n_embd", "n_head", "n_kv_head", "intermediate_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"LlamaConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{kind}.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"LlamaConfig.n_head {self.n_head} must divide n_embd {self.n_embd} into heads of an "
+            raise ValueError(f"{kind}.n_head {self.n_head} must divide n_embd {self.n_embd} into heads of an "
                              "even size (rotary embeddings rotate pairs)")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"LlamaConfig.n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
+            raise ValueError(f"{kind}.n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
 
     @property
     def head_dim(self) -> int:
@@ -72,17 +73,25 @@ class LlamaConfig:
         return -(-self.vocab_size // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
 
     @property
+    def attention_parameters(self) -> int:
+        """wqkv and wo."""
+        d, hd = self.n_embd, self.head_dim
+        return d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
+
+    @property
     def block_parameters(self) -> int:
         """wqkv, wo, w_gate_up, w_down and the two RMSNorms' weights."""
-        d, hd = self.n_embd, self.head_dim
-        attention = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
-        return attention + 3 * d * self.intermediate_size + 2 * d
+        return self.attention_parameters + 3 * self.n_embd * self.intermediate_size + 2 * self.n_embd
+
+    def parameters_with_blocks_of(self, block: int) -> int:
+        """The model's parameters with blocks of `block` each: embedding (+ head unless tied), blocks, final norm."""
+        matrices = 1 if self.tie_embeddings else 2
+        return matrices * self.padded_vocab_size * self.n_embd + self.n_layer * block + self.n_embd
 
     @property
     def parameters(self) -> int:
-        """Every parameter, a tied matrix once: embedding (+ head unless tied), blocks, final norm."""
-        matrices = 1 if self.tie_embeddings else 2
-        return matrices * self.padded_vocab_size * self.n_embd + self.n_layer * self.block_parameters + self.n_embd
+        """Every parameter, a tied matrix once."""
+        return self.parameters_with_blocks_of(self.block_parameters)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

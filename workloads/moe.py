@@ -41,91 +41,47 @@ from torch import nn
 from torch.nn import functional as F
 
 from workloads.base import Family, Tie
-from workloads.gpt import VOCAB_ROWS_MULTIPLE, DecoderWorkload
-from workloads.llama import LlamaBlock, LlamaEmbedding, LlamaFinalNorm, LlamaHead, LlamaTiedHead, tied_head_forward
+from workloads.gpt import DecoderWorkload
+from workloads.llama import (LlamaBlock, LlamaConfig, LlamaEmbedding, LlamaFinalNorm, LlamaHead, LlamaTiedHead,
+                             tied_head_forward)
 
 
 @dataclass(frozen=True, kw_only=True)
-class MoEConfig:
-    vocab_size: int             # tokens the data draws from
-    seq_len: int                # tokens per sample
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_kv_head: int              # key/value heads, each shared by n_head / n_kv_head query heads
+class MoEConfig(LlamaConfig):
+    """The Llama config (its attention and vocabulary), with `intermediate_size` each expert's SwiGLU width."""
+
     n_experts: int              # routed experts a block
     top_k: int                  # experts a token is routed to
-    expert_intermediate_size: int       # each expert's SwiGLU width
     n_shared_experts: int = 0           # experts every token passes through (DeepSeek-MoE), of the same width
     aux_loss_coef: float = 0.01         # the load-balancing loss's coefficient (Switch Transformer's alpha)
-    tie_embeddings: bool = False
     rope_theta: float = 1_000_000.0     # Mixtral's rotary base
-    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "n_layer", "n_embd", "n_head", "n_kv_head", "n_experts", "top_k",
-                     "expert_intermediate_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MoEConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.top_k > self.n_experts:
-            raise ValueError(f"MoEConfig.top_k {self.top_k} must be at most n_experts {self.n_experts}")
+        super().__post_init__()
+        if self.n_experts < 1 or not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"MoEConfig needs n_experts >= 1 and 1 <= top_k <= n_experts, got {self.n_experts} and "
+                             f"{self.top_k}")
         if self.n_shared_experts < 0 or self.aux_loss_coef < 0:
             raise ValueError("MoEConfig.n_shared_experts and aux_loss_coef must be >= 0")
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"MoEConfig.n_head {self.n_head} must divide n_embd {self.n_embd} into heads of an even "
-                             "size (rotary embeddings rotate pairs)")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"MoEConfig.n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def padded_vocab_size(self) -> int:
-        return -(-self.vocab_size // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
-
-    @property
-    def attention_parameters(self) -> int:
-        """wqkv and wo."""
-        d, hd = self.n_embd, self.head_dim
-        return d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
 
     @property
     def expert_parameters(self) -> int:
         """One expert: its gate, up and down matrices."""
-        return 3 * self.n_embd * self.expert_intermediate_size
-
-    @property
-    def router_parameters(self) -> int:
-        return self.n_embd * self.n_experts
+        return 3 * self.n_embd * self.intermediate_size
 
     def _block(self, experts: int) -> int:
         """A block with `experts` routed experts counted: attention, the experts, the shared ones, router, 2 norms."""
         return (self.attention_parameters + (experts + self.n_shared_experts) * self.expert_parameters
-                + self.router_parameters + 2 * self.n_embd)
+                + self.n_embd * self.n_experts + 2 * self.n_embd)
 
     @property
     def block_parameters(self) -> int:
         return self._block(self.n_experts)
 
     @property
-    def active_block_parameters(self) -> int:
-        return self._block(self.top_k)
-
-    def _model(self, block: int) -> int:
-        matrices = 1 if self.tie_embeddings else 2
-        return matrices * self.padded_vocab_size * self.n_embd + self.n_layer * block + self.n_embd
-
-    @property
-    def parameters(self) -> int:
-        """Every parameter, every expert counted, a tied matrix once."""
-        return self._model(self.block_parameters)
-
-    @property
     def active_parameters(self) -> int:
         """The parameters one token's forward pass uses: its k routed experts a block, and everything else."""
-        return self._model(self.active_block_parameters)
+        return self.parameters_with_blocks_of(self._block(self.top_k))
 
     @property
     def active_matmul_parameters(self) -> int:
@@ -199,7 +155,7 @@ class MoEFeedForward(nn.Module):
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
-        d, width = config.n_embd, config.expert_intermediate_size
+        d, width = config.n_embd, config.intermediate_size
         self.top_k = config.top_k
         self.aux_scale = config.aux_loss_coef      # a trainer with n micro-batches sets coef / n (module docstring)
         self.router = nn.Linear(d, config.n_experts, bias=False)
@@ -271,10 +227,10 @@ MOE_CONFIGS = {
     # For CPU: 4 experts, 2 a token, each of width 96, under llama-tiny's attention (4 query heads over 2 key/value
     # heads) at 4 blocks; 411,200 parameters, 263,744 active.
     "moe-tiny": (MoEConfig(vocab_size=500, seq_len=64, n_layer=4, n_embd=64, n_head=4, n_kv_head=2, n_experts=4,
-                           top_k=2, expert_intermediate_size=96), None),
+                           top_k=2, intermediate_size=96), None),
     # mistralai/Mixtral-8x7B-v0.1's config.json: hidden 4096, 32 layers, 32 heads, 8 key/value heads, 8 local
     # experts, 2 a token, intermediate 14336, vocabulary 32,000, untied, rope_theta 1e6; the released weights hold
     # 46,702,792,704 ("46.7B"; the paper: 47B parameters, 13B active). A sequence of 4096 tokens.
     "mixtral-8x7b": (MoEConfig(vocab_size=32_000, seq_len=4096, n_layer=32, n_embd=4096, n_head=32, n_kv_head=8,
-                               n_experts=8, top_k=2, expert_intermediate_size=14_336), 46_702_792_704),
+                               n_experts=8, top_k=2, intermediate_size=14_336), 46_702_792_704),
 }
