@@ -24,9 +24,11 @@ RUN apt-get update \
        "python${PYTHON}-dev=${PYTHON}.*" build-essential=12.* cmake=3.* git=1:2.* \
     && rm -rf /var/lib/apt/lists/*
 
+# No download cache in the image's layers, pip's or uv's (scripts/pip-install.sh).
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
+    UV_NO_CACHE=1 \
     PARBENCH_HOROVOD_GPU=${PARBENCH_HOROVOD_GPU} \
     PARBENCH_WHEEL_CACHE=/tmp/parbench-wheels
 RUN "python${PYTHON}" -m venv /opt/venv

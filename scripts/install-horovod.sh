@@ -17,8 +17,9 @@ PY=${PYTHON:-python}
 HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
 CACHE=${PARBENCH_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/parbench/wheels}
 
-torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
-torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+# One interpreter for both (importing torch takes seconds): its version and its CUDA's, "" for a CPU build.
+read -r torch_version torch_cuda < <("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
+[ -n "$torch_version" ] || { echo "install-horovod: torch does not import in $PY: install it first" >&2; exit 1; }
 py_tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 nvcc=""
 for candidate in "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" "$(command -v nvcc || true)"; do
@@ -83,8 +84,8 @@ if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     rm -rf "$wheel_dir" && mv "$wheel_dir.partial" "$wheel_dir"
 fi
 
-# --force-reinstall: pip would keep an installed build of the same version (a Gloo one when NCCL is wanted);
-# --no-deps so that only Horovod is replaced, then its dependencies as usual.
-"$PY" -m pip install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
-"$PY" -m pip install -q "$wheel_dir"/horovod-*.whl
+# --reinstall-package: an installed build of the same version (a Gloo one when NCCL is wanted) would be kept; only
+# Horovod is replaced, its dependencies installed as usual.
+source "$(dirname "$0")/pip-install.sh"
+pip_install --reinstall-package horovod "$wheel_dir"/horovod-*.whl
 echo "install-horovod: $("$PY" -c 'import horovod; print("horovod", horovod.__version__)') ($key)" >&2

@@ -1,6 +1,7 @@
 """The image build's own checks, run here without a container engine: torch's CUDA against the base's
-(scripts/check_torch_cuda.py) and Horovod's NCCL build asked for without nvcc (scripts/install-horovod.sh).
-scripts/docker-check.sh builds and runs the image itself (its own CI tier)."""
+(scripts/check_torch_cuda.py), Horovod's NCCL build asked for without nvcc (scripts/install-horovod.sh), and what
+the install scripts ask uv for (scripts/pip-install.sh, shared with `make setup`). scripts/docker-check.sh builds and
+runs the image itself (its own CI tier)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,44 @@ def test_a_wrong_horovod_gpu_setting_names_what_is_allowed(tmp_path):
     done = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "install-horovod.sh")], capture_output=True, text=True,
                           env=environment, timeout=60)
     assert done.returncode == 2 and "must be auto, 1 or 0, got 'yes'" in done.stderr
+
+
+FAKE_PYTHON = """#!/bin/bash
+# Records each call; uv is missing until pip installs it; pip is configured with two find-links folders.
+echo "$*" >>"$(dirname "$0")/calls"
+case "$*" in
+    "-m uv --version") [ -e "$(dirname "$0")/uv-installed" ] ;;
+    "-m pip install -q uv=="*) touch "$(dirname "$0")/uv-installed" ;;
+    "-m pip config get global.find-links") echo "/wheels/a /wheels/b" ;;
+esac
+"""
+
+
+def pip_install_calls(tmp_path, environment: dict[str, str], *packages: str) -> list[str]:
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    script = f'PY={python}; source {ROOT / "scripts" / "pip-install.sh"}; pip_install "$@"'
+    done = subprocess.run(["/bin/bash", "-c", script, "pip_install", *packages], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], **environment}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return (tmp_path / "calls").read_text().splitlines()
+
+
+def test_packages_go_through_uv_compiled_with_pips_find_links(tmp_path):
+    """uv is put in first, at its pin; the install byte-compiles (an interpreter under PYTHONDONTWRITEBYTECODE would
+    otherwise compile torch at every start) and looks in the folders pip is configured with (the development
+    machines' torch wheel), which uv does not read itself."""
+    calls = pip_install_calls(tmp_path, {}, "torch==2.13.0")
+    python = tmp_path / "python"
+    assert calls == ["-m uv --version", "-m pip install -q uv==0.13.9", "-m pip config get global.find-links",
+                     f"-m uv pip install -q --python {python} --compile-bytecode --system-certs "
+                     "--find-links /wheels/a --find-links /wheels/b torch==2.13.0"]
+
+
+def test_pips_find_links_variable_wins_and_an_installed_uv_is_kept(tmp_path):
+    (tmp_path / "uv-installed").touch()
+    calls = pip_install_calls(tmp_path, {"PIP_FIND_LINKS": "/here"}, "-e", ".[dev]")
+    assert calls == ["-m uv --version",
+                     f"-m uv pip install -q --python {tmp_path / 'python'} --compile-bytecode --system-certs "
+                     "--find-links /here -e .[dev]"]
