@@ -24,8 +24,9 @@ CPU_LAUNCH_S = {"plain": 7.1, "bare": 7.0, "dataparallel": 0.0, "ddp": 10.0, "ho
 UNMEASURED_LAUNCH_S = max(CPU_LAUNCH_S.values())
 # `harness run` itself: the interpreter, the environment's capture, the table at the end (5.8 s measured there).
 HARNESS_START_S = 6.0
-# The default matrix on CPU (`make run`: `run --matrix full`) in at most this: with `make setup`'s 2.6 minutes from a
-# fresh clone (measured 2026-11-29 on the 2-core VM), under the 6.5 minutes a newcomer should wait.
+# The default matrix on CPU (`make run`: `run --matrix full`) in at most this: with `make setup`'s 1.3 minutes from a
+# fresh clone (uv, measured 2026-11-29 on the 2-core VM), under the 6.5 minutes a newcomer should wait. There a
+# fresh clone's `make run` took 292, 302 and 308 s (its launches 3.6-3.9 minutes against this estimate's 3.5).
 DEFAULT_RUN_BUDGET_S = 225.0
 
 
