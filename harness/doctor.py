@@ -25,11 +25,12 @@ from typing import Sequence
 import torch
 
 from harness.machine import Machine
-from harness.matrix import Selection, build_matrix
-from harness.spec import DeviceKind, RunSpec
+from harness.matrix import EXPERT_PARALLEL, Selection, build_matrix
+from harness.spec import DeviceKind, RunSpec, SpecError
 
 # The matrix whose cells show what each strategy can do here: every strategy, each at the sizes this machine holds.
 STRATEGY_MATRIX = "wide"
+EXPERT_MATRIX = "moe"
 LAUNCHERS = ("torchrun", "deepspeed", "horovodrun", "mpirun", "srun")
 
 
@@ -100,10 +101,9 @@ def launchers_line() -> Finding:
 
 def strategy_lines(machine: Machine) -> list[Finding]:
     """Which strategies can run here, and why each other cannot: the reason of its first cell in the `full` matrix on
-    this machine, where none of its cells can run."""
-    cells = build_matrix(STRATEGY_MATRIX, machine, Selection())
+    this machine (the `moe` matrix for those that shard experts), where none of its cells can run."""
     reasons: dict[str, list[str | None]] = {}
-    for spec in cells:
+    for spec in build_matrix(STRATEGY_MATRIX, machine, Selection()) + _expert_parallel_cells(machine, reasons):
         reasons.setdefault(spec.strategy, []).append(skip_reason(spec))
     can = [name for name, why in reasons.items() if None in why]
     cannot = {name: next(reason for reason in why if reason) for name, why in reasons.items() if None not in why}
@@ -111,6 +111,16 @@ def strategy_lines(machine: Machine) -> list[Finding]:
                                    + ", ".join(can))]
     lines += [Finding("", f"{name} cannot: {reason}") for name, reason in cannot.items()]
     return lines
+
+
+def _expert_parallel_cells(machine: Machine, reasons: dict[str, list[str | None]]) -> list[RunSpec]:
+    """The `moe` matrix's cells of the strategies that shard experts; where it plans none on this machine, its reason
+    for each of them in `reasons`."""
+    try:
+        return [spec for spec in build_matrix(EXPERT_MATRIX, machine, Selection()) if spec.strategy in EXPERT_PARALLEL]
+    except SpecError as error:
+        reasons.update({name: [str(error)] for name in EXPERT_PARALLEL})
+        return []
 
 
 def matrix_lines(name: str, machine: Machine) -> tuple[list[Finding], bool]:

@@ -102,7 +102,9 @@ GPU_PLANS = {
 # The references: the plain loop (parity's, the projection's compute) and the bare loop timed whole (the harness's
 # own cost on the plain loop, harness.derive.harness_overhead); one device each.
 REFERENCES = (REFERENCE_STRATEGY, BARE_STRATEGY)
-ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES if name not in REFERENCES)
+# The strategies that shard an MoE model's experts: they run on the `moe` matrix's MoE workloads alone.
+EXPERT_PARALLEL = ("ep",)
+ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES if name not in (*REFERENCES, *EXPERT_PARALLEL))
 ASYNCHRONOUS_PS = "ps-async"
 
 # The strategies whose users' 16-bit recipe (`Strategy.usual_mixed_recipe`) the GPU matrices run in each 16-bit cell
@@ -526,6 +528,38 @@ def hybrid(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# moe-tiny as the transformers run on CPU: 4 ranks at the largest size, each accumulating two micro-batches of 4. On
+# GPUs the same cells for now: what they check is the dispatch's arithmetic and traffic, not a GPU's speed.
+MOE_TINY_PLAN = BatchPlan(micro_batch=4, per_device_batch=8, warmup_steps=3, timed_steps=10)
+MOE_PLANS = {DeviceKind.CPU: {"moe-tiny": MOE_TINY_PLAN}, DeviceKind.CUDA: {"moe-tiny": MOE_TINY_PLAN}}
+# Beside expert parallelism, the data-parallel strategies with every expert replicated.
+MOE_BASELINES = ("ddp", "fsdp2")
+
+
+def moe(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Expert parallelism on an MoE model beside the baselines that replicate every expert: moe-tiny at world sizes 1,
+    2 and 4 in fp32 and bf16 (on GPUs in bf16 at 1, 2, ... up to the devices, 2 sharing the GPU where there is one),
+    `ep` over every rank and, at 4, over groups of 2 (`ep=2`: two groups holding the experts, their gradients summed
+    between them), each against the plain loop in its precision."""
+    on_cpu = machine.device is DeviceKind.CPU
+    precisions = (Precision.FP32, Precision.BF16) if on_cpu else (Precision.BF16,)
+    # On one GPU, 2 ranks sharing it (as the hybrids'): the dispatch is what is checked, not its speed.
+    sizes = (1, 2, 4) if on_cpu else (1, *(_powers_of_two_up_to(machine.devices)[1:] or (2,)))
+    cells = Cells(machine, select, Plan((*MOE_BASELINES, *EXPERT_PARALLEL), sizes, repeats=1,
+                                        precision=precisions[0]))
+    for workload, plan in _plans(machine, select, MOE_PLANS, "MoE plan").items():
+        global_batch = plan.global_batch(cells.largest)
+        for precision in precisions:
+            cells.add(workload, plan, REFERENCE_STRATEGY, 1, global_batch, precision=precision)
+            for strategy in cells.chosen:
+                for world_size in (size for size in cells.sizes_for(strategy) if size > 1):
+                    cells.add(workload, plan, strategy, world_size, global_batch, precision=precision)
+                    if strategy == "ep" and world_size == 4:
+                        cells.add(workload, plan, strategy, world_size, global_batch, options={"ep": 2},
+                                  precision=precision)
+    return cells.specs
+
+
 # Short runs, as the memory sweep's: the questions are the bytes saved for backward (counted in a warm-up step),
 # parity and the recompute pass, which times its own steps. The micro-batch is larger than the memory sweep's
 # one sample so that activations, not model states, are what a GPU's peak holds.
@@ -743,6 +777,7 @@ MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "parameter-server": parameter_server,
     "fault-tolerance": fault_tolerance,
     "reference": reference,
+    "moe": moe,
 }
 
 

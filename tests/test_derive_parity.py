@@ -319,3 +319,42 @@ def test_the_module_imports_without_torch():
            "'harness.strategies', 'workloads') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---- an MoE model's router choices (harness.rank.routing) ------------------------------------------------------------
+
+# Two blocks of 4 experts, 2 steps; 8 tokens x 2 choices a block. The near-tie counts are at (1e-6, 1e-4, 1e-2).
+ROUTED = [[[5, 3, 4, 4], [4, 4, 4, 4]], [[6, 2, 4, 4], [3, 5, 4, 4]]]
+
+
+def routed(tokens, near_ties=((0, 0, 0), (0, 0, 0))):
+    return {"routing": {"tokens_per_expert_by_step": tokens, "smallest_margin_by_step": [0.01, 0.02],
+                        "near_tie_margins": [1e-6, 1e-4, 1e-2], "near_ties_by_step": [list(n) for n in near_ties],
+                        "load_imbalance": 1.5}}
+
+
+def test_the_same_routing_matches_and_one_token_sent_elsewhere_is_a_mismatch(smoke):
+    plain, ddp = smoke
+    reference = planted(plain, **routed(ROUTED))
+    assert judge([reference, planted(ddp, **routed(ROUTED))])[1].verdict is Verdict.MATCH
+    # Step 1, block 0: one token's choice moved from expert 0 to expert 1 (losses and norms unchanged).
+    moved = [ROUTED[0], [[5, 3, 4, 4], ROUTED[1][1]]]
+    parity = judge([reference, planted(ddp, **routed(moved))])[1]
+    assert parity.verdict is Verdict.MISMATCH and parity.failed == (Quantity.ROUTING,)
+    assert "step 1: 1 choice(s) moved" in parity.note
+
+
+def test_a_moved_choice_within_the_near_ties_is_reported_not_failed(smoke):
+    plain, ddp = smoke
+    moved = [ROUTED[0], [[5, 3, 4, 4], ROUTED[1][1]]]
+    # fp32 takes the count under 1e-6: one near-tie there covers one moved choice, not two.
+    one_tie = ((0, 0, 0), (1, 3, 9))
+    parity = judge([planted(plain, **routed(ROUTED, one_tie)), planted(ddp, **routed(moved))])[1]
+    assert parity.verdict is Verdict.MATCH and "no more than the 1 near-tie(s)" in parity.note
+    two_moved = [ROUTED[0], [[5, 3, 4, 4], [3, 5, 5, 3]]]
+    parity = judge([planted(plain, **routed(ROUTED, one_tie)), planted(ddp, **routed(two_moved))])[1]
+    assert parity.verdict is Verdict.MISMATCH and "2 choice(s) moved, against 1 near-tie(s)" in parity.note
+    # Ties counted only under a wider gap (1e-4, 1e-2) do not excuse an fp32 row.
+    wide_ties = ((0, 0, 0), (0, 3, 9))
+    parity = judge([planted(plain, **routed(ROUTED, wide_ties)), planted(ddp, **routed(moved))])[1]
+    assert parity.verdict is Verdict.MISMATCH

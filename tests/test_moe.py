@@ -136,7 +136,7 @@ def test_an_moe_block_keeps_the_llama_attention_and_its_tokens_per_expert_add_up
     x = torch.randn(3, config.seq_len, config.n_embd)
     y = block(x)
     assert y.shape == x.shape
-    assert int(block.moe.tokens_per_expert.sum()) == 3 * config.seq_len * config.top_k
+    assert int(block.moe.routed_tokens.sum()) == 3 * config.seq_len * config.top_k
     after_attention = block.attend(x)
     assert torch.allclose(y, after_attention + block.moe(block.ffn_norm(after_attention)), atol=1e-6)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from workloads.base import Family, Tie, Workload, count_parameters
 from workloads.gpt import GPT_CONFIGS, GPTWorkload
 from workloads.llama import LLAMA_CONFIGS, LlamaWorkload
+from workloads.moe import MOE_CONFIGS, MoEWorkload
 from workloads.resnet import RESNET_CONFIGS, ResNetWorkload
 
 WORKLOADS: dict[str, Workload] = {
@@ -22,6 +23,8 @@ WORKLOADS: dict[str, Workload] = {
     "llama-tiny": LlamaWorkload("llama-tiny", *LLAMA_CONFIGS["llama-tiny"]),
     "llama3.2-1b": LlamaWorkload("llama3.2-1b", *LLAMA_CONFIGS["llama3.2-1b"]),
     "llama3-8b": LlamaWorkload("llama3-8b", *LLAMA_CONFIGS["llama3-8b"]),
+    "moe-tiny": MoEWorkload("moe-tiny", *MOE_CONFIGS["moe-tiny"]),
+    "mixtral-8x7b": MoEWorkload("mixtral-8x7b", *MOE_CONFIGS["mixtral-8x7b"]),
 }
 
 

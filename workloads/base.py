@@ -128,6 +128,10 @@ class Workload(abc.ABC):
         workload says otherwise. Only the inputs: the parameters stay as built, which every wrapper can flatten."""
         return torch.contiguous_format
 
+    def scale_auxiliary_losses(self, layers: list[nn.Module], factor: float) -> None:
+        """Tell the layers the factor a trainer multiplies each micro-batch's loss by (1 / its micro-batches), for
+        a loss term they send to the gradients themselves (workloads.moe's load-balancing loss). None by default."""
+
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy; outputs are logits (N, classes) or (N, T, vocab)."""
         return nn.functional.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())

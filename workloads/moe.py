@@ -105,6 +105,11 @@ def load_balancing_loss(probabilities: torch.Tensor, chosen: torch.Tensor) -> to
     return experts * (received * probabilities.mean(dim=0)).sum()
 
 
+# Gaps between a token's k-th and (k+1)-th router probability counted as near-ties (`MoEFeedForward.near_ties`): a
+# choice two layouts' rounding may make differently (harness.derive.parity takes the one for its arithmetic).
+NEAR_TIE_MARGINS = (1e-6, 1e-4, 1e-2)
+
+
 class AuxLossToGradients(torch.autograd.Function):
     """Returns `output` unchanged; its backward passes `output`'s gradient through and gives `aux` the gradient
     `scale`, so that `aux` x scale is in the gradients as if added to the loss (Megatron-Core's
@@ -150,8 +155,13 @@ class GroupedExperts(nn.Module):
 
 
 class MoEFeedForward(nn.Module):
-    """The router, the routed experts and the shared ones, with the load-balancing loss sent to the gradients. The
-    last forward's tokens per expert are kept in `tokens_per_expert` (a strategy records them)."""
+    """The router, the routed experts and the shared ones, with the load-balancing loss sent to the gradients.
+
+    What the router chose is kept for the harness (harness.rank.routing): `routed_tokens`, each expert's tokens summed
+    over the forward passes since `forget_routing`; `smallest_margin`, the smallest gap over those tokens between
+    the probability of a token's k-th choice and of its best expert not chosen, in fp32; and `near_ties`, how many
+    tokens' gaps were under each of NEAR_TIE_MARGINS: a rounding could have flipped those tokens' choices. A forward
+    run again inside backward (activation checkpointing's recomputation) is not counted twice."""
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
@@ -161,7 +171,27 @@ class MoEFeedForward(nn.Module):
         self.router = nn.Linear(d, config.n_experts, bias=False)
         self.experts = GroupedExperts(config.n_experts, d, width)
         self.shared = (GroupedExperts(1, d, config.n_shared_experts * width) if config.n_shared_experts else None)
-        self.tokens_per_expert = torch.zeros(config.n_experts, dtype=torch.long)
+        self.routed_tokens = torch.zeros(config.n_experts, dtype=torch.long)
+        self.smallest_margin = torch.tensor(math.inf)
+        self.near_ties = torch.zeros(len(NEAR_TIE_MARGINS), dtype=torch.long)
+
+    def forget_routing(self) -> None:
+        self.routed_tokens = torch.zeros_like(self.routed_tokens)
+        self.smallest_margin = torch.tensor(math.inf, device=self.routed_tokens.device)
+        self.near_ties = torch.zeros_like(self.near_ties)
+
+    def _record(self, probabilities: torch.Tensor, chosen: torch.Tensor) -> None:
+        if torch._C._current_graph_task_id() != -1:      # a recomputation inside backward
+            return
+        experts = probabilities.shape[-1]
+        counts = torch.bincount(chosen.reshape(-1), minlength=experts).detach()
+        self.routed_tokens = self.routed_tokens.to(counts.device) + counts
+        if self.top_k < experts:
+            top = probabilities.detach().topk(self.top_k + 1, dim=-1).values
+            gaps = top[:, -2] - top[:, -1]
+            self.smallest_margin = torch.minimum(self.smallest_margin.to(gaps.device), gaps.min())
+            below = (gaps.unsqueeze(-1) < torch.tensor(NEAR_TIE_MARGINS, device=gaps.device)).sum(dim=0)
+            self.near_ties = self.near_ties.to(gaps.device) + below
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         tokens = h.reshape(-1, h.shape[-1])
@@ -169,7 +199,7 @@ class MoEFeedForward(nn.Module):
         out = self.experts(tokens, chosen, weights)
         if self.shared is not None:
             out = out + self.shared.expert(0, tokens)
-        self.tokens_per_expert = torch.bincount(chosen.reshape(-1), minlength=probabilities.shape[-1]).detach()
+        self._record(probabilities, chosen)
         if self.training and torch.is_grad_enabled() and self.aux_scale:
             out = AuxLossToGradients.apply(out, load_balancing_loss(probabilities, chosen), self.aux_scale)
         return out.reshape(h.shape)
@@ -217,6 +247,14 @@ class MoEWorkload(DecoderWorkload):
     @property
     def matmul_params(self) -> int:
         return self.config.active_matmul_parameters
+
+    def scale_auxiliary_losses(self, layers: list[nn.Module], factor: float) -> None:
+        """Each block's load-balancing loss reaches the gradients at the coefficient times `factor`, the factor
+        the trainer multiplies each micro-batch's cross-entropy by (module docstring)."""
+        for layer in layers:
+            for module in layer.modules():
+                if isinstance(module, MoEFeedForward):
+                    module.aux_scale = self.config.aux_loss_coef * factor
 
     def describe(self) -> dict[str, object]:
         c = self.config

@@ -26,7 +26,9 @@ the `parity_*` fields old rows stored when they were written are ignored. Compar
   halved (21% of the parameters) moves it by 1.4e-3, every LayerNorm gradient doubled by 2.4e-4, a 2% random
   error orthogonal to g by 2.0e-4; tensor by tensor they are 0.5, 1 and 0.19 off (tests/test_derive_parity.py
   works them out by hand). Adam ignores each element's scale, so such errors barely reach the update;
-  tensor by tensor the update shows a tensor that never moves (1).
+  tensor by tensor the update shows a tensor that never moves (1);
+- on an MoE model, the router's choices: each expert's tokens in each block in each of those steps, equal, unless
+  no more choices moved than were near-ties (`ROUTING_NEAR_TIE`; harness.rank.routing).
 Rows without norms (schema-1 rows; the pipeline, whose `train_batch` has no point between reduction and
 update) are judged on the losses alone, rows without the norms by tensor (written before rows held them)
 on the global norms, and the verdict's note says which.
@@ -178,6 +180,9 @@ class Quantity(enum.StrEnum):
     # {parameter name: norm} of the same gradient and update, judged on the tensor furthest off the reference
     GRADIENT_NORM_BY_TENSOR = "gradient_norm_by_tensor_first_step"
     UPDATE_NORM_BY_TENSOR = "update_norm_by_tensor_first_step"
+    # An MoE model's router choices (harness.rank.routing): each expert's tokens in each of the first PARITY_STEPS
+    # steps, held equal, not within a tolerance: one token routed elsewhere is a different model's step.
+    ROUTING = "tokens_per_expert_by_step"
 
 
 NORMS = (Quantity.GRADIENT_NORM, Quantity.PARAMETER_NORM, Quantity.UPDATE_NORM)
@@ -244,6 +249,16 @@ TOLERANCE = {**TOLERANCE, "fp16": TOLERANCE["bf16-comm"], "fp16-comm": TOLERANCE
 # arithmetic differs from the plain loop's by 1.6e-2 already, so a 1% error cannot be told from it there.
 COMM_ROUNDED = ("bf16-comm", "fp16", "fp16-comm")
 COMM_ROUNDING_BY_TENSOR = 5e-3
+
+# A choice a rounding could flip: the gap between a token's k-th and (k+1)-th router probability under which two
+# layouts' arithmetic may order them differently (one of workloads.moe.NEAR_TIE_MARGINS, whose counts rows record).
+# In fp32 the layouts differ by rounding alone: the weights by ~1e-7 of themselves after an update (the parameter
+# norm's 1e-6 tolerance above), a router probability of ~0.25 by less than 1e-7; under bf16 autocast the router's
+# matmul rounds its output to 2^-8 of itself (3.9e-3). A routing difference that flipped no more tokens than had
+# gaps under this in either row is reported as near-ties, not a mismatch; moe-tiny's smallest gap over a step's
+# 8,192 choices was 3e-6 to 1.4e-5 in fp32, so a flip is rare there and any other is a different model.
+ROUTING_NEAR_TIE = {"fp32": 1e-6}
+ROUTING_NEAR_TIE_16_BIT = 1e-2
 
 # Devices whose kernels repeat themselves bit for bit, where the tolerances above are the whole story; elsewhere each
 # is raised to NOISE_FLOOR_FACTOR x the plain loop's own launch-to-launch deviation (`noise_floors`, the docstring).
@@ -450,6 +465,34 @@ def _deviations(row: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[Qu
     return found
 
 
+def _routing(row: Mapping[str, Any], reference: Mapping[str, Any], key: str) -> tuple[bool, str]:
+    """(whether the router's choices differ from the reference's in the first PARITY_STEPS steps where no near-tie
+    explains it, a note): the first step whose tokens per expert differ, and its smallest margin."""
+    mine, theirs = row["measurements"].get("routing"), reference["measurements"].get("routing")
+    if not mine or not theirs:
+        return False, ""
+    near_tie = ROUTING_NEAR_TIE.get(key, ROUTING_NEAR_TIE_16_BIT)
+    steps = zip(mine["tokens_per_expert_by_step"][:PARITY_STEPS], theirs["tokens_per_expert_by_step"][:PARITY_STEPS])
+    for step, (tokens, expected) in enumerate(steps):
+        if tokens == expected:
+            continue
+        # A token whose choice flipped moves one count from an expert to another: half the counts' difference.
+        flipped = sum(abs(a - b) for block, other in zip(tokens, expected) for a, b in zip(block, other)) // 2
+        ties = max(_near_ties(mine, step, near_tie), _near_ties(theirs, step, near_tie))
+        where = f"the router's choices differ from the plain loop's in step {step}: {flipped} choice(s) moved"
+        if flipped <= ties:
+            return False, (f"{where}, no more than the {ties} near-tie(s) there (gaps under {near_tie:g}): a "
+                           "rounding can flip those, so the routing is not judged")
+        return True, f"{where}, against {ties} near-tie(s) there (gaps under {near_tie:g})"
+    return False, ""
+
+
+def _near_ties(routing: Mapping[str, Any], step: int, margin: float) -> int:
+    """The tokens whose choice was within `margin` of flipping in `step`, as the row counted them."""
+    margins = routing.get("near_tie_margins", [])
+    return routing["near_ties_by_step"][step][margins.index(margin)] if margin in margins else 0
+
+
 def _largest_by_tensor(norms: Mapping[str, float], expected: Mapping[str, float]) -> tuple[float, str]:
     """The largest |n_t - r_t| / |r_t| over the tensors t of either row, and that tensor's name; inf for a
     tensor only one row names (a strategy that dropped or renamed a parameter)."""
@@ -503,11 +546,14 @@ def _judge_one(row: Mapping[str, Any], references: Mapping[tuple, Mapping[str, A
         return Parity(Verdict.NOT_JUDGED, note=f"nothing beyond step 0's loss could be held against the plain loop on "
                                                f"{device}: {floor_note}", deviations=found)
     failed = tuple(q for q, deviation in found.items() if not deviation <= tolerance[q])
+    routing_differs, routing_note = _routing(row, reference, key)
+    if routing_differs:
+        failed += (Quantity.ROUTING,)
     tensors = {q: tensor for q, (_, tensor) in compared.items() if tensor and q in found}
     notes = [f"{q.value}: {tensors[q]} off by {found[q]:.3g}" for q in failed if q in tensors]
     if Quantity.GRADIENT_NORM in failed:
         notes.append(_still_scaled(row, reference))
-    notes += [_left_out(row, reference, compared)]
+    notes += [routing_note, _left_out(row, reference, compared)]
     notes += [f"{q.value} not judged with {key}: {why}" for q, why in NOT_JUDGED.get(key, {}).items() if q in compared]
     if key == "bf16-comm" and row["measurements"].get(REDUCE_DTYPES) is None:
         notes.append(f"held to the bf16-comm tolerances: the row does not record {REDUCE_DTYPES}")

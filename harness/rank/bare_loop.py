@@ -35,6 +35,7 @@ def run_bare_loop(spec: RunSpec, strategy: Strategy, context: RankContext) -> di
     layout = strategy.layout(spec)
     torch.manual_seed(spec.seed)
     layers = workload.build_layers()            # on CPU from the seed, as the worker builds them
+    workload.scale_auxiliary_losses(layers, 1 / layout.micro_batches)     # as the worker does
     parameters = count_parameters(torch.nn.Sequential(*layers))
     trainer = strategy.wrap(spec, context, workload, layers)
 

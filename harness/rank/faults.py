@@ -73,6 +73,11 @@ Two kinds are bugs of a checkpoint cell (harness.strategies.state_checkpoint), w
 - `checkpoint-without-optimizer`: the save and the load leave the optimizer's state out (DeepSpeed's load skips its
   optimizer partitions), so the resumed run starts AdamW's moments and step count again;
 - `resume-data-from-start`: a resumed launch reads the data of step 0, 1, ... again from its first step.
+Two kinds are bugs of an expert-parallel dispatch (harness.strategies.expert_parallel), which parity must catch
+(`rank=all:step=0`, the only values they take; every rank's dispatch is wrong from the first step):
+- `misroute`: each rank sends the rows meant for one rank's experts to the next rank's, which run them through the
+  expert at the same place among theirs, and the outputs come back to their tokens: tokens sent to the wrong rank;
+- `ungated-combine`: the combine adds each expert's output to its token without the router's gate weight.
 A loud kind fires in the first attempt of a group alone: an attempt its launcher restarted (torchrun's
 TORCHELASTIC_RESTART_COUNT > 0) resumes past it, as a job does once the failed host is replaced.
 
@@ -104,7 +109,8 @@ SLOW_STEP = "slow-step"
 CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START = CHECKPOINT_KINDS = ("checkpoint-without-optimizer",
                                                                           "resume-data-from-start")
 LEAK, LEAK_PER_STEP = LEAK_KINDS = ("leak", "leak-per-step")
-KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,) + CHECKPOINT_KINDS + LEAK_KINDS
+MISROUTE, UNGATED_COMBINE = DISPATCH_KINDS = ("misroute", "ungated-combine")
+KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,) + CHECKPOINT_KINDS + LEAK_KINDS + DISPATCH_KINDS
 FACTOR_KINDS = ("grad-scale", LR_SCALE, SLOW_STEP)
 LEAK_IN = ("tensor", "numpy")       # what a leak allocates: a torch tensor on the rank's device, a numpy array
 BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -162,9 +168,9 @@ class Fault:
         if onward and kind not in (*SILENT_KINDS, LEAK_PER_STEP):
             raise ValueError(f"{FAULT_ENV}={text!r}: step=S+ (every step from S on) is for the silent kinds alone: "
                              f"{', '.join(SILENT_KINDS)}")
-        if kind in CHECKPOINT_KINDS and (rank != ALL_RANKS or step != 0):
+        if kind in (*CHECKPOINT_KINDS, *DISPATCH_KINDS) and (rank != ALL_RANKS or step != 0):
             raise ValueError(f"{FAULT_ENV}={text!r}: {kind} takes rank=all:step=0 alone: it changes every rank's "
-                             "save, load or resumed data")
+                             "save, load or resumed data, or every rank's dispatch from the start")
         if kind == EXTRA_ALL_REDUCE and rank != ALL_RANKS:
             raise ValueError(f"{FAULT_ENV}={text!r}: {EXTRA_ALL_REDUCE} needs rank=all: an all-reduce that one "
                              "rank issues alone never completes")

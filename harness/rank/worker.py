@@ -26,12 +26,15 @@ from typing import Any
 import psutil
 import torch
 
+from harness.rank.routing import RoutingRecord, routing_measurements
+from harness.strategies.expert_parallel import ExpertParallelExperts, plant_dispatch_fault
 from harness.rank.comm_counter import CollectiveCounter
 from harness.rank.bare_loop import run_bare_loop
 from harness.rank.compute_only import CompletedPass, compute_only_pass
 from harness.rank.checkpointed_run import CheckpointedRun, restart_count
 from harness.rank.horovod_elastic import ElasticSteps, is_elastic
-from harness.rank.faults import CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START, Fault, fault_from_environment
+from harness.rank.faults import (CHECKPOINT_WITHOUT_OPTIMIZER, DISPATCH_KINDS, RESUME_DATA_FROM_START, Fault,
+                                 fault_from_environment)
 from harness.rank.memory_model import (ModelStateReader, PeakRssSince, TimedStepsGrowth, import_optimizer_modules,
                                        largest_module_own_parameters, outside_census_flag_bytes, reset_peak_memory,
                                        resident_bytes)
@@ -131,6 +134,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     import_optimizer_modules()
     resident_before_model = resident_bytes(context.device)
     layers = workload.build_layers()                  # on CPU from the seed: identical on every rank
+    # A loss term the layers send to the gradients themselves (MoE's load balancing) is scaled as accumulate() scales
+    # each micro-batch's loss: 1 / the micro-batches a rank runs (DeepSpeed's engine divides by the same count).
+    workload.scale_auxiliary_losses(layers, 1 / layout.micro_batches)
     parameters = count_parameters(torch.nn.Sequential(*layers))
     largest_module = largest_module_own_parameters(torch.nn.Sequential(*layers))
     expected_traffic = strategy.expected_traffic(spec, layers)   # before wrapping converts or shards them
@@ -142,6 +148,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     trainer = strategy.wrap(spec, context, workload, layers)
     _phase(context.rank, "model wrapped")
     fault = fault_from_environment()
+    if fault and fault.kind in DISPATCH_KINDS:
+        plant_dispatch_fault([m for layer in layers for m in layer.modules() if isinstance(m, ExpertParallelExperts)],
+                             fault.kind)
     # A checkpoint cell's launch (harness.rank.checkpointed_run): it may start from a save, save at step K, stop there.
     run = CheckpointedRun.from_environment(strategy.checkpoint_method,
                                            omit_optimizer=bool(fault and fault.kind == CHECKPOINT_WITHOUT_OPTIMIZER))
@@ -163,6 +172,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     probe = FirstStepNorms(spec, trainer, step=run.at) if run else None
     # Saved-for-backward bytes in the last warm-up step, beside the functional collectives' sampling.
     census = SavedActivationCensus(torch.nn.Sequential(*layers))
+    routing = RoutingRecord(layers)            # an MoE model's choices, each step (nothing elsewhere)
     census_step = spec.warmup_steps - 1
     offloaded = None            # bytes activation offload copied to the host in that step
     disarm = lambda: None       # noqa: E731
@@ -193,6 +203,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
             micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
                                             context.device)
                              for index in range(layout.micro_batches)]
+            routing.before_step()
             growth.before_step(step)        # before the barrier: its gc.collect() delays no rank's clock
             trainer.barrier()
             timed = step >= spec.warmup_steps
@@ -231,6 +242,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                 run.after_step(step, context.device)
             model_states.after_step(step, micro_batches)
             growth.after_step(step)
+            routing.after_step()
 
         return None
 
@@ -284,11 +296,13 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
                               "offloaded": offloaded, "strategy_figures": trainer.rank_figures(),
+                              "routing": routing.rank_figures(strategy.replica(spec, context)),
                               "host_load": host_load(context),
                               "checkpoint": run.rank_figures() if run else None,
                               "compile": {name: vars(reading) for name, reading in compile_readings.items()}})
     measurements = _measurements(spec, workload, layout, context, trainer, parameters, global_losses, by_rank)
     measurements.update(host_load_figures([r["host_load"] for r in by_rank]))
+    measurements.update(routing_measurements([r["routing"] for r in by_rank]))
     measurements.update(_loss_scaling_figures(spec, by_rank))
     measurements.update(_activation_figures(spec, strategy, layers, by_rank))
     measurements.update(compile_figures(compiled, [r["compile"] for r in by_rank]))

@@ -25,6 +25,7 @@ from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strate
 from harness.strategies.compiling import compiles
 from harness.strategies.dataparallel import DataParallel
 from harness.strategies.ddp import DDP
+from harness.strategies.ep import ExpertParallel
 from harness.strategies.fsdp2 import FSDP2
 from harness.strategies.fsdp2_tp import FSDP2TensorParallel
 from harness.strategies.horovod import Horovod
@@ -55,6 +56,7 @@ STRATEGIES: dict[str, Strategy] = {
     "autotp": AutoTP(),
     "ps": ParameterServer(),
     "ps-async": AsyncParameterServer(),
+    "ep": ExpertParallel(),
 }
 
 

@@ -1,0 +1,213 @@
+"""Expert parallelism's machinery, shared by the strategies that shard an MoE model's experts over ranks: each rank
+of an expert-parallel group of `degree` ranks holds `E / degree` of every block's experts, and the tokens routed to an
+expert are sent to the rank that holds it and their outputs sent back (GShard's dispatch and combine, Lepikhin et al.
+2020; torchtitan's expert parallelism, which this follows).
+
+A block's experts (workloads.moe.GroupedExperts, stacked (E, d, 2F) and (E, F, d)) are replaced by
+`ExpertParallelExperts`, which keeps this rank's slice of dimension 0 (experts `coordinate x E/degree` onwards, the
+rank's place in its group) and computes what GroupedExperts computes, every token kept:
+
+1. the (token, choice) pairs are sorted by expert (stable: the plain model's order), and each rank tells every other
+   how many rows it will send for each of that rank's experts: an all-to-all of E int64 counts;
+2. dispatch: an all-to-all of the sorted rows (variable splits), each destination's rows being those for its experts;
+3. the received rows, ordered by source and then expert, are regrouped by expert, and each local expert runs on its
+   rows (one matrix multiply each, as the dropless plain model does);
+4. combine: the reverse all-to-all brings each row's output back to its source, which weighs it by its gate weight and
+   adds it to its token, as GroupedExperts does.
+
+Dispatch and combine are differentiable (`AllToAll`): backward sends the gradients along the reverse path, so one step
+issues, per block and micro-batch, the counts' exchange and four exchanges of rows: dispatch and combine forward, and
+their backward. The counter (harness.rank.comm_counter) sizes an all_to_all by its input, as nccl-tests' alltoall does:
+a rank's dispatch and combine-backward inputs hold its T x k rows (T its tokens, k the experts per token), its combine
+and dispatch-backward inputs the R rows routed to its experts, so a step's bytes per rank are, per block and
+micro-batch, (2 T k + 2 R) x d x the element size, plus 8 E for the counts (`expected_all_to_all_bytes`). On a wire,
+a (n - 1) / n share of each leaves the rank (harness.derive.comm's busbw factor of all_to_all).
+
+What a step routed is recorded (`RoutingLog`): the rows each rank sent and received per step, from the counts it
+exchanged, so the expected bytes come from the routing the step really made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from workloads.moe import GroupedExperts, MoEFeedForward
+
+COUNT_BYTES = 8             # one int64 count a (rank, expert)
+
+
+class AllToAll(torch.autograd.Function):
+    """`torch.distributed.all_to_all_single` of rows with variable splits, whose backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, send_splits: list[int], receive_splits: list[int], group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        ctx.send_splits, ctx.receive_splits, ctx.group = send_splits, receive_splits, group
+        received = rows.new_empty((sum(receive_splits), *rows.shape[1:]))
+        dist.all_to_all_single(received, rows.contiguous(), receive_splits, send_splits, group=group)
+        return received
+
+    @staticmethod
+    def backward(ctx, gradient: torch.Tensor):
+        import torch.distributed as dist
+
+        sent_back = gradient.new_empty((sum(ctx.send_splits), *gradient.shape[1:]))
+        dist.all_to_all_single(sent_back, gradient.contiguous(), ctx.send_splits, ctx.receive_splits, group=ctx.group)
+        return sent_back, None, None, None
+
+
+@dataclass
+class RoutingLog:
+    """Rows this rank sent and received in all-to-alls since the last `take` (every block and micro-batch)."""
+
+    sent: int = 0
+    received: int = 0
+    exchanges: int = 0          # dispatches (one per block and micro-batch)
+    element_bytes: int = 0      # of the rows dispatched (the residual stream's dtype)
+
+    def take(self) -> dict[str, int]:
+        taken = {"rows_sent": self.sent, "rows_received": self.received, "dispatches": self.exchanges,
+                 "element_bytes": self.element_bytes}
+        self.sent = self.received = self.exchanges = 0
+        return taken
+
+
+@dataclass(frozen=True)
+class Group:
+    """An expert-parallel group as the experts see it: its process group, size and this rank's place in it."""
+
+    process_group: Any
+    degree: int
+    coordinate: int
+
+
+class ExpertParallelExperts(nn.Module):
+    """This rank's `E / degree` experts of a block, with the dispatch and combine around them (module docstring)."""
+
+    def __init__(self, whole: GroupedExperts, group: Group, log: RoutingLog) -> None:
+        super().__init__()
+        experts = whole.w_gate_up.shape[0]
+        self.n_experts, self.local_experts = experts, experts // group.degree
+        first = group.coordinate * self.local_experts
+        self.w_gate_up = nn.Parameter(whole.w_gate_up.detach()[first:first + self.local_experts].clone())
+        self.w_down = nn.Parameter(whole.w_down.detach()[first:first + self.local_experts].clone())
+        self.group, self.log = group, log
+        self.planted = ""       # a planted dispatch bug (harness.rank.faults.DISPATCH_KINDS), "" in an honest run
+
+    def expert(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = (x @ self.w_gate_up[index]).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ self.w_down[index]
+
+    def forward(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        degree, local = self.group.degree, self.local_experts
+        top_k = chosen.shape[-1]
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)           # the (token, choice) pairs grouped by expert, as GroupedExperts
+        token_of = order // top_k
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        # received[s, j]: rows source s sends for this rank's local expert j.
+        sending = counts
+        rows = tokens[token_of]
+        if self.planted == "misroute":      # each destination's rows and counts go to the next rank
+            sending = counts.view(degree, local).roll(1, dims=0).reshape(-1)
+            rows = torch.cat(_rolled_blocks(rows, counts.view(degree, local).sum(dim=1).tolist()))
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, sending, group=self.group.process_group)
+        received = received.view(degree, local)
+        send_splits = sending.view(degree, local).sum(dim=1).tolist()
+        receive_splits = received.sum(dim=1).tolist()
+        self.log.sent += sum(send_splits)
+        self.log.received += sum(receive_splits)
+        self.log.exchanges += 1
+        self.log.element_bytes = tokens.element_size()
+
+        rows = AllToAll.apply(rows, send_splits, receive_splits, self.group.process_group)
+        # Rows arrive by source s, then expert j: regrouped by expert, then source, by a stable sort on j x degree + s.
+        device = rows.device
+        key = torch.arange(local, device=device).view(1, local) * degree + torch.arange(degree, device=device).view(
+            degree, 1)
+        by_expert = torch.repeat_interleave(key.reshape(-1), received.reshape(-1)).argsort(stable=True)
+        grouped = rows[by_expert]
+        outputs, start = [], 0
+        for index, count in enumerate(received.sum(dim=0).tolist()):
+            outputs.append(self.expert(index, grouped[start:start + count]))
+            start += count
+        back = torch.cat(outputs)[by_expert.argsort()]      # source, then expert again
+        returned = AllToAll.apply(back, receive_splits, send_splits, self.group.process_group)
+        if self.planted == "misroute":      # back into the order the rows were taken in
+            returned = torch.cat(_rolled_blocks(returned, send_splits, back=True))
+        if self.planted == "ungated-combine":
+            return torch.zeros_like(tokens).index_add_(0, token_of, returned)
+        weighted = returned * weights.reshape(-1)[order].unsqueeze(-1).to(tokens.dtype)
+        return torch.zeros_like(tokens).index_add_(0, token_of, weighted)
+
+
+def _rolled_blocks(rows: torch.Tensor, sizes: list[int], back: bool = False) -> list[torch.Tensor]:
+    """`rows` cut into blocks of `sizes`, the blocks turned one place on (block d to place d + 1), or back."""
+    blocks = list(rows.split(sizes))
+    return blocks[1:] + blocks[:1] if back else blocks[-1:] + blocks[:-1]
+
+
+def plant_dispatch_fault(modules: list[ExpertParallelExperts], kind: str) -> None:
+    """Make every dispatch wrong in the way `kind` names (harness.rank.faults.DISPATCH_KINDS)."""
+    for module in modules:
+        module.planted = kind
+
+
+def shard_experts(layers: list[nn.Module], group: Group) -> tuple[list[ExpertParallelExperts], RoutingLog]:
+    """Replace every block's experts by this rank's share of them (in place); the sharded modules and the log they
+    write to."""
+    log = RoutingLog()
+    sharded = []
+    for layer in layers:
+        for module in layer.modules():
+            if isinstance(module, MoEFeedForward):
+                experts = module.experts.w_gate_up.shape[0]
+                if experts % group.degree:
+                    raise ValueError(f"{experts} experts do not divide over {group.degree} expert-parallel ranks")
+                module.experts = ExpertParallelExperts(module.experts, group, log)
+                sharded.append(module.experts)
+    return sharded, log
+
+
+def expected_all_to_all_bytes(*, rows_sent: int, rows_received: int, dispatches: int, n_embd: int,
+                              element_bytes: int, n_experts: int) -> int:
+    """The all-to-all bytes a rank's counter sees for this routing (module docstring): each dispatch's and
+    combine-backward's input its sent rows, each combine's and dispatch-backward's its received rows, each
+    dispatch's count exchange E int64 values."""
+    return (2 * rows_sent + 2 * rows_received) * n_embd * element_bytes + dispatches * n_experts * COUNT_BYTES
+
+
+@dataclass
+class ExpertGradients:
+    """What a rank does to its experts' gradients once a step, after backward: they hold the sum over every token its
+    expert-parallel group routed to them of each source's loss gradient, each source's loss already divided by its
+    micro-batches; the plain loop's gradient is the mean over every data-parallel rank's, so they are summed over the
+    ranks holding the same experts (the other expert-parallel groups, `replicas`) and divided by the data-parallel
+    ranks."""
+
+    parameters: list[nn.Parameter]
+    data_parallel: int
+    replicas: Any = None            # the process group of the ranks holding these experts; None where they are alone
+    scale: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scale = 1.0 / self.data_parallel
+
+    def reduce(self) -> None:
+        import torch.distributed as dist
+
+        for parameter in self.parameters:
+            if parameter.grad is None:
+                continue
+            if self.replicas is not None:
+                dist.all_reduce(parameter.grad, group=self.replicas)
+            parameter.grad.mul_(self.scale)
