@@ -103,7 +103,7 @@ GPU_PLANS = {
 # own cost on the plain loop, harness.derive.harness_overhead); one device each.
 REFERENCES = (REFERENCE_STRATEGY, BARE_STRATEGY)
 # The strategies that shard an MoE model's experts: they run on the `moe` matrix's MoE workloads alone.
-EXPERT_PARALLEL = ("ep",)
+EXPERT_PARALLEL = ("ep", "horovod-ep")
 ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES if name not in (*REFERENCES, *EXPERT_PARALLEL))
 ASYNCHRONOUS_PS = "ps-async"
 

@@ -149,3 +149,55 @@ def test_the_llama_block_still_computes_attention_then_its_swiglu_mlp():
     h = block.attend(x)
     gate, up = F.linear(block.ffn_norm(h), block.w_gate_up.weight).chunk(2, dim=-1)
     assert torch.equal(block(x), h + F.linear(F.silu(gate) * up, block.w_down.weight))
+
+
+# ---- the row's expert figures (harness.derive.experts) ---------------------------------------------------------------
+
+
+def expert_row(counted: list[float], expected: list[float], group: int = 2) -> dict:
+    """Measurements of an expert-parallel row: each rank's counted all-to-all bytes and those its routing expects."""
+    return {"comm_per_step_by_rank": [{"all_to_all": {"bytes": c, "calls": 40.0,
+                                                      "bytes_by_group_size": {str(group): c}}} for c in counted],
+            "strategy_figures_by_rank": [{"expert_parallel": {"expected_all_to_all_bytes_per_timed_step": e}}
+                                         for e in expected],
+            "routing": {"load_imbalance": 1.25}, "comm_expected_per_step": {"collectives": [], "not_modelled_because": ""}}
+
+
+def test_an_expert_rows_all_to_all_is_held_to_its_routing_and_its_wire_bytes_expected():
+    from harness.derive.comm import expected_wire_bytes
+    from harness.derive.experts import expert_columns
+
+    honest = expert_columns(expert_row([4_197_683.2, 4_191_436.8], [4_197_683.2, 4_191_436.8]))
+    assert honest == {"load_imbalance": 1.25, "all_to_all_bytes_per_step": 4_197_683.2,
+                      "all_to_all_expected_bytes_per_step": 4_197_683.2, "all_to_all_counted_over_expected": 1.0}
+    # A rank that sent 64 rows of 64 fp32 values more than its routing asked for: the rank furthest from 1 is named.
+    extra = 64 * 64 * 4
+    planted = expert_columns(expert_row([4_197_683.2, 4_191_436.8 + extra], [4_197_683.2, 4_191_436.8]))
+    assert planted["all_to_all_counted_over_expected"] == (4_191_436.8 + extra) / 4_191_436.8
+    # On a wire half of an all-to-all among 2 leaves the rank ((n - 1) / n): the largest rank's expected bytes, halved.
+    assert expected_wire_bytes(expert_row([1.0, 1.0], [1000.0, 800.0])) == {"all_to_all": 500.0}
+    # A row that routed nothing (a dense strategy's) has no such figures.
+    assert expert_columns({"comm_per_step_by_rank": [{}]}) == {}
+
+
+def test_the_reports_expert_lines_say_whether_the_all_to_all_is_what_the_routing_expects():
+    import pandas as pd
+
+    from harness.report.experts import expert_lines
+
+    cells = pd.DataFrame([
+        {"label": "moe-tiny/plain/ws1", "status": "ok", "load_imbalance": 1.123, "all_to_all_bytes_per_step": None,
+         "all_to_all_expected_bytes_per_step": None, "all_to_all_counted_over_expected": None},
+        {"label": "moe-tiny/ep/ws2", "status": "ok", "load_imbalance": 1.123, "all_to_all_bytes_per_step": 2 * 2**20,
+         "all_to_all_expected_bytes_per_step": 2 * 2**20, "all_to_all_counted_over_expected": 1.0},
+        {"label": "moe-tiny/ep/ws4", "status": "ok", "load_imbalance": 1.2, "all_to_all_bytes_per_step": 3 * 2**20,
+         "all_to_all_expected_bytes_per_step": 2 * 2**20, "all_to_all_counted_over_expected": 1.5},
+        {"label": "gpt-tiny/ddp/ws2", "status": "ok", "load_imbalance": None, "all_to_all_bytes_per_step": None,
+         "all_to_all_expected_bytes_per_step": None, "all_to_all_counted_over_expected": None}])
+    assert expert_lines(cells) == [
+        "moe-tiny/plain/ws1: load imbalance 1.12 (the busiest expert's tokens over the mean); experts replicated, "
+        "no all-to-all.",
+        "moe-tiny/ep/ws2: load imbalance 1.12 (the busiest expert's tokens over the mean); all-to-all 2 MiB a step on "
+        "its busiest rank, as its routing expects.",
+        "moe-tiny/ep/ws4: load imbalance 1.2 (the busiest expert's tokens over the mean); all-to-all 3 MiB a step on "
+        "its busiest rank, ROUTING EXPECTS 2 MiB (counted / expected 1.5 on its furthest rank)."]

@@ -1,8 +1,8 @@
-"""moe-tiny launched for real on CPU (gloo): the plain loop, DDP with every expert replicated, and torch's expert
-parallelism (`ep`) at 2 ranks and at 4 (every rank one expert; and `ep=2`, two groups holding the experts), judged
-against the plain loop: losses, norms and the router's choices; the all-to-all bytes each rank's counter saw worked by
-hand from the tokens each expert received; and the two planted dispatch bugs (harness.rank.faults: `misroute`,
-`ungated-combine`), which parity must call a mismatch.
+"""moe-tiny launched for real on CPU (gloo): the plain loop, DDP with every expert replicated, torch's expert
+parallelism (`ep`) at 2 ranks and at 4 (every rank one expert; and `ep=2`, two groups holding the experts) and
+Horovod's (`horovod-ep`) at 2 and 4, judged against the plain loop: losses, norms and the router's choices; the
+all-to-all bytes each rank's counter saw worked by hand from the tokens each expert received; and the planted dispatch
+bugs (harness.rank.faults: `misroute`, `ungated-combine`), which parity must call a mismatch.
 
 moe-tiny (workloads/moe.py): 4 blocks of 4 experts, 2 a token, hidden size 64, 64 tokens a sample. The moe matrix's
 CPU plan: a global batch of 32 in micro-batches of 4, 3 warm-up and 10 timed steps."""
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
+from harness.derive.experts import expert_columns
 from harness.derive.parity import Quantity, Verdict, judge
 from harness.record import read_rows
 from harness.rank.faults import FAULT_ENV
@@ -21,28 +22,34 @@ pytestmark = [pytest.mark.launch, pytest.mark.matrix]
 
 HONEST = ("moe-tiny/plain/ws1/gb32/mb4/fp32/cpu", "moe-tiny/ddp/ws2/gb32/mb4/fp32/cpu",
           "moe-tiny/ep/ws2/gb32/mb4/fp32/cpu", "moe-tiny/ep/ws4/gb32/mb4/fp32/cpu",
-          "moe-tiny/ep[ep=2]/ws4/gb32/mb4/fp32/cpu")
+          "moe-tiny/ep[ep=2]/ws4/gb32/mb4/fp32/cpu", "moe-tiny/horovod-ep/ws2/gb32/mb4/fp32/cpu",
+          "moe-tiny/horovod-ep/ws4/gb32/mb4/fp32/cpu")
 EP2 = "moe-tiny/ep/ws2/gb32/mb4/fp32/cpu"
-PLANTED = ("misroute", "ungated-combine")
+PLANTED = (("ep", "misroute"), ("ep", "ungated-combine"), ("horovod-ep", "misroute"))
 
 
-def launched(tmp_path, arguments: list[str], fault: str | None, monkeypatch) -> dict[str, dict]:
+def launched(tmp_path, arguments: list[str], fault: str | None, monkeypatch,
+             precision: str = "fp32") -> dict[str, dict]:
     if fault:
         monkeypatch.setenv(FAULT_ENV, fault)
     else:
         monkeypatch.delenv(FAULT_ENV, raising=False)
     out = tmp_path / "rows.jsonl"
-    main(["run", "--matrix", "moe", "--precision", "fp32", *arguments, "--out", str(out)])
+    main(["run", "--matrix", "moe", "--precision", precision, *arguments, "--out", str(out)])
     return {RunSpec.from_dict(row["spec"]).label: row for row in read_rows([out])}
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        honest = launched(tmp_path_factory.mktemp("honest"), ["--strategy", "plain,ddp,ep"], None, monkeypatch)
-        one_cell = ["--strategy", "ep", "--world-sizes", "2", "--global-batch", "32"]
-        planted = {fault: launched(tmp_path_factory.mktemp(fault), one_cell, f"{fault}:rank=all:step=0",
-                                   monkeypatch)[EP2] for fault in PLANTED}
+        honest = launched(tmp_path_factory.mktemp("honest"), ["--strategy", "plain,ddp,ep,horovod-ep"], None,
+                          monkeypatch)
+        planted = {(strategy, fault): launched(
+            tmp_path_factory.mktemp(fault), ["--strategy", strategy, "--world-sizes", "2", "--global-batch", "32"],
+            f"{fault}:rank=all:step=0", monkeypatch)[f"moe-tiny/{strategy}/ws2/gb32/mb4/fp32/cpu"]
+            for strategy, fault in PLANTED}
+        honest.update(launched(tmp_path_factory.mktemp("bf16"), ["--strategy", "ep", "--world-sizes", "2",
+                                                                 "--global-batch", "32"], None, monkeypatch, "bf16"))
     return honest, planted
 
 
@@ -84,6 +91,32 @@ def test_a_ranks_all_to_all_bytes_are_its_routed_rows_worked_by_hand(rows):
             m["comm_per_step_by_rank"][rank]["all_to_all"]["by_group"]["ep"]["bytes"], rel=1e-12)
 
 
+def test_under_bf16_autocast_the_outputs_go_back_in_bf16_and_the_rows_out_in_fp32(rows):
+    honest, _ = rows
+    m = honest["moe-tiny/ep/ws2/gb32/mb4/bf16/cpu"]["measurements"]
+    timed = m["routing"]["tokens_per_expert_by_step"][3:]
+    for rank in (0, 1):
+        received = sum(step[block][2 * rank] + step[block][2 * rank + 1] for step in timed for block in range(4)) / 10
+        sent = 16 * 64 * 2 * 4
+        # The rows go out as the block's normed input (fp32, 4 bytes) and come back as the experts' bf16 outputs (2);
+        # each backward in its tensor's dtype: (sent + received) rows of 64 values x (4 + 2) bytes, and the counts.
+        expected = (sent + received) * 64 * (4 + 2) + 16 * 4 * 8
+        counted = m["comm_per_step_by_rank"][rank]["all_to_all"]["by_group"]["ep"]["bytes"]
+        assert counted == pytest.approx(expected, rel=1e-12), rank
+    assert expert_columns(m)["all_to_all_counted_over_expected"] == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("cell", HONEST[5:])
+def test_horovods_alltoall_carries_the_rows_each_rank_routed_and_one_all_reduce_the_dense_gradients(rows, cell):
+    honest, _ = rows
+    m = honest[cell]["measurements"]
+    for rank, counts in enumerate(m["comm_per_step_by_rank"]):
+        recorded = m["strategy_figures_by_rank"][rank]["expert_parallel"]["expected_all_to_all_bytes_by_step"][3:]
+        assert counts["all_to_all"]["bytes"] == pytest.approx(sum(recorded) / 10, rel=1e-12), rank
+        # The dense part: moe-tiny less its experts, 411,200 - 4 x 4 x 18,432 = 116,288 fp32 values, in one call.
+        assert counts["all_reduce"]["bytes"] == 116_288 * 4 and counts["all_reduce"]["calls"] == 1, rank
+
+
 def test_two_groups_of_two_sum_their_experts_gradients_between_them(rows):
     honest, _ = rows
     m = honest["moe-tiny/ep[ep=2]/ws4/gb32/mb4/fp32/cpu"]["measurements"]
@@ -96,10 +129,10 @@ def test_two_groups_of_two_sum_their_experts_gradients_between_them(rows):
     assert held == [411_200 - 4 * 2 * (64 * 192 + 96 * 64)] * 4
 
 
-@pytest.mark.parametrize("fault", PLANTED)
-def test_a_planted_dispatch_bug_is_a_mismatch(rows, fault):
+@pytest.mark.parametrize("strategy, fault", PLANTED)
+def test_a_planted_dispatch_bug_is_a_mismatch(rows, strategy, fault):
     honest, planted = rows
-    row = planted[fault]
+    row = planted[strategy, fault]
     assert row["status"] == "ok", row.get("message")
     assert row["environment"]["env"][FAULT_ENV] == f"{fault}:rank=all:step=0"
     parity = judge([row, honest[HONEST[0]]])[0]

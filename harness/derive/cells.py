@@ -1,13 +1,6 @@
 """Rows -> one line per launch and one line per cell, every figure derived here, for every reader.
 
-    python -c "from harness.derive.cells import cell_table; from harness.derive.activations import predicted_activation_bytes
-from harness.derive.comm import comm_columns
-from harness.derive.exposed import exposed_communication
-from harness.derive.intervals import median_interval
-from harness.derive.memory import memory_columns
-from harness.derive.parity import judge
-from harness.derive.peaks import mfu, peak_flops_for, tf32_in_use
-from harness.derive.rows import load_rows;
+    python -c "from harness.derive.cells import cell_table; from harness.derive.rows import load_rows;
         print(cell_table(load_rows(['results/reference/ci-cpu/smoke.jsonl'])).T)"
 
 `launch_table` gives one line per launch (any status) with its spec, step-time medians and throughput on
@@ -29,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from harness.derive.beyond_ws1 import step_beyond_ws1
 from harness.derive.activations import predicted_activation_bytes
 from harness.derive.comm import comm_columns
+from harness.derive.experts import expert_columns
 from harness.derive.compiled import cell_compile, compile_columns
 from harness.derive.exposed import exposed_columns
 from harness.derive.hosts import cell_host_load, row_host_load
@@ -73,6 +67,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record["activation_bytes_predicted"] = predicted_activation_bytes(s, m)
     record.update(technique_columns(m))
     record.update(_communication(m))
+    record.update(expert_columns(m))
     record.update(server_link_columns(m))
     record.update(checkpoint_columns(row))
     record.update(compile_columns(m))
@@ -167,7 +162,8 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "busiest_link_bytes_per_step", "busiest_over_worker", "staleness_median", "staleness_max",
                   "checkpoint_save_s", "checkpoint_load_s", "checkpoint_save_GBps", "checkpoint_bytes",
                   "recovery_s", "steps_recomputed", "restarts",
-                  "checkpoint_async_blocked_s", "checkpoint_async_write_s")
+                  "checkpoint_async_blocked_s", "checkpoint_async_write_s", "load_imbalance",
+                  "all_to_all_bytes_per_step", "all_to_all_expected_bytes_per_step", "all_to_all_counted_over_expected")
 FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
                  "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source", "workers", "servers",
                  "busiest_link", "link_rate_bits_per_s", "checkpoint_method", "checkpoint_files")

@@ -141,12 +141,29 @@ def expected_wire_bytes(measurements: Mapping[str, Any]) -> dict[str, float] | N
             size = entry["size_bytes"] * entry["calls"]
             wire[entry["collective"]] = wire.get(entry["collective"], 0.0) + wire_bytes(
                 entry["collective"], size, entry["ranks"])
+        routed = _routed_all_to_all(measurements)
+        if routed:
+            wire[Collective.ALL_TO_ALL.value] = wire.get(Collective.ALL_TO_ALL.value, 0.0) + wire_bytes(
+                Collective.ALL_TO_ALL.value, *routed)
         return wire
     legacy = measurements.get("comm_bytes_per_step_analytic")
     if legacy is None:
         return None
     ranks = int(measurements.get("data_parallel") or 1)
     return {collective: wire_bytes(collective, size, ranks) for collective, size in legacy.items()}
+
+
+def _routed_all_to_all(measurements: Mapping[str, Any]) -> tuple[float, int] | None:
+    """An expert-parallel row's all-to-all, expected from what its ranks routed (harness.derive.experts): the largest
+    rank's bytes per timed step and the ranks of the group it ran among; None for any other row."""
+    from harness.derive.experts import ALL_TO_ALL, expected_all_to_all_by_rank
+
+    expected = expected_all_to_all_by_rank(measurements)
+    if expected is None:
+        return None
+    sizes = {int(size) for rank in measurements.get("comm_per_step_by_rank") or []
+             for size in ((rank.get(ALL_TO_ALL) or {}).get("bytes_by_group_size") or {})}
+    return max(expected), max(sizes, default=1)
 
 
 def expected_not_modelled_because(measurements: Mapping[str, Any]) -> str:

@@ -199,6 +199,12 @@ class CollectiveCounter:
                                                                                            a[0] if a else None)),
                                                      lambda *a, **k: (hvd.size(), WORLD)))
 
+        # Horovod's alltoall (horovod-ep's dispatch): its autograd function's forward calls this, backward included.
+        mpi_ops = importlib.import_module("horovod.torch.mpi_ops")
+        self._patch(mpi_ops, "alltoall_async", self._wrap(mpi_ops.alltoall_async, "all_to_all",
+                                                          lambda *a, **k: k.get("tensor", a[0] if a else None),
+                                                          lambda *a, **k: (hvd.size(), WORLD)))
+
     def install_functional(self) -> None:
         """Also count `torch.ops._c10d_functional` collectives (DTensor's), in the steps `counting` samples."""
         self.functional = CollectiveCounter()

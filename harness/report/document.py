@@ -61,17 +61,20 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
 TECHNIQUES_HEADING = "Memory saved, step time paid"
 PARAMETER_SERVER_HEADING = "Parameter server against all-reduce"
 CHECKPOINT_HEADING = "Checkpoint and resume"
+EXPERTS_HEADING = "Experts: all-to-all and load"
 
 
 def _verdict_sections(found: Verdicts, memory: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
     """(heading, lines) in the order they are shown: memory outside the model states where the rows read it
     (`memory`: harness.derive.memory_flags.verdict_lines, first, so that a flagged launch is not missed), what each
     memory technique saved and cost where cells ran with one, the parameter servers beside all-reduce where they ran,
-    each group of comparable cells, then parity, then the cells that did not run."""
+    checkpoints, the MoE cells' all-to-all and load, each group of comparable cells, then parity, then the cells that
+    did not run."""
     first = [(MEMORY_HEADING, list(memory))] if memory else []
     first += [(TECHNIQUES_HEADING, found.techniques)] if found.techniques else []
     first += [(PARAMETER_SERVER_HEADING, found.parameter_server)] if found.parameter_server else []
     first += [(CHECKPOINT_HEADING, found.checkpoint)] if found.checkpoint else []
+    first += [(EXPERTS_HEADING, found.experts)] if found.experts else []
     return (first + [(group.heading, group.lines) for group in found.groups]
             + [("Loss parity", found.parity), ("Failed or skipped cells", found.not_run)])
 

@@ -27,6 +27,7 @@ from harness.derive.exposed import BOUND_PREFIX
 from harness.derive.harness_overhead import BARE_STRATEGY, overhead_verdict
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.report.checkpoint import checkpoint_lines
+from harness.report.experts import expert_lines
 from harness.report.parameter_server import parameter_server_lines
 from harness.report.techniques import technique_lines
 from harness.spec import DeviceKind
@@ -111,6 +112,8 @@ class Verdicts:
     parameter_server: list[str] = field(default_factory=list)
     # each checkpoint cell's save, load, size and resume verdict (harness.report.checkpoint); empty where none ran
     checkpoint: list[str] = field(default_factory=list)
+    # each MoE cell's all-to-all against its routing's expectation and its load imbalance (harness.report.experts)
+    experts: list[str] = field(default_factory=list)
 
 
 def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdicts:
@@ -123,7 +126,7 @@ def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdi
     groups = [_group(key, group) for key, group in cells.groupby(COMPARABLE, sort=False, dropna=False)]
     return Verdicts(groups=groups, parity=_parity(cells), not_run=_not_run(cells, launches),
                     techniques=technique_lines(cells, COMPARABLE), parameter_server=parameter_server_lines(cells),
-                    checkpoint=checkpoint_lines(cells))
+                    checkpoint=checkpoint_lines(cells), experts=expert_lines(cells))
 
 
 def cell_name(line: Mapping[str, Any]) -> str:

@@ -29,6 +29,7 @@ from harness.strategies.ep import ExpertParallel
 from harness.strategies.fsdp2 import FSDP2
 from harness.strategies.fsdp2_tp import FSDP2TensorParallel
 from harness.strategies.horovod import Horovod
+from harness.strategies.horovod_ep import HorovodExpertParallel
 from harness.strategies.parameter_server import ParameterServer
 from harness.strategies.parameter_server_async import AsyncParameterServer
 from harness.strategies.pipeline import Pipeline
@@ -57,6 +58,7 @@ STRATEGIES: dict[str, Strategy] = {
     "ps": ParameterServer(),
     "ps-async": AsyncParameterServer(),
     "ep": ExpertParallel(),
+    "horovod-ep": HorovodExpertParallel(),
 }
 
 

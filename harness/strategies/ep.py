@@ -35,8 +35,8 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
 from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.ddp import DDPTrainer
-from harness.strategies.expert_parallel import (ExpertGradients, Group, RoutingLog, expected_all_to_all_bytes,
-                                                shard_experts)
+from harness.strategies.expert_parallel import (ExpertGradients, Group, RoutingLog, TorchExchange,
+                                                expected_all_to_all_figures, shard_experts)
 from harness.strategies.loss_scaling import scaler_for
 from workloads import Family, get_workload
 
@@ -95,8 +95,7 @@ class EPTrainer(DDPTrainer):
         counter expect (harness.strategies.expert_parallel.expected_all_to_all_bytes)."""
         return {"expert_parallel": {
             "routed_by_step": self.routed_by_step,
-            "expected_all_to_all_bytes_by_step": [expected_all_to_all_bytes(
-                **routed, n_embd=self.n_embd, n_experts=self.n_experts) for routed in self.routed_by_step]}}
+            **expected_all_to_all_figures(self.routed_by_step, self.spec.warmup_steps, self.n_embd, self.n_experts)}}
 
 
 class ExpertParallel(Strategy):
@@ -120,13 +119,7 @@ class ExpertParallel(Strategy):
             raise SpecError(f"strategy ep: ep={degree} must divide the world size {spec.world_size}")
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
-        workload = get_workload(spec.workload)
-        if workload.family is not Family.MOE:
-            return f"expert parallelism shards an MoE model's experts: {spec.workload} has none"
-        experts = workload.config.n_experts
-        if experts % self.degree(spec):
-            return f"{spec.workload}'s {experts} experts do not divide over ep={self.degree(spec)} ranks"
-        return None
+        return moe_refusal(spec, self.degree(spec))
 
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
@@ -137,14 +130,7 @@ class ExpertParallel(Strategy):
         (`EPTrainer.rank_figures`)."""
         if spec.world_size == 1:
             return ExpectedTraffic()
-        expert_bytes = dense_bytes = 0
-        for layer in layers:
-            for name, parameter in layer.named_parameters():
-                size = parameter.numel() * parameter.element_size()
-                if ".experts." in f".{name}":
-                    expert_bytes += size
-                else:
-                    dense_bytes += size
+        dense_bytes, expert_bytes = split_bytes(layers)
         degree = self.degree(spec)
         collectives = [ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=dense_bytes, calls=1,
                                           ranks=spec.world_size)]
@@ -164,12 +150,7 @@ class ExpertParallel(Strategy):
         return (*half_dtype_names(spec), "float32")
 
     def planned_parameters_held(self, spec: RunSpec, layers) -> int:
-        total = expert = 0
-        for layer in layers:
-            for name, parameter in layer.named_parameters():
-                total += parameter.numel()
-                expert += parameter.numel() if ".experts." in f".{name}" else 0
-        return total - expert + expert // self.degree(spec)
+        return held_with_experts_over(layers, self.degree(spec))
 
     def start(self, spec):
         return torchrun_context(spec.device)
@@ -179,7 +160,7 @@ class ExpertParallel(Strategy):
         replicas = context.world_size // degree
         expert_group, replica_group = expert_groups(context.rank, context.world_size, degree)
         coordinate = context.rank % degree
-        sharded, log = shard_experts(layers, Group(expert_group, degree, coordinate))
+        sharded, log = shard_experts(layers, Group(TorchExchange(expert_group), degree, coordinate))
         model = nn.Sequential(*blocks_as_run(layers, self.resolved(spec))).to(context.device)
         expert_parameters = [p for module in sharded for p in module.parameters()]
         expert_ids = {id(p) for p in expert_parameters}
@@ -221,3 +202,31 @@ def expert_groups(rank: int, world_size: int, degree: int) -> tuple[object, obje
     for label, group in mine.items():
         label_group(group, label)
     return mine[EXPERT_GROUP], mine[EXPERT_REPLICAS]
+
+
+def moe_refusal(spec: RunSpec, degree: int) -> str | None:
+    """Why `spec`'s experts cannot be sharded over `degree` ranks, or None."""
+    workload = get_workload(spec.workload)
+    if workload.family is not Family.MOE:
+        return f"expert parallelism shards an MoE model's experts: {spec.workload} has none"
+    experts = workload.config.n_experts
+    if experts % degree:
+        return f"{spec.workload}'s {experts} experts do not divide over {degree} expert-parallel ranks"
+    return None
+
+
+def _is_expert(name: str) -> bool:
+    return ".experts." in f".{name}"
+
+
+def split_bytes(layers) -> tuple[int, int]:
+    """(the dense parameters' bytes, the routed experts' bytes) of freshly built layers."""
+    sizes = [(_is_expert(name), p.numel() * p.element_size())
+             for layer in layers for name, p in layer.named_parameters()]
+    return sum(size for expert, size in sizes if not expert), sum(size for expert, size in sizes if expert)
+
+
+def held_with_experts_over(layers, degree: int) -> int:
+    """Parameters a rank holds with the routed experts split over `degree` ranks and the rest whole."""
+    counts = [(_is_expert(name), p.numel()) for layer in layers for name, p in layer.named_parameters()]
+    return sum(n for expert, n in counts if not expert) + sum(n for expert, n in counts if expert) // degree

@@ -20,8 +20,10 @@ issues, per block and micro-batch, the counts' exchange and four exchanges of ro
 their backward. The counter (harness.rank.comm_counter) sizes an all_to_all by its input, as nccl-tests' alltoall does:
 a rank's dispatch and combine-backward inputs hold its T x k rows (T its tokens, k the experts per token), its combine
 and dispatch-backward inputs the R rows routed to its experts, so a step's bytes per rank are, per block and
-micro-batch, (2 T k + 2 R) x d x the element size, plus 8 E for the counts (`expected_all_to_all_bytes`). On a wire,
-a (n - 1) / n share of each leaves the rank (harness.derive.comm's busbw factor of all_to_all).
+micro-batch, (T k + R) x d x (the dispatched rows' element size + the outputs'), plus 8 E for the counts
+(`expected_all_to_all_bytes`): (2 T k + 2 R) x d x 4 in fp32, and under bf16 autocast, whose experts' outputs are
+bf16 while the rows they take are fp32, (T k + R) x d x 6. On a wire, a (n - 1) / n share of each leaves the rank
+(harness.derive.comm's busbw factor of all_to_all).
 
 What a step routed is recorded (`RoutingLog`): the rows each rank sent and received per step, from the counts it
 exchanged, so the expected bytes come from the routing the step really made.
@@ -69,20 +71,74 @@ class RoutingLog:
     sent: int = 0
     received: int = 0
     exchanges: int = 0          # dispatches (one per block and micro-batch)
-    element_bytes: int = 0      # of the rows dispatched (the residual stream's dtype)
+    dispatch_element_bytes: int = 0     # of the rows dispatched (the block's normed input: fp32 under autocast too)
+    combine_element_bytes: int = 0      # of the experts' outputs sent back (bf16 under autocast)
 
     def take(self) -> dict[str, int]:
         taken = {"rows_sent": self.sent, "rows_received": self.received, "dispatches": self.exchanges,
-                 "element_bytes": self.element_bytes}
+                 "dispatch_element_bytes": self.dispatch_element_bytes,
+                 "combine_element_bytes": self.combine_element_bytes}
         self.sent = self.received = self.exchanges = 0
         return taken
 
 
+class TorchExchange:
+    """The group's all-to-alls through torch.distributed (`ep`): `all_to_all_single` on its process group."""
+
+    def __init__(self, process_group: Any) -> None:
+        self.process_group = process_group
+
+    def counts(self, counts: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.process_group)
+        return received
+
+    def rows(self, rows: torch.Tensor, send_splits: list[int], receive_splits: list[int]) -> torch.Tensor:
+        return AllToAll.apply(rows, send_splits, receive_splits, self.process_group)
+
+
+class ContiguousGradient(torch.autograd.Function):
+    """The identity, whose backward hands on its gradient contiguous: Horovod's alltoall backward sends the gradient
+    it gets as it lies in memory, and an indexing's gradient need not be contiguous."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, gradient: torch.Tensor) -> torch.Tensor:
+        return gradient.contiguous()
+
+
+class HorovodExchange:
+    """The group's all-to-alls through Horovod (`horovod-ep`): `hvd.alltoall` over every rank (its global process set),
+    with variable splits; Horovod's own autograd function sends the gradients back."""
+
+    def __init__(self, degree: int) -> None:
+        self.degree = degree
+
+    def counts(self, counts: torch.Tensor) -> torch.Tensor:
+        import horovod.torch as hvd
+
+        each = torch.full((self.degree,), counts.numel() // self.degree, dtype=torch.int32)
+        received, _ = hvd.alltoall(counts, splits=each, name=None)
+        return received
+
+    def rows(self, rows: torch.Tensor, send_splits: list[int], receive_splits: list[int]) -> torch.Tensor:
+        import horovod.torch as hvd
+
+        received, _ = hvd.alltoall(rows.contiguous(), splits=torch.tensor(send_splits, dtype=torch.int32))
+        return ContiguousGradient.apply(received)
+
+
 @dataclass(frozen=True)
 class Group:
-    """An expert-parallel group as the experts see it: its process group, size and this rank's place in it."""
+    """An expert-parallel group as the experts see it: how its ranks exchange tensors, its size and this rank's place
+    in it."""
 
-    process_group: Any
+    exchange: Any                   # TorchExchange or HorovodExchange
     degree: int
     coordinate: int
 
@@ -105,8 +161,6 @@ class ExpertParallelExperts(nn.Module):
         return (F.silu(gate) * up) @ self.w_down[index]
 
     def forward(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
         degree, local = self.group.degree, self.local_experts
         top_k = chosen.shape[-1]
         flat = chosen.reshape(-1)
@@ -119,17 +173,15 @@ class ExpertParallelExperts(nn.Module):
         if self.planted == "misroute":      # each destination's rows and counts go to the next rank
             sending = counts.view(degree, local).roll(1, dims=0).reshape(-1)
             rows = torch.cat(_rolled_blocks(rows, counts.view(degree, local).sum(dim=1).tolist()))
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, sending, group=self.group.process_group)
-        received = received.view(degree, local)
+        received = self.group.exchange.counts(sending).view(degree, local)
         send_splits = sending.view(degree, local).sum(dim=1).tolist()
         receive_splits = received.sum(dim=1).tolist()
         self.log.sent += sum(send_splits)
         self.log.received += sum(receive_splits)
         self.log.exchanges += 1
-        self.log.element_bytes = tokens.element_size()
+        self.log.dispatch_element_bytes = tokens.element_size()
 
-        rows = AllToAll.apply(rows, send_splits, receive_splits, self.group.process_group)
+        rows = self.group.exchange.rows(rows, send_splits, receive_splits)
         # Rows arrive by source s, then expert j: regrouped by expert, then source, by a stable sort on j x degree + s.
         device = rows.device
         key = torch.arange(local, device=device).view(1, local) * degree + torch.arange(degree, device=device).view(
@@ -141,7 +193,8 @@ class ExpertParallelExperts(nn.Module):
             outputs.append(self.expert(index, grouped[start:start + count]))
             start += count
         back = torch.cat(outputs)[by_expert.argsort()]      # source, then expert again
-        returned = AllToAll.apply(back, receive_splits, send_splits, self.group.process_group)
+        self.log.combine_element_bytes = back.element_size()
+        returned = self.group.exchange.rows(back, receive_splits, send_splits)
         if self.planted == "misroute":      # back into the order the rows were taken in
             returned = torch.cat(_rolled_blocks(returned, send_splits, back=True))
         if self.planted == "ungated-combine":
@@ -179,11 +232,23 @@ def shard_experts(layers: list[nn.Module], group: Group) -> tuple[list[ExpertPar
 
 
 def expected_all_to_all_bytes(*, rows_sent: int, rows_received: int, dispatches: int, n_embd: int,
-                              element_bytes: int, n_experts: int) -> int:
-    """The all-to-all bytes a rank's counter sees for this routing (module docstring): each dispatch's and
-    combine-backward's input its sent rows, each combine's and dispatch-backward's its received rows, each
-    dispatch's count exchange E int64 values."""
-    return (2 * rows_sent + 2 * rows_received) * n_embd * element_bytes + dispatches * n_experts * COUNT_BYTES
+                              dispatch_element_bytes: int, combine_element_bytes: int, n_experts: int) -> int:
+    """The all-to-all bytes a rank's counter sees for this routing (module docstring): the dispatch's input its sent
+    rows and its backward's its received ones, in the dispatched rows' dtype (a gradient has its tensor's); the
+    combine's input its received rows and its backward's its sent ones, in the outputs' dtype; each dispatch's count
+    exchange E int64 values."""
+    rows = (rows_sent + rows_received) * n_embd
+    return rows * (dispatch_element_bytes + combine_element_bytes) + dispatches * n_experts * COUNT_BYTES
+
+
+def expected_all_to_all_figures(routed_by_step: list[dict[str, int]], warmup_steps: int, n_embd: int,
+                                n_experts: int) -> dict[str, Any]:
+    """A rank's expected all-to-all bytes in each step from what it routed, and their mean over the timed steps (those
+    the counter counts): its row's `strategy_figures_by_rank` (harness.derive.experts)."""
+    by_step = [expected_all_to_all_bytes(**routed, n_embd=n_embd, n_experts=n_experts) for routed in routed_by_step]
+    timed = by_step[warmup_steps:]
+    return {"expected_all_to_all_bytes_by_step": by_step,
+            "expected_all_to_all_bytes_per_timed_step": sum(timed) / len(timed) if timed else None}
 
 
 @dataclass

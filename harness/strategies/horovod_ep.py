@@ -1,0 +1,170 @@
+"""Expert parallelism through Horovod, started by `horovodrun` (gloo on CPU): `ep`'s dispatch and combine
+(harness.strategies.expert_parallel) with Horovod's `alltoall` in place of torch's `all_to_all_single`, and the dense
+gradients averaged by Horovod's all-reduce, as a Horovod user builds it: Horovod has no expert-parallel layer of its
+own, and its alltoall (variable splits, differentiable) is the collective such a user reaches for.
+
+Every rank holds `E / world size` of each block's experts (one group over every rank, Horovod's global process set)
+and its own samples, as under `horovod`. After backward the dense gradients are averaged in one grouped all-reduce
+(`hvd.grouped_allreduce_`, Average); an expert's gradient holds every rank's tokens routed to it and is divided by the
+world size, as under `ep` (expert_parallel.ExpertGradients). The optimizer is the common AdamW, not
+`hvd.DistributedOptimizer`, whose all-reduce would take the experts too; rank 0's parameters are broadcast first, as
+Horovod's examples do.
+
+Traffic per step per rank: the all-to-alls as under `ep` (Horovod's alltoall sized by its input, counted by the
+counter's Horovod entry point; expected from the rows the rank routed), and one all-reduce of the dense gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from harness.derive.comm import Collective
+from harness.environment import horovod_build_flags
+from harness.spec import Precision, RunSpec
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, accumulate, apply_update,
+                                     half_dtype_names, make_adamw, optimizer_description, recipe_of)
+from harness.strategies.base import squared_norm
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
+from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
+from harness.strategies.expert_parallel import (ExpertGradients, Group, HorovodExchange, RoutingLog,
+                                                expected_all_to_all_figures, shard_experts)
+from harness.strategies.ep import held_with_experts_over, moe_refusal, split_bytes
+from harness.strategies.horovod import Horovod, HorovodTrainer
+from harness.strategies.loss_scaling import scaler_for
+
+
+@dataclass
+class HorovodEPTrainer(HorovodTrainer):
+    """The plain loop's accumulation, then the dense gradients averaged by Horovod and the experts' divided."""
+
+    experts: ExpertGradients | None = None
+    dense: list[nn.Parameter] = field(default_factory=list)
+    routing: RoutingLog | None = None
+    expert_names: frozenset[str] = frozenset()
+    routed_by_step: list[dict[str, int]] = field(default_factory=list)
+    n_embd: int = 0
+    n_experts: int = 0
+
+    def train_step(self, micro_batches, gradients_ready=None) -> torch.Tensor:
+        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
+                          multipliers=self.loss_multipliers, scaler=self.scaler)
+        gradients = [p.grad for p in self.dense if p.grad is not None]
+        if gradients and self.context.world_size > 1:
+            self.hvd.grouped_allreduce_(gradients, op=self.hvd.Average, name="parbench.dense")
+        self.experts.reduce()
+        self.routed_by_step.append(self.routing.take())
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if gradients_ready is not None:
+            gradients_ready()
+        self.step_outcome = apply_update(self.optimizer, self.scaler)
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def _parts(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A dense (replicated) tensor on rank 0 alone, an expert slice on every rank: squares that add up."""
+        return [tensor if (name in self.expert_names or self.context.rank == 0) else tensor.new_empty(0)
+                for name, tensor in zip(self.parameter_names(), tensors)]
+
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def local_parameters(self):
+        return self._parts(self._trainable()), True
+
+    def local_gradients(self):
+        return self._parts([p.grad for p in self._trainable()]), True
+
+    def parameters_held(self, whole_model: int) -> int:
+        return sum(p.numel() for p in self._trainable())
+
+    def global_norm(self, tensors, sharded: bool) -> float:
+        return float(sum(n * n for n in self.tensor_norms(list(tensors), sharded))) ** 0.5
+
+    def tensor_norms(self, tensors, sharded: bool) -> list[float]:
+        """As the base's, the ranks' squares added by Horovod's all-reduce: torch.distributed is not started."""
+        squares = torch.stack([squared_norm(tensor).to(self.context.device) for tensor in tensors])
+        if sharded and self.context.world_size > 1:
+            squares = self.hvd.allreduce(squares, op=self.hvd.Sum, name="parbench.norms")
+        return squares.sqrt().tolist()
+
+    def rank_figures(self):
+        return {"expert_parallel": {
+            "routed_by_step": self.routed_by_step,
+            **expected_all_to_all_figures(self.routed_by_step, self.spec.warmup_steps, self.n_embd, self.n_experts)}}
+
+
+class HorovodExpertParallel(Horovod):
+    name = "horovod-ep"
+    launcher = "horovodrun"
+    checkpoint_method = ""
+    description = "expert parallelism through Horovod: experts sharded, tokens exchanged by hvd.alltoall (horovodrun)"
+    comm_interception = "Horovod's all-reduce and alltoall entry points"
+    options = {OPTION_NAME: ACTIVATION_CHECKPOINTING, COMPILE_NAME: COMPILE}
+    cannot_compile_because = ("the dispatch reads its split sizes on the host (.tolist()), which breaks the compiled "
+                              "graph at every block")
+
+    def validate(self, spec: RunSpec) -> None:
+        return None
+
+    def layout_refusal(self, spec: RunSpec) -> str | None:
+        if spec.precision is Precision.BF16:
+            # Measured: the dispatch's rows are bf16 under autocast, and hvd.alltoall raised "Tensor type
+            # torch.BFloat16Tensor is not supported" on every rank (Horovod 0.28.1, CPU, 2026-11-29).
+            return ("Horovod 0.28.1's alltoall takes no bfloat16 tensor (its torch operations have none for it), and "
+                    "the rows the dispatch sends are bf16 under autocast")
+        return moe_refusal(spec, spec.world_size)
+
+    def compute_only_unavailable(self, spec: RunSpec) -> str:
+        return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
+
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        raise NotImplementedError("horovod-ep's traffic is expected from its layers (expected_traffic)")
+
+    def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
+        """One all-reduce of the dense gradients; the all-to-alls follow the routing and are expected from it in the
+        row (`HorovodEPTrainer.rank_figures`)."""
+        if spec.world_size == 1:
+            return ExpectedTraffic()
+        dense_bytes, _ = split_bytes(layers)
+        return ExpectedTraffic(collectives=(ExpectedCollective(collective=Collective.ALL_REDUCE, size_bytes=dense_bytes,
+                                                               calls=1, ranks=spec.world_size),))
+
+    def working_memory_bytes(self, rank, recipe, options):
+        return {}
+
+    def wire_calls(self, *, collective, counted_calls, bytes_per_step, backward_s, options):
+        return counted_calls
+
+    def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
+        """As `ep`'s (ExpertParallel.gradient_reduce_dtypes): an expert's gradient sums its group's rows in bf16."""
+        return (*half_dtype_names(spec), "float32")
+
+    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
+        return held_with_experts_over(layers, spec.world_size)
+
+    def wrap(self, spec, context, workload, layers):
+        import horovod.torch as hvd
+
+        degree = context.world_size
+        sharded, log = shard_experts(layers, Group(HorovodExchange(degree), degree, context.rank))
+        model = nn.Sequential(*blocks_as_run(layers, self.resolved(spec))).to(context.device)
+        expert_ids = {id(p) for module in sharded for p in module.parameters()}
+        # The dense part starts from rank 0's values on every rank; each rank's experts are its own slice already.
+        dense_state = {name: tensor for name, tensor in model.state_dict().items() if ".experts." not in f".{name}"}
+        hvd.broadcast_parameters(dense_state, root_rank=0)
+        config = workload.config
+        return HorovodEPTrainer(
+            context=context, model=model, optimizer=make_adamw(model.parameters(), context.device), workload=workload,
+            spec=spec, hvd=hvd, precision_recipe=recipe_of(spec), scaler=scaler_for(spec, context.device),
+            experts=ExpertGradients([p for p in model.parameters() if id(p) in expert_ids],
+                                    data_parallel=context.world_size),
+            dense=[p for p in model.parameters() if id(p) not in expert_ids], routing=log,
+            expert_names=frozenset(name for name, p in model.named_parameters() if id(p) in expert_ids),
+            n_embd=config.n_embd, n_experts=config.n_experts,
+            config={"expert_parallel": degree, "experts_per_rank": config.n_experts // degree,
+                    "dense": "hvd.grouped_allreduce_, Average", "horovod_build": horovod_build_flags(hvd),
+                    **optimizer_description(context.device)})
