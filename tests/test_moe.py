@@ -201,3 +201,14 @@ def test_the_reports_expert_lines_say_whether_the_all_to_all_is_what_the_routing
         "its busiest rank, as its routing expects.",
         "moe-tiny/ep/ws4: load imbalance 1.2 (the busiest expert's tokens over the mean); all-to-all 3 MiB a step on "
         "its busiest rank, ROUTING EXPECTS 2 MiB (counted / expected 1.5 on its furthest rank)."]
+
+
+def test_an_moe_cell_in_fp16_is_refused_before_launch_in_one_line():
+    from harness.spec import RunSpec, SpecError
+    from harness.strategies import checked
+
+    spec = RunSpec(workload="moe-tiny", strategy="ddp", world_size=2, global_batch=16, micro_batch=4, precision="fp16",
+                   warmup_steps=3, timed_steps=10)
+    with pytest.raises(SpecError, match="moe-tiny cannot train in fp16: its load-balancing loss"):
+        checked(spec)
+    checked(spec.replace(precision="bf16"))

@@ -128,6 +128,11 @@ class Workload(abc.ABC):
         workload says otherwise. Only the inputs: the parameters stay as built, which every wrapper can flatten."""
         return torch.contiguous_format
 
+    def precision_refusal(self, precision: str) -> str | None:
+        """Why this workload cannot train in `precision` ("fp32", "bf16", "fp16"), or None: every precision by
+        default."""
+        return None
+
     def scale_auxiliary_losses(self, layers: list[nn.Module], factor: float) -> None:
         """Tell the layers the factor a trainer multiplies each micro-batch's loss by (1 / its micro-batches), for
         a loss term they send to the gradients themselves (workloads.moe's load-balancing loss). None by default."""

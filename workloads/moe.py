@@ -248,6 +248,15 @@ class MoEWorkload(DecoderWorkload):
     def matmul_params(self) -> int:
         return self.config.active_matmul_parameters
 
+    def precision_refusal(self, precision: str) -> str | None:
+        """fp16's loss scaling multiplies the loss before backward, which the load-balancing loss's gradient, sent by
+        AuxLossToGradients at a fixed scale, would not get: unscaled, it would reach the weights divided by the loss
+        scale. Megatron passes the scale to its MoEAuxLossAutoScaler; nothing here does yet."""
+        if precision == "fp16":
+            return (f"{self.name} cannot train in fp16: its load-balancing loss reaches the gradients outside fp16's "
+                    "loss scaling, so it would be divided by the loss scale (fp32 or bf16 train it)")
+        return None
+
     def scale_auxiliary_losses(self, layers: list[nn.Module], factor: float) -> None:
         """Each block's load-balancing loss reaches the gradients at the coefficient times `factor`, the factor
         the trainer multiplies each micro-batch's cross-entropy by (module docstring)."""

@@ -113,7 +113,9 @@ def checked(spec: RunSpec) -> RunSpec:
     """`spec`, once what needs the registries holds (harness.spec checks the fields alone): its workload and
     strategy exist, the strategy takes its options and its rules (`Strategy.validate`), and the global batch
     splits into the strategy's data-parallel replicas and micro-batches. SpecError, one line, otherwise."""
-    get_workload(spec.workload)
+    refusal = get_workload(spec.workload).precision_refusal(spec.precision.value)
+    if refusal:
+        raise SpecError(refusal)
     strategy = get_strategy(spec.strategy)
     strategy.check_options(spec.options_dict)
     if compiles(spec.options_dict) and spec.warmup_steps < COMPILE_WARMUP_STEPS:
