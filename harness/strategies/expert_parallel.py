@@ -66,19 +66,37 @@ class AllToAll(torch.autograd.Function):
 
 @dataclass
 class RoutingLog:
-    """Rows this rank sent and received in all-to-alls since the last `take` (every block and micro-batch)."""
+    """Rows this rank sent and received in all-to-alls since the last `take` (every block and micro-batch), those of
+    a forward run again inside backward (activation checkpointing's recomputation, whose exchanges have no backward of
+    their own) apart."""
 
     sent: int = 0
     received: int = 0
     exchanges: int = 0          # dispatches (one per block and micro-batch)
+    recomputed_sent: int = 0
+    recomputed_received: int = 0
+    recomputed_exchanges: int = 0
     dispatch_element_bytes: int = 0     # of the rows dispatched (the block's normed input: fp32 under autocast too)
     combine_element_bytes: int = 0      # of the experts' outputs sent back (bf16 under autocast)
 
+    def add(self, sent: int, received: int) -> None:
+        if torch._C._current_graph_task_id() != -1:         # inside backward: a recomputation
+            self.recomputed_sent += sent
+            self.recomputed_received += received
+            self.recomputed_exchanges += 1
+        else:
+            self.sent += sent
+            self.received += received
+            self.exchanges += 1
+
     def take(self) -> dict[str, int]:
         taken = {"rows_sent": self.sent, "rows_received": self.received, "dispatches": self.exchanges,
+                 "recomputed_rows_sent": self.recomputed_sent, "recomputed_rows_received": self.recomputed_received,
+                 "recomputed_dispatches": self.recomputed_exchanges,
                  "dispatch_element_bytes": self.dispatch_element_bytes,
                  "combine_element_bytes": self.combine_element_bytes}
         self.sent = self.received = self.exchanges = 0
+        self.recomputed_sent = self.recomputed_received = self.recomputed_exchanges = 0
         return taken
 
 
@@ -176,9 +194,7 @@ class ExpertParallelExperts(nn.Module):
         received = self.group.exchange.counts(sending).view(degree, local)
         send_splits = sending.view(degree, local).sum(dim=1).tolist()
         receive_splits = received.sum(dim=1).tolist()
-        self.log.sent += sum(send_splits)
-        self.log.received += sum(receive_splits)
-        self.log.exchanges += 1
+        self.log.add(sum(send_splits), sum(receive_splits))
         self.log.dispatch_element_bytes = tokens.element_size()
 
         rows = self.group.exchange.rows(rows, send_splits, receive_splits)
@@ -210,7 +226,13 @@ def _rolled_blocks(rows: torch.Tensor, sizes: list[int], back: bool = False) -> 
 
 
 def plant_dispatch_fault(modules: list[ExpertParallelExperts], kind: str) -> None:
-    """Make every dispatch wrong in the way `kind` names (harness.rank.faults.DISPATCH_KINDS)."""
+    """Make every dispatch wrong in the way `kind` names (harness.rank.faults.DISPATCH_KINDS); ValueError where it
+    would change nothing (a planted bug that plants none would pass parity and prove nothing): no dispatch (experts
+    replicated), or one rank's group, where `misroute` sends each rank's rows back to it."""
+    if not modules:
+        raise ValueError(f"the planted dispatch bug {kind!r} needs an expert-parallel dispatch, and this cell has none")
+    if kind == "misroute" and modules[0].group.degree < 2:
+        raise ValueError("the planted dispatch bug 'misroute' needs 2 or more expert-parallel ranks to send rows to")
     for module in modules:
         module.planted = kind
 
@@ -232,13 +254,19 @@ def shard_experts(layers: list[nn.Module], group: Group) -> tuple[list[ExpertPar
 
 
 def expected_all_to_all_bytes(*, rows_sent: int, rows_received: int, dispatches: int, n_embd: int,
-                              dispatch_element_bytes: int, combine_element_bytes: int, n_experts: int) -> int:
+                              dispatch_element_bytes: int, combine_element_bytes: int, n_experts: int,
+                              recomputed_rows_sent: int = 0, recomputed_rows_received: int = 0,
+                              recomputed_dispatches: int = 0) -> int:
     """The all-to-all bytes a rank's counter sees for this routing (module docstring): the dispatch's input its sent
     rows and its backward's its received ones, in the dispatched rows' dtype (a gradient has its tensor's); the
     combine's input its received rows and its backward's its sent ones, in the outputs' dtype; each dispatch's count
-    exchange E int64 values."""
-    rows = (rows_sent + rows_received) * n_embd
-    return rows * (dispatch_element_bytes + combine_element_bytes) + dispatches * n_experts * COUNT_BYTES
+    exchange E int64 values. A forward recomputed inside backward exchanges its counts, rows and outputs again, and
+    nothing more: the backward exchanges are the first forward's."""
+    db, cb = dispatch_element_bytes, combine_element_bytes
+    first = (rows_sent + rows_received) * n_embd * (db + cb) + dispatches * n_experts * COUNT_BYTES
+    again = ((recomputed_rows_sent * db + recomputed_rows_received * cb) * n_embd
+             + recomputed_dispatches * n_experts * COUNT_BYTES)
+    return first + again
 
 
 def expected_all_to_all_figures(routed_by_step: list[dict[str, int]], warmup_steps: int, n_embd: int,
