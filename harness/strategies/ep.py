@@ -31,7 +31,8 @@ from torch.nn.parallel import DistributedDataParallel
 from harness.derive.comm import Collective
 from harness.spec import RunSpec, SpecError
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option, Strategy, accumulate, apply_update,
-                                     half_dtype_names, make_adamw, optimizer_description, recipe_of, torchrun_context)
+                                     half_dtype_names, make_adamw, optimizer_description, recipe_of, torchrun_context,
+                                     unwrapped_parameter_names)
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
 from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.ddp import DDPTrainer
@@ -164,8 +165,10 @@ class ExpertParallel(Strategy):
         model = nn.Sequential(*blocks_as_run(layers, self.resolved(spec))).to(context.device)
         expert_parameters = [p for module in sharded for p in module.parameters()]
         expert_ids = {id(p) for p in expert_parameters}
-        expert_names = frozenset(name for name, p in model.named_parameters() if id(p) in expert_ids)
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(expert_names))
+        # DDP ignores them by their names in the model it wraps (a checkpoint wrapper's part in them); the norms name
+        # them as the unwrapped model does (`expert_names_of`).
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [name for name, p in model.named_parameters() if id(p) in expert_ids])
         ddp = DistributedDataParallel(model, device_ids=[context.device.index] if context.device.type == "cuda"
                                       else None, static_graph=self.layout(spec).micro_batches == 1)
         ddp.register_comm_hook(state=None, hook=allreduce_hook)
@@ -175,7 +178,7 @@ class ExpertParallel(Strategy):
         return EPTrainer(context=context, model=ddp, optimizer=make_adamw(ddp.parameters(), context.device),
                          workload=workload, spec=spec, precision_recipe=recipe_of(spec),
                          scaler=scaler_for(spec, context.device), experts=experts, routing=log,
-                         expert_names=expert_names,
+                         expert_names=expert_names_of(model, expert_ids),
                          reports_experts=context.rank < degree, n_embd=config.n_embd, n_experts=config.n_experts,
                          config={"expert_parallel": degree, "expert_replicas": replicas,
                                  "experts_per_rank": config.n_experts // degree, "dense": "DDP, allreduce_hook",
@@ -230,3 +233,10 @@ def held_with_experts_over(layers, degree: int) -> int:
     """Parameters a rank holds with the routed experts split over `degree` ranks and the rest whole."""
     counts = [(_is_expert(name), p.numel()) for layer in layers for name, p in layer.named_parameters()]
     return sum(n for expert, n in counts if not expert) + sum(n for expert, n in counts if expert) // degree
+
+
+def expert_names_of(model: nn.Module, expert_ids: set[int]) -> frozenset[str]:
+    """The names, as the unwrapped model has them (`unwrapped_parameter_names`: no checkpoint wrapper's part), of the
+    parameters in `expert_ids`: what a trainer's parameter names are matched against."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return frozenset(name for name, p in zip(unwrapped_parameter_names(model), trainable) if id(p) in expert_ids)

@@ -31,7 +31,7 @@ from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NA
 from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.expert_parallel import (ExpertGradients, Group, HorovodExchange, RoutingLog,
                                                 expected_all_to_all_figures, shard_experts)
-from harness.strategies.ep import held_with_experts_over, moe_refusal, split_bytes
+from harness.strategies.ep import expert_names_of, held_with_experts_over, moe_refusal, split_bytes
 from harness.strategies.horovod import Horovod, HorovodTrainer
 from harness.strategies.loss_scaling import scaler_for
 
@@ -163,7 +163,7 @@ class HorovodExpertParallel(Horovod):
             experts=ExpertGradients([p for p in model.parameters() if id(p) in expert_ids],
                                     data_parallel=context.world_size),
             dense=[p for p in model.parameters() if id(p) not in expert_ids], routing=log,
-            expert_names=frozenset(name for name, p in model.named_parameters() if id(p) in expert_ids),
+            expert_names=expert_names_of(model, expert_ids),
             n_embd=config.n_embd, n_experts=config.n_experts,
             config={"expert_parallel": degree, "experts_per_rank": config.n_experts // degree,
                     "dense": "hvd.grouped_allreduce_, Average", "horovod_build": horovod_build_flags(hvd),
