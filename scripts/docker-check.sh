@@ -33,7 +33,8 @@ base=parbench-base:bookworm
 # (tests/test_suite_and_docker.py) holds this list to the Dockerfile's COPY sources.
 IMAGE_INPUTS=(Dockerfile .dockerignore pyproject.toml README.md scripts harness workloads suite)
 # What Horovod's NCCL build in the image reads: torch's and the dependencies' versions, and the install scripts.
-NCCL_INPUTS=(Dockerfile pyproject.toml scripts/install.sh scripts/install-horovod.sh scripts/check_torch_cuda.py)
+NCCL_INPUTS=(Dockerfile pyproject.toml scripts/install.sh scripts/install-horovod.sh scripts/pip-install.sh
+             scripts/check_torch_cuda.py)
 IMAGE_PASSED=.ci/docker-check-passed
 NCCL_PASSED=.ci/docker-nccl-passed
 say() { echo "docker-check: $*" >&2; }

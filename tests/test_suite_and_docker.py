@@ -117,5 +117,11 @@ def test_the_docker_checks_inputs_are_every_path_the_image_copies():
     covered = {path for path in copied if path in inputs or any(path.startswith(f"{i}/") for i in inputs)}
     assert covered == copied, f"copied by the Dockerfile, not in IMAGE_INPUTS: {sorted(copied - covered)}"
     assert {"Dockerfile", ".dockerignore"} <= inputs
-    nccl = next(line for line in script.splitlines() if line.startswith("NCCL_INPUTS="))
-    assert "scripts/install-horovod.sh" in nccl and "Dockerfile" in nccl
+    start = script.index("NCCL_INPUTS=(")
+    nccl = set(script[start + len("NCCL_INPUTS=("):script.index(")", start)].split())
+    assert {"scripts/install-horovod.sh", "Dockerfile"} <= nccl
+    # What the install scripts source is read by the NCCL build too (scripts/pip-install.sh: how packages go in).
+    for installer in ("install.sh", "install-horovod.sh"):
+        text = (ROOT / "scripts" / installer).read_text()
+        sourced = {f"scripts/{name}" for name in ("pip-install.sh",) if name in text and "source" in text}
+        assert sourced <= nccl, (installer, sourced - nccl)
