@@ -210,11 +210,12 @@ class LlamaTiedHead(nn.Module):
 
 class LlamaWorkload(DecoderWorkload):
     family = Family.LLAMA
+    block_class = LlamaBlock            # workloads.moe's family keeps the layers around MoE blocks
 
     def build_layers(self) -> list[nn.Module]:
         c = self.config
         embedding = LlamaEmbedding(c.padded_vocab_size, c.n_embd)
-        blocks = [LlamaBlock(c) for _ in range(c.n_layer)]
+        blocks = [self.block_class(c) for _ in range(c.n_layer)]
         head = LlamaTiedHead(embedding) if c.tie_embeddings else LlamaHead(c)
         return [embedding, *blocks, LlamaFinalNorm(c), head]
 

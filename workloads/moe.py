@@ -40,10 +40,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from workloads.base import Family, Tie
-from workloads.gpt import DecoderWorkload
-from workloads.llama import (LlamaBlock, LlamaConfig, LlamaEmbedding, LlamaFinalNorm, LlamaHead, LlamaTiedHead,
-                             tied_head_forward)
+from workloads.base import Family
+from workloads.llama import LlamaBlock, LlamaConfig, LlamaWorkload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,24 +223,12 @@ class MoEBlock(LlamaBlock):
         return self.moe(h)
 
 
-class MoEWorkload(DecoderWorkload):
+class MoEWorkload(LlamaWorkload):
     """Embedding, n_layer MoE blocks, final RMSNorm, head: the Llama family's layers with MoE blocks. Its FLOPs per
     token count the active parameters (module docstring)."""
 
     family = Family.MOE
-
-    def build_layers(self) -> list[nn.Module]:
-        c = self.config
-        embedding = LlamaEmbedding(c.padded_vocab_size, c.n_embd)
-        blocks = [MoEBlock(c) for _ in range(c.n_layer)]
-        head = LlamaTiedHead(embedding) if c.tie_embeddings else LlamaHead(c)
-        return [embedding, *blocks, LlamaFinalNorm(c), head]
-
-    def ties(self) -> tuple[Tie, ...]:
-        if not self.config.tie_embeddings:
-            return ()
-        return (Tie(key="token_embedding", owner=0, user=self.config.n_layer + 2,
-                    weight_attr="tok_embeddings.weight", user_forward=tied_head_forward),)
+    block_class = MoEBlock
 
     @property
     def matmul_params(self) -> int:

@@ -36,8 +36,8 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
 from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.ddp import DDPTrainer
-from harness.strategies.expert_parallel import (ExpertGradients, Group, RoutingLog, TorchExchange,
-                                                expected_all_to_all_figures, shard_experts)
+from harness.strategies.expert_parallel import (ExpertGradients, ExpertParallelParts, Group, RoutingLog,
+                                                TorchExchange, shard_experts)
 from harness.strategies.loss_scaling import scaler_for
 from workloads import Family, get_workload
 
@@ -46,7 +46,7 @@ EXPERT_REPLICAS = "edp"         # the group of the ranks holding the same expert
 
 
 @dataclass
-class EPTrainer(DDPTrainer):
+class EPTrainer(ExpertParallelParts, DDPTrainer):
     """DDP's step, with the experts' gradients reduced before the update and the rows each step routed recorded."""
 
     experts: ExpertGradients | None = None
@@ -70,33 +70,6 @@ class EPTrainer(DDPTrainer):
         self.step_outcome = apply_update(self.optimizer, self.scaler)
         self.optimizer.zero_grad(set_to_none=True)
         return loss
-
-    def _parts(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each tensor as a part whose squares add up over the ranks: a dense (replicated) one on rank 0 alone, an
-        expert slice on the first group's ranks, an empty part elsewhere."""
-        names = self.parameter_names()
-        rank = self.context.rank
-        return [tensor if (rank == 0 if name not in self.expert_names else self.reports_experts)
-                else tensor.new_empty(0) for name, tensor in zip(names, tensors)]
-
-    def _trainable(self) -> list[nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def local_parameters(self):
-        return self._parts(self._trainable()), True
-
-    def local_gradients(self):
-        return self._parts([p.grad for p in self._trainable()]), True
-
-    def parameters_held(self, whole_model: int) -> int:
-        return sum(p.numel() for p in self._trainable())
-
-    def rank_figures(self):
-        """The rows this rank sent to and received from its group per step, and the all-to-all bytes they make its
-        counter expect (harness.strategies.expert_parallel.expected_all_to_all_bytes)."""
-        return {"expert_parallel": {
-            "routed_by_step": self.routed_by_step,
-            **expected_all_to_all_figures(self.routed_by_step, self.spec.warmup_steps, self.n_embd, self.n_experts)}}
 
 
 class ExpertParallel(Strategy):

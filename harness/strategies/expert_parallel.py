@@ -304,3 +304,34 @@ class ExpertGradients:
             if self.replicas is not None:
                 dist.all_reduce(parameter.grad, group=self.replicas)
             parameter.grad.mul_(self.scale)
+
+
+class ExpertParallelParts:
+    """The trainer methods `ep` and `horovod-ep` share, for a trainer with `model`, `context`, `spec`, `expert_names`
+    (its experts' parameter names as the unwrapped model has them), `reports_experts`, `routed_by_step`, `n_embd` and
+    `n_experts`: each parameter as a part whose squares add up over the ranks, and the routing's figures."""
+
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _parts(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A dense (replicated) tensor on rank 0 alone, an expert slice on the ranks that report experts (the first
+        group's: the other groups hold the same experts again), an empty part elsewhere."""
+        return [tensor if (self.reports_experts if name in self.expert_names else self.context.rank == 0)
+                else tensor.new_empty(0) for name, tensor in zip(self.parameter_names(), tensors)]
+
+    def local_parameters(self):
+        return self._parts(self._trainable()), True
+
+    def local_gradients(self):
+        return self._parts([p.grad for p in self._trainable()]), True
+
+    def parameters_held(self, whole_model: int) -> int:
+        return sum(p.numel() for p in self._trainable())
+
+    def rank_figures(self):
+        """The rows this rank sent to and received from its group per step, and the all-to-all bytes they make its
+        counter expect (`expected_all_to_all_figures`)."""
+        return {"expert_parallel": {
+            "routed_by_step": self.routed_by_step,
+            **expected_all_to_all_figures(self.routed_by_step, self.spec.warmup_steps, self.n_embd, self.n_experts)}}

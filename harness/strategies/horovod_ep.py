@@ -29,21 +29,22 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, accumu
 from harness.strategies.base import squared_norm
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
 from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
-from harness.strategies.expert_parallel import (ExpertGradients, Group, HorovodExchange, RoutingLog,
-                                                expected_all_to_all_figures, shard_experts)
+from harness.strategies.expert_parallel import (ExpertGradients, ExpertParallelParts, Group, HorovodExchange,
+                                                RoutingLog, shard_experts)
 from harness.strategies.ep import expert_names_of, held_with_experts_over, moe_refusal, split_bytes
 from harness.strategies.horovod import Horovod, HorovodTrainer
 from harness.strategies.loss_scaling import scaler_for
 
 
 @dataclass
-class HorovodEPTrainer(HorovodTrainer):
+class HorovodEPTrainer(ExpertParallelParts, HorovodTrainer):
     """The plain loop's accumulation, then the dense gradients averaged by Horovod and the experts' divided."""
 
     experts: ExpertGradients | None = None
     dense: list[nn.Parameter] = field(default_factory=list)
     routing: RoutingLog | None = None
     expert_names: frozenset[str] = frozenset()
+    reports_experts: bool = True        # one group over every rank: each rank's experts are its own
     routed_by_step: list[dict[str, int]] = field(default_factory=list)
     n_embd: int = 0
     n_experts: int = 0
@@ -64,23 +65,6 @@ class HorovodEPTrainer(HorovodTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
-    def _parts(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """A dense (replicated) tensor on rank 0 alone, an expert slice on every rank: squares that add up."""
-        return [tensor if (name in self.expert_names or self.context.rank == 0) else tensor.new_empty(0)
-                for name, tensor in zip(self.parameter_names(), tensors)]
-
-    def _trainable(self) -> list[nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def local_parameters(self):
-        return self._parts(self._trainable()), True
-
-    def local_gradients(self):
-        return self._parts([p.grad for p in self._trainable()]), True
-
-    def parameters_held(self, whole_model: int) -> int:
-        return sum(p.numel() for p in self._trainable())
-
     def global_norm(self, tensors, sharded: bool) -> float:
         return float(sum(n * n for n in self.tensor_norms(list(tensors), sharded))) ** 0.5
 
@@ -90,11 +74,6 @@ class HorovodEPTrainer(HorovodTrainer):
         if sharded and self.context.world_size > 1:
             squares = self.hvd.allreduce(squares, op=self.hvd.Sum, name="parbench.norms")
         return squares.sqrt().tolist()
-
-    def rank_figures(self):
-        return {"expert_parallel": {
-            "routed_by_step": self.routed_by_step,
-            **expected_all_to_all_figures(self.routed_by_step, self.spec.warmup_steps, self.n_embd, self.n_experts)}}
 
 
 class HorovodExpertParallel(Horovod):
@@ -122,7 +101,10 @@ class HorovodExpertParallel(Horovod):
         return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
-        raise NotImplementedError("horovod-ep's traffic is expected from its layers (expected_traffic)")
+        """Not from a whole-model size: the dense part's all-reduce needs the split of the layers
+        (`expected_traffic`), and the all-to-alls follow the routing."""
+        return ExpectedTraffic(not_modelled_because="horovod-ep's all-reduce takes the dense part alone and its "
+                                                    "all-to-alls follow the routing: expected from its layers and rows")
 
     def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
         """One all-reduce of the dense gradients; the all-to-alls follow the routing and are expected from it in the
