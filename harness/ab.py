@@ -19,7 +19,9 @@ How:
 - which strategies each side has: its registry's literal dict (harness.touched.registered_strategies, read from
   the commit without running it). Each side is sent only strategies it has: one new on this side is named "new:
   nothing to compare" and launched once on the new side alone (a failure there fails the tier); one the base has
-  and this side lacks (removed or renamed) is named "gone";
+  and this side lacks (removed or renamed) is named "gone"; one whose cell cannot be laid out on gpt-tiny
+  (`refused_cells`: expert parallelism needs a model with experts) is named with the reason and not launched, its
+  skipped rows judging nothing (the launch tier's tests run its own cells);
 - the cells (`select_cells`), among the strategies both sides have: gpt-tiny at 2 ranks under DDP on every change
   (the step loop and the runner every strategy runs), and under each strategy the change touches (harness.touched:
   a file a cell of it runs differs from the base: its module, its launcher's, what they import, gpt-tiny's
@@ -301,10 +303,15 @@ def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_B
     from harness.touched import must_time, touched_strategies
 
     base_names, head_names = registries(repo, base_commit, head)
-    new = tuple(name for name in head_names if name not in base_names)
+    refused = refused_cells(head_names)
+    new = tuple(name for name in head_names if name not in base_names and name not in refused)
     gone = tuple(name for name in base_names if name not in head_names)
     both = {name: STRATEGIES[name] for name in head_names if name in base_names and name in STRATEGIES}
     touched = touched_strategies(repo, base_commit, both, workload=AB_WORKLOAD)
+    not_here = {name: (f"{'new; ' if name not in base_names else ''}its cell skips {AB_WORKLOAD} "
+                       f"({refused[name]}): nothing to time here; the launch tier's tests run its own cells")
+                for name in head_names if name in refused and (name in touched or name not in base_names)}
+    touched = {name: files for name, files in touched.items() if name not in refused}
     proving = AB_ESTIMATE_MARGIN * one_launch_seconds(new) if new else 0.0
     if cap_s is not None:
         budget_s, most_s = min(budget_s, cap_s), min(most_s, cap_s)
@@ -313,7 +320,25 @@ def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_B
                               f"cell at the launches the gate needs")
     choice = choose_cells(touched, must_time(repo, touched, both), rotation=int(head[:8], 16),
                           budget_s=budget_s - proving, most_s=most_s - proving)
-    return replace(choice, budget_s=choice.budget_s + proving, new=new, gone=gone)
+    return replace(choice, budget_s=choice.budget_s + proving, new=new, gone=gone,
+                   left_out={**choice.left_out, **not_here})
+
+
+def refused_cells(names: Sequence[str]) -> dict[str, str]:
+    """{strategy: why} for the registered strategies among `names` that cannot lay out the tier's cell, the smoke
+    matrix's on AB_WORKLOAD (Strategy.layout_refusal: expert parallelism on a model without experts): timed there,
+    each launch would end skipped, and a new one's proving launch would prove nothing."""
+    from harness.matrix import Machine, Selection, build_matrix
+    from harness.strategies import STRATEGIES
+
+    machine = Machine(device=DeviceKind.CPU, devices_per_node=AB_WORLD_SIZE)
+    refused = {}
+    for name in (n for n in names if n in STRATEGIES):
+        cells = build_matrix(AB_MATRIX, machine, Selection(workloads=(AB_WORKLOAD,), strategies=(name,)))
+        reasons = [reason for cell in cells if (reason := STRATEGIES[name].layout_refusal(cell))]
+        if reasons:
+            refused[name] = reasons[0]
+    return refused
 
 
 def planned_budget(repo: Path, base_ref: str = BASE_DEFAULT, cap_s: float | None = None) -> float:

@@ -155,6 +155,7 @@ class LaunchBudget:
         self.streams_started: set[str] = set()
         self.began: float | None = None
         self.measured: dict[str, float] = {}      # module: seconds its tests took here
+        self.estimated: dict[str, float] = {}     # module: its estimate when it started, the streams it set up in it
 
     def _streams(self, item: pytest.Item) -> set[str]:
         return {s for f in item.fixturenames if f in self.streams_read_by for s in self.streams_read_by[f]}
@@ -215,6 +216,7 @@ class LaunchBudget:
                                         f"this module's estimate ({estimate:.0f} s) would carry it past")
             else:
                 self.started.add(module)
+                self.estimated[module] = estimate
         if module in self.skipped:
             pytest.skip(self.skipped[module])
         self.streams_started |= self._streams(item)
@@ -238,7 +240,10 @@ class LaunchBudget:
               f" took {spent:.0f} s); turn {c.turn + 1} of {c.windows}: every launch test runs within {c.windows} "
               f"commits")
         for path in c.taken:
-            write(f"  ran: {path} ({c.why[path]})")
+            # What each took beside its estimate: where the tier ran past its budget, the module that ran long.
+            took = (f"; took {self.measured.get(path, 0.0):.0f} s of an estimated {self.estimated[path]:.0f}"
+                    if path in self.estimated else "")
+            write(f"  ran: {path} ({c.why[path]}{took})")
         for path in c.past_budget:
             write(f"  NOT RUN, past the budget: {path} ({c.why[path]})")
         for path, why in self.skipped.items():

@@ -192,6 +192,34 @@ def test_a_change_to_deepspeed_common_times_zero_1_2_3_and_names_the_others(proj
 
 
 @pytest.mark.launch
+def test_a_change_to_expert_parallelism_times_ddp_and_names_why_the_expert_strategies_are_not_timed(project):
+    # ep and horovod-ep lay out an MoE model's experts: their gpt-tiny cell ends skipped on both sides, so the gate
+    # would judge nothing of them (CI failed on the skipped rows); named with the reason, never launched here.
+    base = _git(project, "rev-parse", "HEAD")
+    head = _commit(project, "harness/strategies/expert_parallel.py", _append_comment)
+    assert set(touched_strategies(project, base, BUILT_IN, workload="gpt-tiny")) == {"ep", "horovod-ep"}
+    choice = select_cells(project, base, head)
+    assert choice.timed == ("ddp",) and choice.new == ()
+    because = "its cell skips gpt-tiny (expert parallelism shards an MoE model's experts: gpt-tiny has none)"
+    assert {name: why.split(": nothing")[0] for name, why in choice.left_out.items()} == {
+        "ep": because, "horovod-ep": because}
+    assert f"not timed: ep ({because}: nothing to time here" in choice.describe()
+
+
+@pytest.mark.launch
+def test_a_new_strategy_whose_cell_skips_gpt_tiny_is_named_and_not_launched_to_prove_nothing(project):
+    # The base lacks ep (its entry taken out); this side registers it, as the commit that added it did.
+    entry = '    "ep": ExpertParallel(),\n'
+    base = _commit(project, "harness/strategies/__init__.py", lambda text: text.replace(entry, ""))
+    head = _commit(project, "harness/strategies/__init__.py",
+                   lambda text: text.replace('    "horovod-ep"', entry + '    "horovod-ep"'))
+    choice = select_cells(project, base, head)
+    assert choice.timed == ("ddp",) and choice.new == ()
+    assert choice.left_out["ep"].startswith("new; its cell skips gpt-tiny (expert parallelism shards")
+    assert "horovod-ep" not in choice.left_out      # in both registries, and untouched: nothing to say of it
+
+
+@pytest.mark.launch
 def test_the_budget_ci_leaves_the_tier_is_the_change_s(project):
     # .ci/run asks before its launch tier (`harness ab --print-budget`): nothing to measure against on a root commit;
     # 620 s for a change to base.py (DDP and one touched strategy in turn); 984.4 s where deepspeed_common.py changed.

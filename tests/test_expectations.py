@@ -329,3 +329,28 @@ def test_the_fault_variable_recording_refuses_is_the_one_faults_are_planted_with
     from harness.rank.faults import FAULT_ENV
 
     assert FAULT_VARIABLE == FAULT_ENV
+
+
+def _strategies_by_workload(cells) -> dict[str, set[str]]:
+    """{workload: strategies} of cell keys such as 'gpt-tiny/autotp[tp=2]/ws2/gb16/mb4/fp32/cpu'."""
+    found: dict[str, set[str]] = {}
+    for key in cells:
+        workload, strategy = key.split("/")[:2]
+        found.setdefault(workload, set()).add(strategy.split("[")[0])
+    return found
+
+
+def test_the_streams_the_exact_tier_reads_launch_the_ci_matrix_cells_and_no_others():
+    # .ci/run's exact tier holds every row of these streams to the committed expectations: a strategy the streams
+    # run that the ci matrix leaves out (a new one that skips gpt-tiny, as expert parallelism does) fails CI as
+    # 'no expectation recorded', and one the matrix has that they leave out goes unjudged.
+    from conftest import GPT_TINY, LLAMA_TINY
+
+    streamed: dict[str, set[str]] = {}
+    for stream in (*GPT_TINY, LLAMA_TINY):
+        flags = dict(zip(stream.selection[::2], stream.selection[1::2]))
+        streamed.setdefault(flags["--workload"], set()).update(flags["--strategy"].split(","))
+    ci = _strategies_by_workload(f"{s.workload}/{s.strategy}" for s in build_matrix("ci", Machine(device=DeviceKind.CPU,
+                                                                                              devices_per_node=2)))
+    assert streamed == ci
+    assert _strategies_by_workload(load(COMMITTED / "ci.json")["cells"]) == ci

@@ -111,7 +111,7 @@ def test_a_budgeted_run_takes_its_window_and_keeps_every_unit_test(pytester, sui
     result = pytester.runpytest("--launch-budget", "1000", "--launch-turn", "0", "--launch-costs", str(suite), "-rs")
     result.assert_outcomes(passed=3 + 2, deselected=2)
     result.stdout.fnmatch_lines(["launch tier: 1 modules in a budget of 1000 s (estimated 240 s*turn 1 of 2*",
-                                 "  ran: test_x.py (window 1 of 2)", "  left to other turns: 1 modules: test_y"])
+                                 "  ran: test_x.py (window 1 of 2; took 0 s of an estimated 240)", "  left to other turns: 1 modules: test_y"])
 
 
 def test_a_module_whose_estimate_would_pass_the_budget_is_skipped_whole_saying_so(pytester, suite):
