@@ -109,10 +109,17 @@ def command_memory(args: argparse.Namespace) -> int:
         layout = f"{split.data_parallel}x{split.tensor_parallel}x{split.pipeline_stages}"
         shown_options = f"  [{', '.join(f'{k}={v}' for k, v in taken.items())}]" if taken else ""
         refusal = strategy.recipe_refusal(recipe)
+        experts_over = strategy.expert_parallel_degree(split.ranks, options)
         if refusal is None and model is not None:
             from harness.project.layouts import shape_refusal
 
             refusal = shape_refusal(split, model, None) or None
+        if refusal is None and experts_over:
+            if model is None or not model.is_moe:
+                refusal = ("expert parallelism shards an MoE model's experts: describe one (--model mixtral-8x7b, "
+                           "or --shape ...,experts=N,top_k=K)")
+            elif model.experts % experts_over:
+                refusal = f"the {model.experts} experts do not divide over {experts_over} expert-parallel ranks"
         if refusal:
             refused[name] = refusal
             rows.append(f"{name:<13} {layout:>12} {'-':>11} {'-':>12} {'-':>10} {'-':>10} {'-':>10} {'-':>9} "
@@ -120,8 +127,8 @@ def command_memory(args: argparse.Namespace) -> int:
             continue
         plan = strategy.model_state_plan(split.data_parallel, recipe, options)
         vocabulary_split = bool(options.get("loss_parallel"))
-        held = (model.held_by_rank(split.tensor_parallel, split.pipeline_stages, vocabulary_split)
-                if model is not None else split.evenly_held(parameters))
+        held = (model.held_by_rank(split.tensor_parallel, split.pipeline_stages, vocabulary_split,
+                                   max(1, experts_over)) if model is not None else split.evenly_held(parameters))
         states = plan_bytes(plan, held)
         per_parameter = "+".join(f"{getattr(plan, c).bytes_per_parameter:g}" for c in ("weights", "gradients",
                                                                                         "optimizer"))
@@ -139,7 +146,8 @@ def command_memory(args: argparse.Namespace) -> int:
             terms = layout_memory(model=model, strategy=name, options=taken, split=split, recipe=recipe.value,
                                   micro_batch=args.micro_batch, micro_batches=args.micro_batches,
                                   checkpointed=options.get("activation_checkpointing", "none") not in ("none", None),
-                                  facts=REGISTRY_FACTS, vocabulary_split=vocabulary_split)
+                                  facts=REGISTRY_FACTS, vocabulary_split=vocabulary_split,
+                                  expert_parallel=max(1, experts_over))
             row += (f" {terms.activations / gib:>11.3f} {terms.logits / gib:>8.3f} {terms.working_total / gib:>8.3f} "
                     f"{terms.total / gib:>10.3f}")
         rows.append(row + shown_options)

@@ -145,6 +145,12 @@ class RegistryFacts:
         chosen, resolved = self._strategy(strategy, options)
         return chosen.model_split(replicas, tensor_parallel, resolved)
 
+    def expert_parallel_degree(self, strategy: str, options: Mapping[str, Any], world_size: int) -> int:
+        """The ranks the strategy shards an MoE model's experts over at `world_size`, 0 where it shards none
+        (`Strategy.expert_parallel_degree`)."""
+        chosen, resolved = self._strategy(strategy, options)
+        return int(chosen.expert_parallel_degree(world_size, resolved))
+
     def recipe_refusal(self, strategy: str, recipe: str) -> str | None:
         """Why the strategy cannot run `recipe`, or None (`Strategy.recipe_refusal`)."""
         chosen, _ = self._strategy(strategy, {})

@@ -19,6 +19,9 @@ out as (harness.project.published_runs), so that the plan is checked on the same
   micro-batch, the forward's again where recomputed); the pipeline's sends of b x s x h values, each priced
   on the cluster by harness.project.collectives (alpha-beta, NCCL's fastest algorithm), all of it exposed
   (f = 1: nothing measured overlaps it, an upper bound).
+- **experts** (an MoE model, harness.project.model): compute from its active parameters; under `ep` the dense
+  gradients all-reduced among every rank and each expert's among the G / ep ranks holding it (as DDP's buckets),
+  and the tokens' all-to-alls among the ep ranks (`all_to_all_schedule`).
 - **step** = compute + communication.
 
 Torch-free: the strategies' facts come through harness.project.facts.
@@ -63,6 +66,7 @@ class Layout:
     split: ModelSplit
     recipe: str = "autocast"
     sequence_parallel: bool = False
+    expert_parallel: int = 0        # the ranks an MoE model's experts are sharded over, 0: none (expert_parallel_degree)
 
     @property
     def options_dict(self) -> dict[str, Any]:
@@ -80,7 +84,8 @@ class Layout:
     @property
     def label(self) -> str:
         s = self.split
-        parts = ([f"tp={s.tensor_parallel}"] if s.tensor_parallel > 1 else []) + (
+        parts = ([f"ep={self.expert_parallel}"] if self.expert_parallel > 1 else []) + (
+            [f"tp={s.tensor_parallel}"] if s.tensor_parallel > 1 else []) + (
             [f"pp={s.pipeline_stages}"] if s.pipeline_stages > 1 else []) + [f"dp={s.data_parallel}"]
         tags = (["sp"] if self.sequence_parallel else []) + (
             ["rs-every"] if self.options_dict.get("gradient_sync") == "every" else []) + (
@@ -97,7 +102,8 @@ def layout_at(strategy: str, options: tuple[tuple[str, Any], ...], gpus: int, re
     if gpus % per_replica:
         raise SpecError(f"{strategy}'s replica of {per_replica} ranks does not divide {gpus} GPUs")
     return Layout(strategy=strategy, options=options, split=facts.split(strategy, dict(options), gpus // per_replica,
-                                                                          gpus), recipe=recipe)
+                                                                          gpus), recipe=recipe,
+                  expert_parallel=facts.expert_parallel_degree(strategy, dict(options), gpus))
 
 
 def shape_refusal(split: ModelSplit, model: Decoder, gpus_per_node: int | None, uneven_stages: bool = False) -> str:
@@ -132,12 +138,61 @@ def peak_flops(cluster: Cluster, recipe: str) -> float:
     return PEAKS[cluster.gpu].for_mode(MathMode(RECIPE_MATH[recipe]))
 
 
+# The bytes of a value each all-to-all carries (harness.strategies.expert_parallel.RoutingLog: each exchange in its
+# own dtype): the dispatch carries the normed hidden state, fp32 under torch.autocast (RMSNorm runs in fp32) and
+# 16-bit where the weights are; the combine carries the experts' outputs, 16-bit under every mixed recipe. Their
+# backward exchanges carry the gradients in the same dtypes.
+DISPATCH_BYTES = {"fp32": 4, "autocast": 4, "deepspeed-bf16": 2, "deepspeed-fp16": 2, "fsdp-mp-policy": 2}
+COMBINE_BYTES = {"fp32": 4, "autocast": 2, "deepspeed-bf16": 2, "deepspeed-fp16": 2, "fsdp-mp-policy": 2}
+
+
+def all_to_all_schedule(layout: Layout, model: Decoder, micro_batch: int, micro_batches: int) -> list[Scheduled]:
+    """Expert parallelism's all-to-alls a step on a rank (harness.strategies.expert_parallel): in each MoE block and
+    micro-batch the dispatch sends each of its b x s tokens' top_k copies of h values to the rank holding that
+    expert and the combine brings the outputs back; backward runs both again with the gradients, and recomputation
+    the forward's pair again. An all-to-all's nccl-tests size is a rank's whole buffer, b s k h values, 1/ep of it
+    its own (tokens routed evenly: the load imbalance of a real router adds to the busiest rank's share, not priced).
+    The split sizes' exchange (8 bytes an expert) is left out."""
+    ep = layout.expert_parallel
+    if ep == 1 or not model.is_moe:
+        return []
+    values = micro_batch * model.seq_len * model.top_k * model.hidden
+    forwards = 2 if layout.checkpointed else 1
+    blocks = -(-model.layers // layout.split.pipeline_stages)
+    return [Scheduled(collective="all_to_all", size_bytes=float(values * width), calls=float(calls * blocks *
+                                                                                                micro_batches),
+                      group=ep, origin="expected", label="ep")
+            for width, calls in ((DISPATCH_BYTES[layout.recipe], forwards + 1),
+                                 (COMBINE_BYTES[layout.recipe], forwards + 1))]
+
+
+def _expert_parallel_dp(layout: Layout, model: Decoder, micro_batches: int, facts: RegistryFacts) -> list[Scheduled]:
+    """An ep layout's gradient all-reduces, as DDP's buckets: the dense part's among every rank, and each rank's
+    experts' among the G / ep ranks holding the same ones (a group of ranks ep apart: harness.strategies.ep)."""
+    ep, ranks = layout.expert_parallel, layout.split.ranks
+    experts = model.routed_expert_parameters / ep
+    dense = model.held_by_rank(expert_parallel=ep) - experts
+    schedule = []
+    for held, group, stride in ((dense, ranks, 1), (experts, ranks // ep, ep)):
+        if group == 1:
+            continue
+        gradients, gathered = facts.described_traffic("ddp", {}, int(held), layout.recipe)
+        expected = facts.expected_per_step("ddp", {}, group, micro_batches, int(held), gradients, gathered)
+        schedule += [Scheduled(collective=e["collective"], size_bytes=float(e["size_bytes"]), calls=float(e["calls"]),
+                               group=group, origin="expected", label="dp", stride=stride)
+                     for e in expected["collectives"] if e["calls"]]
+    return schedule
+
+
 def schedule_of(layout: Layout, model: Decoder, micro_batch: int, micro_batches: int,
                 facts: RegistryFacts = REGISTRY_FACTS) -> tuple[Scheduled, ...]:
     """The busiest GPU's collectives a step under the layout's recipe (module docstring)."""
     split, options = layout.split, layout.options_dict
     held = int(model.held_by_rank(split.tensor_parallel, split.pipeline_stages, layout.vocabulary_split))
     schedule: list[Scheduled] = []
+    if layout.expert_parallel and model.is_moe:
+        return tuple(_expert_parallel_dp(layout, model, micro_batches, facts)
+                     + all_to_all_schedule(layout, model, micro_batch, micro_batches))
     if split.data_parallel > 1:
         across = (layout.strategy, options) if layout.strategy in DATA_PARALLEL else facts.across_replicas(
             layout.strategy, options)
@@ -215,7 +270,8 @@ def memory_of(layout: Layout, model: Decoder, *, micro_batch: int, micro_batches
     return layout_memory(model=model, strategy=layout.strategy, options=layout.options_dict, split=layout.split,
                          recipe=layout.recipe, micro_batch=micro_batch, micro_batches=micro_batches,
                          checkpointed=layout.checkpointed, facts=facts, sequence_parallel=layout.sequence_parallel,
-                         vocabulary_split=layout.vocabulary_split, loss=loss)
+                         vocabulary_split=layout.vocabulary_split, loss=loss,
+                         expert_parallel=max(1, layout.expert_parallel))
 
 
 # ---- the hybrids of a described model at any world size (`harness project --params`) ----------------------------

@@ -67,6 +67,12 @@ class Decoder:
     positions: int = 0                  # rows of a learned position table (GPT-2's, GPT-3's), 0 for rotary/none
     stated_parameters: int | None = None
     name: str = ""                      # the preset's, where it came from one
+    # Mixture-of-Experts (workloads/moe.py): the swiglu MLP replaced by `experts` routed experts, each `ffn` wide, a
+    # token running `top_k` of them chosen by a router (a linear layer of h x experts), and `shared_experts` every
+    # token runs (DeepSeek-MoE's); experts 0: a dense MLP.
+    experts: int = 0
+    top_k: int = 2
+    shared_experts: int = 0
 
     def __post_init__(self) -> None:
         for field_name in ("seq_len", "hidden", "heads", "layers"):
@@ -81,6 +87,17 @@ class Decoder:
             raise SpecError(f"the {self.heads} heads must divide the hidden size {self.hidden}")
         if self.heads % self.kv_heads_count:
             raise SpecError(f"the {self.kv_heads_count} key/value heads must divide the {self.heads} heads")
+        for field_name in ("experts", "shared_experts"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{field_name} must be a whole number >= 0, got {value!r}")
+        if self.experts and self.mlp is not Mlp.SWIGLU:
+            raise SpecError("experts are described for the swiglu (Llama) block only, as workloads/moe.py builds them: "
+                            "add mlp=swiglu")
+        if self.experts and not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.experts):
+            raise SpecError(f"top_k must be a whole number from 1 to the {self.experts} experts, got {self.top_k!r}")
+        if self.shared_experts and not self.experts:
+            raise SpecError("shared_experts go beside routed experts: give experts=N too")
         if self.mlp is Mlp.SWIGLU and self.ffn is None:
             raise SpecError("a swiglu MLP needs its width: ffn=N (Llama 3 8B: 14336)")
         if self.mlp is Mlp.GELU and self.kv_heads_count != self.heads:
@@ -116,6 +133,15 @@ class Decoder:
     def vocab_rows(self) -> int:
         return self.vocab or 0
 
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def mlps_a_token(self) -> int:
+        """The SwiGLU MLPs a token runs in a block: 1 dense, or its top_k routed experts and the shared ones."""
+        return self.top_k + self.shared_experts if self.is_moe else 1
+
     # ---- parameters ----
 
     @property
@@ -126,13 +152,28 @@ class Decoder:
         if self.mlp is Mlp.GELU:       # c_attn 3h^2 + 3h, c_proj h^2, c_fc h f + f, mlp proj f h
             return 4 * h * h + 3 * h + 2 * h * f + f
         kv = self.kv_heads_count * self.head_dim
-        return h * (h + 2 * kv) + h * h + 3 * h * f
+        mlps = self.experts + self.shared_experts if self.is_moe else 1
+        return h * (h + 2 * kv) + h * h + mlps * 3 * h * f
 
     @property
     def block_whole_parameters(self) -> int:
-        """A block's parameters every tensor-parallel rank keeps whole: norms and row-parallel biases."""
+        """A block's parameters every tensor-parallel rank keeps whole: norms and row-parallel biases, and an MoE
+        block's router (h x experts, no bias)."""
         h = self.hidden
-        return 4 * h + 2 * h if self.mlp is Mlp.GELU else 2 * h
+        return 4 * h + 2 * h if self.mlp is Mlp.GELU else 2 * h + h * self.experts
+
+    @property
+    def routed_expert_parameters(self) -> float:
+        """Every block's routed experts (3 h f each: gate, up and down), the stated count's share of them: what
+        expert parallelism shards over its ranks."""
+        return self.layers * self.experts * 3 * self.hidden * self.ffn_width * self._block_scale
+
+    @property
+    def active_parameters(self) -> float:
+        """The parameters a token runs through: all but the routed experts it is not sent to ((experts - top_k) of
+        each block's), as Mixtral counts its 12.9B 'active' of 46.7B; every parameter of a dense model."""
+        idle = self.layers * (self.experts - self.top_k) * 3 * self.hidden * self.ffn_width * self._block_scale
+        return self.parameters - (idle if self.is_moe else 0.0)
 
     @property
     def block_parameters(self) -> int:
@@ -169,24 +210,28 @@ class Decoder:
         return (self.parameters - self.outside_block_parameters) / shape_blocks
 
     @property
-    def matmul_parameters(self) -> int:
-        """N of PaLM's formula: every parameter but the lookups (module docstring)."""
+    def matmul_parameters(self) -> float:
+        """N of PaLM's formula: every parameter a token's matmuls run but the lookups (module docstring); of an MoE
+        model, its active parameters (the router's h x experts among them)."""
         lookups = self.positions * self.hidden + (0 if self.tied else self.embedding_parameters)
-        return self.parameters - lookups
+        return self.active_parameters - lookups
 
     @property
     def flops_per_token(self) -> float:
         """PaLM's 6N + 12 L H Q T, N the matmul parameters (the input embedding and position table left out)."""
         return 6.0 * self.matmul_parameters + 12.0 * self.layers * self.heads * self.head_dim * self.seq_len
 
-    def held_by_rank(self, tensor_parallel: int = 1, stages: int = 1, vocabulary_split: bool = False) -> float:
+    def held_by_rank(self, tensor_parallel: int = 1, stages: int = 1, vocabulary_split: bool = False,
+                     expert_parallel: int = 1) -> float:
         """Parameters one rank of a layout holds before any data-parallel sharding: each block's split parameters
         over `tensor_parallel` and its norms and row-parallel biases whole; the embeddings, final norm and head
         whole on every tensor-parallel rank, the vocabulary matrices split where loss parallelism splits them
         (`vocabulary_split`); the whole cut evenly over `stages` pipeline stages (DeepSpeed's PipelineModule
-        balances stages by parameters; a stage holding a tied weight's copy holds more, not counted)."""
+        balances stages by parameters; a stage holding a tied weight's copy holds more, not counted); the routed
+        experts over `expert_parallel` ranks (harness.strategies.ep: experts / ep each)."""
         t = tensor_parallel
         blocks = self.layers * (self.block_split_parameters / t + self.block_whole_parameters) * self._block_scale
+        blocks -= self.routed_expert_parameters / t * (1 - 1 / expert_parallel)
         vocabulary = self.embedding_parameters * (1 if self.tied else 2)
         outside = self.outside_block_parameters - (vocabulary - vocabulary / t if vocabulary_split else 0)
         return (blocks + outside) / stages
@@ -202,8 +247,13 @@ class Decoder:
         vocab = (f", vocabulary {self.vocab:,} ({'tied' if self.tied else 'untied'} head)" if self.vocab else
                  ", no vocabulary given")
         named = f"{self.name}: " if self.name else ""
+        mlp = f"{self.mlp.value} MLP of {self.ffn_width}"
+        if self.is_moe:
+            shared = f" and {self.shared_experts} shared" if self.shared_experts else ""
+            mlp = (f"{self.experts} {self.mlp.value} experts of {self.ffn_width}{shared}, top-{self.top_k} "
+                   f"({self.active_parameters:,.0f} active)")
         return (f"{named}{self.parameters:,} parameters, sequence {self.seq_len}, hidden {self.hidden}, {self.heads} "
-                f"heads{kv}, {self.layers} layers, {self.mlp.value} MLP of {self.ffn_width}{vocab}")
+                f"heads{kv}, {self.layers} layers, {mlp}{vocab}")
 
     def shape_text(self) -> str:
         """This description as `--shape` takes it (the positions, a preset's own, are not a --shape key)."""
@@ -213,6 +263,9 @@ class Decoder:
             extra.append(f"kv_heads={self.kv_heads}")
         if not self.tied:
             extra.append("tied=false")
+        if self.is_moe:
+            extra += [f"experts={self.experts}", f"top_k={self.top_k}"] + (
+                [f"shared_experts={self.shared_experts}"] if self.shared_experts else [])
         return ",".join(str(part) for part in [*base, *extra])
 
     def shape_fields(self) -> dict[str, Any]:
@@ -228,6 +281,8 @@ class Decoder:
             fields["kv_heads"] = self.kv_heads
         if self.mlp is Mlp.SWIGLU:
             fields.update(family="llama", n_kv_head=self.kv_heads_count, intermediate_size=self.ffn_width)
+        if self.is_moe:
+            fields.update(experts=self.experts, top_k=self.top_k, shared_experts=self.shared_experts)
         return fields
 
     def with_stated_parameters(self, parameters: int | None) -> "Decoder":
@@ -236,10 +291,12 @@ class Decoder:
 
 # ---- --shape ---------------------------------------------------------------------------------------------------
 
-SHAPE_KEYS = {"kv_heads": "key/value heads", "ffn": "the MLP's width", "mlp": "gelu or swiglu",
-              "tied": "true or false"}
-SHAPE_SYNTAX = ("SEQ,HIDDEN,HEADS,LAYERS[,VOCAB][,kv_heads=N][,ffn=N][,mlp=gelu|swiglu][,tied=true|false], e.g. "
-                "8192,4096,32,32,128256,kv_heads=8,ffn=14336,mlp=swiglu,tied=false")
+SHAPE_KEYS = {"kv_heads": "key/value heads", "ffn": "the MLP's width (each expert's)", "mlp": "gelu or swiglu",
+              "tied": "true or false", "experts": "routed experts a block", "top_k": "experts a token runs",
+              "shared_experts": "experts every token runs"}
+SHAPE_SYNTAX = ("SEQ,HIDDEN,HEADS,LAYERS[,VOCAB][,kv_heads=N][,ffn=N][,mlp=gelu|swiglu][,tied=true|false]"
+                "[,experts=N,top_k=K[,shared_experts=S]], e.g. 8192,4096,32,32,128256,kv_heads=8,ffn=14336,mlp=swiglu,"
+                "tied=false")
 
 
 def parse_shape(text: str) -> dict[str, Any]:
@@ -272,8 +329,9 @@ def parse_shape(text: str) -> dict[str, Any]:
                 raise ValueError(f"--shape tied={raw!r}: allowed true, false")
             shape["tied"] = raw == "true"
         else:
-            if not raw.isdigit() or int(raw) < 1:
-                raise ValueError(f"--shape {key}={raw!r}: expected a whole number >= 1")
+            least = 0 if key == "shared_experts" else 1
+            if not raw.isdigit() or int(raw) < least:
+                raise ValueError(f"--shape {key}={raw!r}: expected a whole number >= {least}")
             shape[key] = int(raw)
     return shape
 
@@ -284,7 +342,9 @@ def decoder_of(parameters: int | None, shape: Mapping[str, Any], name: str = "")
     return Decoder(seq_len=int(shape["seq_len"]), hidden=int(shape["n_embd"]), heads=int(shape["n_head"]),
                    layers=int(shape["n_layer"]), vocab=shape.get("vocab_size"), kv_heads=shape.get("kv_heads"),
                    ffn=shape.get("ffn"), mlp=mlp, tied=bool(shape.get("tied", True)),
-                   stated_parameters=None if parameters is None else int(parameters), name=name)
+                   stated_parameters=None if parameters is None else int(parameters), name=name,
+                   experts=int(shape.get("experts", 0)), top_k=int(shape.get("top_k", 2)),
+                   shared_experts=int(shape.get("shared_experts", 0)))
 
 
 # ---- presets -----------------------------------------------------------------------------------------------------
@@ -320,6 +380,12 @@ PUBLIC_PRESETS: dict[str, tuple[Decoder, int, str]] = {
 }
 
 
+def _decoder_families() -> tuple:
+    from workloads.base import Family
+
+    return (Family.GPT, Family.LLAMA, Family.MOE)
+
+
 def workload_decoder(name: str) -> Decoder | None:
     """A registered transformer workload as a Decoder (its config, padded vocabulary, learned positions of GPT-2's
     blocks), or None for another family."""
@@ -327,22 +393,24 @@ def workload_decoder(name: str) -> Decoder | None:
     from workloads.base import Family
 
     workload = WORKLOADS.get(name)
-    if workload is None or workload.family not in (Family.GPT, Family.LLAMA):
+    if workload is None or workload.family not in _decoder_families():
         return None
     c = workload.config
     if workload.family is Family.GPT:
         return Decoder(name=name, seq_len=c.seq_len, hidden=c.n_embd, heads=c.n_head, layers=c.n_layer,
                        vocab=c.padded_vocab_size, tied=True, positions=c.seq_len)
+    experts = (dict(experts=c.n_experts, top_k=c.top_k, shared_experts=c.n_shared_experts)
+               if workload.family is Family.MOE else {})
     return Decoder(name=name, seq_len=c.seq_len, hidden=c.n_embd, heads=c.n_head, kv_heads=c.n_kv_head,
                    layers=c.n_layer, ffn=c.intermediate_size, mlp=Mlp.SWIGLU, vocab=c.padded_vocab_size,
-                   tied=c.tie_embeddings)
+                   tied=c.tie_embeddings, **experts)
 
 
 def preset_names() -> list[str]:
     from workloads import WORKLOADS
     from workloads.base import Family
 
-    workloads = [name for name, w in WORKLOADS.items() if w.family in (Family.GPT, Family.LLAMA)]
+    workloads = [name for name, w in WORKLOADS.items() if w.family in _decoder_families()]
     return workloads + list(PUBLIC_PRESETS)
 
 

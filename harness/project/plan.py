@@ -46,11 +46,12 @@ from harness.derive.peaks import PEAKS
 from harness.project.cluster import Cluster
 from harness.project.confidence import confidence
 from harness.project.facts import REGISTRY_FACTS, RegistryFacts
+from harness.project.collectives import ClusterModel
 from harness.project.layouts import (DATA_PARALLEL, MESH, RECIPE_MATH, RECOMPUTE_FACTOR, Layout, layout_at,
                                      memory_of, peak_flops, price_step, shape_refusal)
 from harness.project.mfu_model import Validation, data_parallel_seconds, validation
 from harness.project.model import Decoder
-from harness.project.projection import Scheduled
+from harness.project.projection import Scheduled, comm_seconds
 from harness.project.rank_memory import ALLOWANCE_TEXT, GIB, MemoryTerms
 from harness.spec import SpecError
 
@@ -63,7 +64,11 @@ DEFAULT_RECIPE = USERS
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 2 ** 20
 # Simplest first, for the group a plan follows: one launcher and no sharding (DDP), then sharding of growing depth,
 # then Horovod (its own launcher and build), then tensor parallelism and the pipeline, which change the model's code.
-SIMPLICITY = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "horovod", "tp", "fsdp2-tp", "autotp", "pipeline")
+SIMPLICITY = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "horovod", "ep", "tp", "fsdp2-tp", "autotp", "pipeline")
+# An MoE model's layouts: the moe matrix's baselines with every expert replicated (harness.matrix.moe: DDP, FSDP2),
+# and expert parallelism at each degree that divides the experts and the GPUs. The other strategies' cells of the MoE
+# family are not run here (harness.matrix.moe), so they are not laid out for one.
+MOE_REPLICATED = ("ddp", "fsdp2")
 # FSDP's layouts that also run reduce-scattering every micro-batch.
 GRADIENT_SYNC_EVERY = ("fsdp2", "fsdp2-tp")
 
@@ -116,6 +121,8 @@ class Planned:
     mfu: float | None = None
     gpu_hours: float | None = None
     schedule: tuple[Scheduled, ...] = field(default=())
+    all_to_all_s: float = 0.0               # expert parallelism's all-to-alls a step, all exposed
+    unfit_step_s: float | None = None       # an expert layout that does not fit: its step at the smallest micro-batch
     tied: bool = False                      # within the error of the fastest
 
     @property
@@ -171,6 +178,15 @@ def layouts(model: Decoder, cluster: Cluster, nodes: int, settings: Settings,
     found = []
     for checkpointing in CHECKPOINTING:
         shared = (("activation_checkpointing", checkpointing),)
+        if model.is_moe:
+            chosen = [(name, shared) for name in MOE_REPLICATED]
+            chosen += [("ep", (("ep", e), *shared)) for e in range(2, min(model.experts, gpus) + 1)
+                       if model.experts % e == 0 and gpus % e == 0]
+            chosen += [(name, (*options, ("gradient_sync", "every"))) for name, options in chosen
+                       if name in GRADIENT_SYNC_EVERY]
+            found += [layout_at(name, tuple(sorted({**dict(options), **recipe_for(name, settings, facts)[1]}.items())),
+                                gpus, recipe_for(name, settings, facts)[0], facts) for name, options in chosen]
+            continue
         chosen = [(name, shared) for name in DATA_PARALLEL]
         chosen += [(name, (("tp", t), *shared)) for t in degrees for name in MESH]
         chosen.append(("tp", shared))
@@ -215,7 +231,7 @@ def compute_mfu_of(layout: Layout, model: Decoder, cluster: Cluster, settings: S
     """--mfu, or the fitted compute MFU of the cluster's GPU, the model's size and the layout's recomputation."""
     if settings.mfu is not None:
         return settings.mfu
-    return fitted.model.compute_mfu(cluster.gpu, model.parameters, layout.checkpointed)
+    return fitted.model.compute_mfu(cluster.gpu, model.active_parameters, layout.checkpointed)
 
 
 def plan_layout(layout: Layout, model: Decoder, cluster: Cluster, nodes: int, settings: Settings,
@@ -234,6 +250,13 @@ def plan_layout(layout: Layout, model: Decoder, cluster: Cluster, nodes: int, se
     comm_error = found.median_abs_error_pct / 100 if found is not None else compute_error
     best: Planned | None = None
     smallest: Planned | None = None
+    def priced(micro_batch: int):
+        price = price_step(layout, model, cluster, global_batch=settings.global_batch, micro_batch=micro_batch,
+                           compute_mfu=compute_mfu, peak=peak, facts=facts)
+        data_parallel_s, other_s = data_parallel_seconds(price, gpus, cluster)
+        all_to_all = comm_seconds([s for s in price.schedule if s.label == "ep"], gpus, ClusterModel(cluster))
+        return price, fitted.model.exposed_s(data_parallel_s, other_s), all_to_all
+
     for micro_batch in _micro_batches_to_try(per_replica, settings):
         micro_batches = per_replica // micro_batch
         terms = memory_of(layout, model, micro_batch=micro_batch, micro_batches=micro_batches, facts=facts)
@@ -242,10 +265,7 @@ def plan_layout(layout: Layout, model: Decoder, cluster: Cluster, nodes: int, se
         smallest = planned
         if terms.total > memory:
             continue
-        price = price_step(layout, model, cluster, global_batch=settings.global_batch, micro_batch=micro_batch,
-                           compute_mfu=compute_mfu, peak=peak, facts=facts)
-        data_parallel_s, other_s = data_parallel_seconds(price, gpus, cluster)
-        exposed = fitted.model.exposed_s(data_parallel_s, other_s)
+        price, exposed, all_to_all = priced(micro_batch)
         step = price.compute_s + exposed
         tokens_a_step = settings.global_batch * model.seq_len
         per_gpu = tokens_a_step / step / gpus
@@ -255,11 +275,15 @@ def plan_layout(layout: Layout, model: Decoder, cluster: Cluster, nodes: int, se
                           step_high_s=price.compute_s * (1 + compute_error) + exposed * (1 + comm_error),
                           tokens_per_s_per_gpu=per_gpu, tflops_per_gpu=price.model_flops / step / 1e12,
                           mfu=price.model_flops / step / peak, gpu_hours=settings.tokens / per_gpu / 3600,
-                          schedule=price.schedule)
+                          schedule=price.schedule, all_to_all_s=all_to_all)
         if best is None or step < best.step_s:
             best = planned
         if split.pipeline_stages == 1:      # the largest that fits; only the pipeline's bubble rewards smaller ones
             break
+    if best is None and smallest is not None and layout.expert_parallel > 1:
+        # What its exchange would cost, though the memory rules it out: whether memory or the network binds it.
+        price, exposed, all_to_all = priced(smallest.micro_batch)
+        return replace(smallest, all_to_all_s=all_to_all, unfit_step_s=price.compute_s + exposed)
     return best if best is not None else smallest
 
 
@@ -277,7 +301,7 @@ def plan(model: Decoder, cluster: Cluster, nodes: int, settings: Settings,
     gpu_figures(cluster, settings)          # a cluster without its GPU fails before anything is planned
     fitted = validation(facts)
     if settings.mfu is None:
-        fitted.model.compute_mfu(cluster.gpu, model.parameters, False)      # a GPU no run measured: one line
+        fitted.model.compute_mfu(cluster.gpu, model.active_parameters, False)   # a GPU no run measured: one line
     planned = [plan_layout(layout, model, cluster, nodes, settings, facts, fitted)
                for layout in layouts(model, cluster, nodes, settings, facts)]
     planned = [p for p in planned if not _same_as_sync_last(p)]
@@ -315,8 +339,12 @@ def header_lines(model: Decoder, cluster: Cluster, nodes: int, settings: Setting
     if settings.mfu is not None:
         mfu = f"--mfu {settings.mfu:.0%} (given)"
     else:
-        mfu = (f"{fitted.model.describe(cluster.gpu, model.parameters, False)}; "
-               f"{fitted.model.compute_mfu(cluster.gpu, model.parameters, True):.1%} recomputed; --mfu to override")
+        mfu = (f"{fitted.model.describe(cluster.gpu, model.active_parameters, False)}; "
+               f"{fitted.model.compute_mfu(cluster.gpu, model.active_parameters, True):.1%} recomputed; --mfu to "
+               "override")
+        if model.is_moe:
+            mfu += (" (an MoE model at the MFU of a dense one of its active parameters: the published runs it was "
+                    "fitted on are dense)")
     recipe = ("each strategy's users' recipe (FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16 section, "
               "torch.autocast elsewhere)" if settings.recipe == USERS else settings.recipe)
     return [
@@ -324,10 +352,13 @@ def header_lines(model: Decoder, cluster: Cluster, nodes: int, settings: Setting
         f"{nodes * cluster.gpus_per_node} GPUs, {memory / GIB:g} GiB and {peak / 1e12:.4g} TFLOP/s dense each "
         f"({peak_source})",
         f"projected, not measured: compute from FLOPs (PaLM: 6N + 12 L H Q T = {model.flops_per_token / 1e9:.4g} "
-        f"GFLOP a token, N without the input embedding; x {RECOMPUTE_FACTOR:.4g} where checkpointed) at {mfu}",
+        f"GFLOP a token, N without the input embedding{', of the active parameters' if model.is_moe else ''}; "
+        f"x {RECOMPUTE_FACTOR:.4g} where checkpointed) at {mfu}",
         f"communication: the alpha-beta model on the cluster's datasheet links; exposed: "
         f"{fitted.model.exposed_data_parallel:.0%} of the data-parallel collectives (fitted on the same runs) and "
-        "all of tensor parallelism's and the pipeline's",
+        f"all of tensor parallelism's and the pipeline's" + (
+            ", and expert parallelism's all-to-alls (each block waits for its tokens), at an even routing"
+            if model.is_moe else ""),
         f"confidence: compute, the MFU model's error on published runs it was not fitted on ({fitted.confidence_text()}"
         "); communication, each strategy's record on emulated clusters (last column). A step's range: compute +/- "
         "the first's median, exposed communication +/- the second's: a typical band, not a bound",
@@ -362,6 +393,16 @@ def format_plan(planned: Sequence[Planned], model: Decoder, cluster: Cluster, no
             lines.append(f"{'-':>4}  {head} {'no':<4} {batch:>11} {memory:>8}  {verdict(p)}")
         if p.memory is not None:
             lines.append(f"{'':>6}memory: {p.memory.describe()}")
+        if p.layout.expert_parallel > 1 and (p.fits or p.unfit_step_s):
+            among = (f"among {p.layout.expert_parallel} ranks, "
+                     f"{'inside a node' if p.layout.expert_parallel <= cluster.gpus_per_node else 'across nodes'}")
+            if p.fits:
+                lines.append(f"{'':>6}all-to-all: {p.all_to_all_s:.3f} s a step, {p.all_to_all_s / p.step_s:.1%} of "
+                             f"it ({among})")
+            else:
+                lines.append(f"{'':>6}all-to-all: {p.all_to_all_s:.3f} s a step at micro-batch {p.micro_batch}, "
+                             f"{p.all_to_all_s / p.unfit_step_s:.1%} of the {p.unfit_step_s:.2f} s step it would take "
+                             f"were there memory for it ({among})")
     group = equivalent(planned)
     lines.append("")
     if group:
@@ -376,6 +417,11 @@ def format_plan(planned: Sequence[Planned], model: Decoder, cluster: Cluster, no
         "copies, not priced here), sequence parallelism, selective recomputation (the strategies recompute whole "
         "blocks only), the pipeline's tied-weight all-reduce and uneven stages",
     ]
+    if model.is_moe:
+        lines.append("an MoE model: the moe matrix's layouts (DDP and FSDP2 with every expert replicated, ep at each "
+                     "degree dividing the experts and the GPUs); horovod-ep (Horovod 0.28.1's alltoall refuses bf16), "
+                     "deepspeed-moe, ZeRO, tensor and pipeline parallelism of experts are not laid out; routing taken "
+                     "as even (a real router's imbalance loads the busiest rank's experts and links more)")
     return "\n".join(lines)
 
 

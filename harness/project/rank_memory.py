@@ -5,11 +5,13 @@ GPU of the layout (`harness plan`, `harness memory`):
 
 - **model states**: the strategy's plan (`Strategy.model_state_plan`, the ZeRO paper's sec. 5.1 sharding) over
   the parameters a rank holds (`Decoder.held_by_rank`: its tensor-parallel and pipeline share, the norms, the
-  row-parallel biases, the embeddings and an untied head whole on every tensor-parallel rank);
+  row-parallel biases, the embeddings and an untied head whole on every tensor-parallel rank, an MoE model's
+  routed experts over the expert-parallel ranks);
 - **activations**: what the blocks save for backward, by the family's own block formula
   (harness.derive.activations: GPT's or Llama's, measured on the workloads' blocks) under the layout's recipe,
   x the blocks of a stage x the micro-batches in flight (1F1B: min(stages, K) at the first stage, 1 at the
-  last); checkpointed, each block's input and one block whole, the one being recomputed;
+  last); checkpointed, each block's input and one block whole, the one being recomputed; an MoE block as Llama's
+  with its MLP as wide as the experts a token runs, and the routing's copies (`routing_bytes`, projected);
 - **logits and loss**: on the GPU that holds the head (the last stage), the logits and the loss as the
   workloads compute them (harness.derive.activations.loss_bytes: held for backward, and what the loss's
   backward adds at its peak), over the vocabulary rows, split where loss parallelism splits them; a published
@@ -94,10 +96,22 @@ def block_bytes(model: Decoder, *, micro_batch: int, recipe: str, tensor_paralle
                                  heads=model.heads, tp=tensor_parallel, compute_bytes=compute, fused_norm=True,
                                  bf16_weights=recipe in SIXTEEN_BIT_WEIGHTS, sequence_parallel=sequence_parallel)
     if model.mlp is Mlp.SWIGLU:
-        sizes.update(kv_heads=model.kv_heads_count, intermediate=model.ffn_width)
+        sizes.update(kv_heads=model.kv_heads_count, intermediate=model.ffn_width * model.mlps_a_token)
     else:
         sizes.update(ffn=model.ffn_width)
-    return formulas.block_bytes(**sizes).total
+    return formulas.block_bytes(**sizes).total + routing_bytes(model, micro_batch=micro_batch, recipe=recipe)
+
+
+def routing_bytes(model: Decoder, *, micro_batch: int, recipe: str) -> float:
+    """What an MoE block keeps beyond Llama's block with its MLP top_k (+ shared) experts wide, which `block_bytes`
+    counts: each token's top_k dispatched copies of its hidden state (the experts' input, saved for their weights'
+    gradients) and their outputs (saved for the combine's weighting by the router), in the compute bytes, and the
+    router's logits and probabilities over the experts in fp32. Projected from the shapes, not measured on an MoE
+    block (Llama's block formula is: harness.derive.activations); 0 for a dense block."""
+    if not model.is_moe:
+        return 0.0
+    tokens = model.seq_len * micro_batch
+    return tokens * (2 * model.top_k * model.hidden * COMPUTE_BYTES[recipe] + 2 * model.experts * 4)
 
 
 def activation_bytes(model: Decoder, split: ModelSplit, *, micro_batch: int, micro_batches: int, recipe: str,
@@ -135,13 +149,15 @@ def logits_bytes(model: Decoder, *, micro_batch: int, recipe: str, vocabulary_sp
     return found.peak
 
 
-def rank_parameters(model: Decoder, split: ModelSplit, micro_batches: int, vocabulary_split: bool) -> RankParameters:
-    """What a rank of `split` holds of `model`, for the strategy's working memory."""
+def rank_parameters(model: Decoder, split: ModelSplit, micro_batches: int, vocabulary_split: bool,
+                    expert_parallel: int = 1) -> RankParameters:
+    """What a rank of `split` holds of `model` (its experts over `expert_parallel` ranks), for the strategy's
+    working memory."""
     t, stages = split.tensor_parallel, split.pipeline_stages
-    unit = model.block_parameters_held(t)
+    unit = model.block_parameters_held(t) - model.routed_expert_parameters / model.layers * (1 - 1 / expert_parallel)
     vocabulary = model.embedding_parameters / (t if vocabulary_split else 1)
-    outside = model.held_by_rank(t, 1, vocabulary_split) - model.layers * unit
-    return RankParameters(held=model.held_by_rank(t, stages, vocabulary_split), unit=unit,
+    outside = model.held_by_rank(t, 1, vocabulary_split, expert_parallel) - model.layers * unit
+    return RankParameters(held=model.held_by_rank(t, stages, vocabulary_split, expert_parallel), unit=unit,
                           outside_blocks=outside / (1 if stages == 1 else 2), largest_module=max(unit, vocabulary),
                           data_parallel=split.data_parallel, micro_batches=micro_batches)
 
@@ -149,10 +165,10 @@ def rank_parameters(model: Decoder, split: ModelSplit, micro_batches: int, vocab
 def layout_memory(*, model: Decoder, strategy: str, options: Mapping[str, Any], split: ModelSplit, recipe: str,
                   micro_batch: int, micro_batches: int, checkpointed: bool, facts: Any,
                   sequence_parallel: bool = False, vocabulary_split: bool = False,
-                  loss: str = WORKLOADS_LOSS) -> MemoryTerms:
+                  loss: str = WORKLOADS_LOSS, expert_parallel: int = 1) -> MemoryTerms:
     """The busiest GPU's MemoryTerms: with pipeline stages, the larger of the first stage (most micro-batches in
     flight) and the last (one in flight, the logits); `loss` the workloads' unless a published run says."""
-    rank = rank_parameters(model, split, micro_batches, vocabulary_split)
+    rank = rank_parameters(model, split, micro_batches, vocabulary_split, expert_parallel)
     plan = facts.model_state_plan(strategy, options, split.data_parallel, recipe)
     states = plan_bytes(plan, rank.held)["total"]
     working = facts.working_memory(strategy, options, rank, recipe)

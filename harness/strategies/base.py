@@ -385,6 +385,12 @@ class Strategy(abc.ABC):
         replica): what `harness memory` divides a model by. The default: each replica one rank, holding it whole."""
         return ModelSplit(data_parallel=replicas)
 
+    def expert_parallel_degree(self, world_size: int, options: Mapping[str, OptionValue]) -> int:
+        """The ranks an MoE model's routed experts are sharded over at `world_size` (`harness memory`, `harness plan`:
+        each rank holds experts / degree of them); 0 for a strategy that shards no experts, which an MoE model's
+        experts pass through replicated (whole on every rank, or as its other states are)."""
+        return 0
+
     def described_traffic_bytes(self, parameters: int, recipe: PrecisionRecipe,
                                 options: Mapping[str, OptionValue]) -> TrafficBytes:
         """`traffic_bytes` of a model known by its parameter count alone (`harness plan`), every parameter taken as a

@@ -85,7 +85,10 @@ class ExpertParallel(Strategy):
                               "token-group alignment, not built here")
 
     def degree(self, spec: RunSpec) -> int:
-        return int(self.resolved(spec)["ep"]) or spec.world_size
+        return self.expert_parallel_degree(spec.world_size, self.resolved(spec))
+
+    def expert_parallel_degree(self, world_size: int, options) -> int:
+        return int(options.get("ep", 0)) or world_size
 
     def validate(self, spec: RunSpec) -> None:
         degree = self.degree(spec)

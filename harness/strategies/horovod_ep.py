@@ -97,6 +97,9 @@ class HorovodExpertParallel(Horovod):
                     "the rows the dispatch sends are bf16 under autocast")
         return moe_refusal(spec, spec.world_size)
 
+    def expert_parallel_degree(self, world_size: int, options) -> int:
+        return world_size                       # every rank holds experts / world size (shard_experts over all)
+
     def compute_only_unavailable(self, spec: RunSpec) -> str:
         return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
 
