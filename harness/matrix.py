@@ -103,7 +103,7 @@ GPU_PLANS = {
 # own cost on the plain loop, harness.derive.harness_overhead); one device each.
 REFERENCES = (REFERENCE_STRATEGY, BARE_STRATEGY)
 # The strategies that shard an MoE model's experts: they run on the `moe` matrix's MoE workloads alone.
-EXPERT_PARALLEL = ("ep", "horovod-ep")
+EXPERT_PARALLEL = ("ep", "horovod-ep", "deepspeed-moe")
 ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES if name not in (*REFERENCES, *EXPERT_PARALLEL))
 ASYNCHRONOUS_PS = "ps-async"
 
@@ -539,8 +539,9 @@ MOE_BASELINES = ("ddp", "fsdp2")
 def moe(machine: Machine, select: Selection) -> list[RunSpec]:
     """Expert parallelism on an MoE model beside the baselines that replicate every expert: moe-tiny at world sizes 1,
     2 and 4 in fp32 and bf16 (on GPUs in bf16 at 1, 2, ... up to the devices, 2 sharing the GPU where there is one),
-    `ep` over every rank and, at 4, over groups of 2 (`ep=2`: two groups holding the experts, their gradients summed
-    between them), each against the plain loop in its precision."""
+    `ep`, `horovod-ep` and `deepspeed-moe` (ZeRO-2; ZeRO-1 at 2 ranks too) over every rank and, `ep` and
+    `deepspeed-moe` at 4, over groups of 2 (`ep=2`: two groups holding the experts, their gradients summed between
+    them), each against the plain loop in its precision."""
     on_cpu = machine.device is DeviceKind.CPU
     precisions = (Precision.FP32, Precision.BF16) if on_cpu else (Precision.BF16,)
     # On one GPU, 2 ranks sharing it (as the hybrids'): the dispatch is what is checked, not its speed.
@@ -554,8 +555,11 @@ def moe(machine: Machine, select: Selection) -> list[RunSpec]:
             for strategy in cells.chosen:
                 for world_size in (size for size in cells.sizes_for(strategy) if size > 1):
                     cells.add(workload, plan, strategy, world_size, global_batch, precision=precision)
-                    if strategy == "ep" and world_size == 4:
+                    if strategy in ("ep", "deepspeed-moe") and world_size == 4:
                         cells.add(workload, plan, strategy, world_size, global_batch, options={"ep": 2},
+                                  precision=precision)
+                    if strategy == "deepspeed-moe" and world_size == 2:
+                        cells.add(workload, plan, strategy, world_size, global_batch, options={"zero_stage": 1},
                                   precision=precision)
     return cells.specs
 

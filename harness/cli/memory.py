@@ -118,6 +118,8 @@ def command_memory(args: argparse.Namespace) -> int:
             if model is None or not model.is_moe:
                 refusal = ("expert parallelism shards an MoE model's experts: describe one (--model mixtral-8x7b, "
                            "or --shape ...,experts=N,top_k=K)")
+            elif split.ranks % experts_over:
+                refusal = f"ep={experts_over} must divide the world size {split.ranks} (--dp and the replicas' ranks)"
             elif model.experts % experts_over:
                 refusal = f"the {model.experts} experts do not divide over {experts_over} expert-parallel ranks"
         if refusal:
@@ -130,6 +132,12 @@ def command_memory(args: argparse.Namespace) -> int:
         held = (model.held_by_rank(split.tensor_parallel, split.pipeline_stages, vocabulary_split,
                                    max(1, experts_over)) if model is not None else split.evenly_held(parameters))
         states = plan_bytes(plan, held)
+        if experts_over and model is not None:
+            # The rank's experts under the plan over the ranks holding the same ones (harness.project.rank_memory).
+            experts = model.routed_expert_parameters / experts_over / split.pipeline_stages
+            over = strategy.model_state_plan(max(1, split.data_parallel // experts_over), recipe, options)
+            dense, own = plan_bytes(plan, held - experts), plan_bytes(over, experts)
+            states = {name: dense[name] + own[name] for name in dense}
         per_parameter = "+".join(f"{getattr(plan, c).bytes_per_parameter:g}" for c in ("weights", "gradients",
                                                                                         "optimizer"))
         # DeepSpeed divides the sharded states by num_nodes x num_gpus_per_node: all --dp GPUs, so the estimate is

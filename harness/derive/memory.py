@@ -155,6 +155,10 @@ def plan_bytes(plan: ModelStatePlan, parameters: float, kept_whole: int = 0) -> 
     return figures
 
 
+def _added(first: Mapping[str, float], second: Mapping[str, float]) -> dict[str, float]:
+    return {name: first[name] + second[name] for name in first}
+
+
 def predicted_model_states(measurements: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """Predicted model-state bytes of each rank ({weights, gradients, optimizer, total, source}), from the
     row's plan and the parameters each rank held; for a schema-1 row its stored figure (total only, the
@@ -164,6 +168,13 @@ def predicted_model_states(measurements: Mapping[str, Any]) -> list[dict[str, An
     if plan_data and held:
         plan = ModelStatePlan.from_dict(plan_data)
         kept = measurements.get("weights_kept_whole_parameters_by_rank") or [0] * len(held)
+        experts_plan = measurements.get("expert_model_state_plan")
+        if experts_plan:
+            # An expert-parallel row: the dense parameters under the plan over every data-parallel rank, the rank's
+            # experts under the plan over the ranks holding the same experts.
+            experts = ModelStatePlan.from_dict(experts_plan)
+            return [{**_added(plan_bytes(plan, parameters - own), plan_bytes(experts, own)), "source": FROM_PLAN}
+                    for parameters, own in zip(held, measurements["expert_parameters_held_by_rank"])]
         return [{**plan_bytes(plan, parameters, whole), "source": FROM_PLAN}
                 for parameters, whole in zip(held, kept)]
     stored = measurements.get("model_state_bytes_predicted")

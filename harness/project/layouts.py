@@ -84,10 +84,12 @@ class Layout:
     @property
     def label(self) -> str:
         s = self.split
-        parts = ([f"ep={self.expert_parallel}"] if self.expert_parallel > 1 else []) + (
-            [f"tp={s.tensor_parallel}"] if s.tensor_parallel > 1 else []) + (
+        parts = ([f"tp={s.tensor_parallel}"] if s.tensor_parallel > 1 else []) + (
             [f"pp={s.pipeline_stages}"] if s.pipeline_stages > 1 else []) + [f"dp={s.data_parallel}"]
-        tags = (["sp"] if self.sequence_parallel else []) + (
+        # Experts sharded over ep of the dp ranks: a tag, not a factor of the GPUs as tp and pp are.
+        tags = ([f"ep={self.expert_parallel}"] if self.expert_parallel > 1 else []) + (
+            ["sp"] if self.sequence_parallel else []) + (
+            [f"zero{self.options_dict['zero_stage']}"] if "zero_stage" in self.options_dict else []) + (
             ["rs-every"] if self.options_dict.get("gradient_sync") == "every" else []) + (
             ["ckpt"] if self.checkpointed else [])
         return f"{self.strategy} {' x '.join(parts)}" + "".join(f" {tag}" for tag in tags)
@@ -166,18 +168,36 @@ def all_to_all_schedule(layout: Layout, model: Decoder, micro_batch: int, micro_
                                  (COMBINE_BYTES[layout.recipe], forwards + 1))]
 
 
+# The data-parallel collectives an expert layout runs on its dense part and its experts: `ep`'s are DDP's;
+# deepspeed-moe's its own ZeRO stage's.
+EXPERT_LAYOUT_DATA_PARALLEL = {"ep": "ddp"}
+# Layouts that reduce their experts' gradients after backward, one call a tensor, where nothing overlaps them
+# (harness.strategies.ep: ExpertGradients.reduce after accumulate): priced all exposed, apart from the data-parallel
+# collectives' fitted share.
+EXPERTS_REDUCED_AFTER_BACKWARD = ("ep",)
+
+
 def _expert_parallel_dp(layout: Layout, model: Decoder, micro_batches: int, facts: RegistryFacts) -> list[Scheduled]:
-    """An ep layout's gradient all-reduces, as DDP's buckets: the dense part's among every rank, and each rank's
-    experts' among the G / ep ranks holding the same ones (a group of ranks ep apart: harness.strategies.ep)."""
+    """An expert layout's gradient reductions (and ZeRO's gathers): the dense part's among every rank, and each rank's
+    experts' among the G / ep ranks holding the same ones (a group of ranks ep apart: harness.strategies.ep,
+    DeepSpeed's expert data parallelism), as the strategy's data-parallel collectives (`EXPERT_LAYOUT_DATA_PARALLEL`)."""
     ep, ranks = layout.expert_parallel, layout.split.ranks
     experts = model.routed_expert_parameters / ep
     dense = model.held_by_rank(expert_parallel=ep) - experts
+    name = EXPERT_LAYOUT_DATA_PARALLEL.get(layout.strategy, layout.strategy)
+    options = {} if name != layout.strategy else layout.options_dict
     schedule = []
     for held, group, stride in ((dense, ranks, 1), (experts, ranks // ep, ep)):
         if group == 1:
             continue
-        gradients, gathered = facts.described_traffic("ddp", {}, int(held), layout.recipe)
-        expected = facts.expected_per_step("ddp", {}, group, micro_batches, int(held), gradients, gathered)
+        gradients, gathered = facts.described_traffic(name, options, int(held), layout.recipe)
+        if held is experts and layout.strategy in EXPERTS_REDUCED_AFTER_BACKWARD:
+            # One all-reduce of each expert tensor (its gate-and-up and its down matrices, a block each), exposed.
+            tensors = 2 * model.layers
+            schedule.append(Scheduled(collective="all_reduce", size_bytes=gradients / tensors, calls=float(tensors),
+                                      group=group, origin="expected", label="experts", stride=stride))
+            continue
+        expected = facts.expected_per_step(name, options, group, micro_batches, int(held), gradients, gathered)
         schedule += [Scheduled(collective=e["collective"], size_bytes=float(e["size_bytes"]), calls=float(e["calls"]),
                                group=group, origin="expected", label="dp", stride=stride)
                      for e in expected["collectives"] if e["calls"]]

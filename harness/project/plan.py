@@ -64,10 +64,12 @@ DEFAULT_RECIPE = USERS
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 2 ** 20
 # Simplest first, for the group a plan follows: one launcher and no sharding (DDP), then sharding of growing depth,
 # then Horovod (its own launcher and build), then tensor parallelism and the pipeline, which change the model's code.
-SIMPLICITY = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "horovod", "ep", "tp", "fsdp2-tp", "autotp", "pipeline")
+SIMPLICITY = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "horovod", "ep", "deepspeed-moe", "tp", "fsdp2-tp", "autotp",
+              "pipeline")
 # An MoE model's layouts: the moe matrix's baselines with every expert replicated (harness.matrix.moe: DDP, FSDP2),
-# and expert parallelism at each degree that divides the experts and the GPUs. The other strategies' cells of the MoE
-# family are not run here (harness.matrix.moe), so they are not laid out for one.
+# and expert parallelism at each degree that divides the experts and the GPUs: `ep` (DDP's copies) and deepspeed-moe
+# under ZeRO-1 and ZeRO-2. The other strategies' cells of the MoE family are not run here (harness.matrix.moe), so
+# they are not laid out for one.
 MOE_REPLICATED = ("ddp", "fsdp2")
 # FSDP's layouts that also run reduce-scattering every micro-batch.
 GRADIENT_SYNC_EVERY = ("fsdp2", "fsdp2-tp")
@@ -180,8 +182,9 @@ def layouts(model: Decoder, cluster: Cluster, nodes: int, settings: Settings,
         shared = (("activation_checkpointing", checkpointing),)
         if model.is_moe:
             chosen = [(name, shared) for name in MOE_REPLICATED]
-            chosen += [("ep", (("ep", e), *shared)) for e in range(2, min(model.experts, gpus) + 1)
-                       if model.experts % e == 0 and gpus % e == 0]
+            degrees = [e for e in range(2, min(model.experts, gpus) + 1) if model.experts % e == 0 and gpus % e == 0]
+            chosen += [("ep", (("ep", e), *shared)) for e in degrees]
+            chosen += [("deepspeed-moe", (("ep", e), ("zero_stage", z), *shared)) for e in degrees for z in (1, 2)]
             chosen += [(name, (*options, ("gradient_sync", "every"))) for name, options in chosen
                        if name in GRADIENT_SYNC_EVERY]
             found += [layout_at(name, tuple(sorted({**dict(options), **recipe_for(name, settings, facts)[1]}.items())),
@@ -418,10 +421,12 @@ def format_plan(planned: Sequence[Planned], model: Decoder, cluster: Cluster, no
         "blocks only), the pipeline's tied-weight all-reduce and uneven stages",
     ]
     if model.is_moe:
-        lines.append("an MoE model: the moe matrix's layouts (DDP and FSDP2 with every expert replicated, ep at each "
-                     "degree dividing the experts and the GPUs); horovod-ep (Horovod 0.28.1's alltoall refuses bf16), "
-                     "deepspeed-moe, ZeRO, tensor and pipeline parallelism of experts are not laid out; routing taken "
-                     "as even (a real router's imbalance loads the busiest rank's experts and links more)")
+        lines.append("an MoE model: the moe matrix's layouts (DDP and FSDP2 with every expert replicated; ep and "
+                     "deepspeed-moe's ZeRO-1 and -2 at each degree dividing the experts and the GPUs, deepspeed-moe's "
+                     "capacity taken as an even routing's, its capacity all-reduce left out); horovod-ep (Horovod "
+                     "0.28.1's alltoall refuses bf16), tensor and pipeline parallelism of experts are not laid out; "
+                     "routing taken as even (a real router's imbalance loads the busiest rank's experts and links "
+                     "more)")
     return "\n".join(lines)
 
 

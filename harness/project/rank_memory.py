@@ -171,6 +171,12 @@ def layout_memory(*, model: Decoder, strategy: str, options: Mapping[str, Any], 
     rank = rank_parameters(model, split, micro_batches, vocabulary_split, expert_parallel)
     plan = facts.model_state_plan(strategy, options, split.data_parallel, recipe)
     states = plan_bytes(plan, rank.held)["total"]
+    if model.is_moe and expert_parallel > 1:
+        # The rank's experts under the strategy's plan over the ranks holding the same ones (ZeRO shards their states
+        # there: DeepSpeed-MoE's expert data parallelism), the rest over every data-parallel rank.
+        experts = model.routed_expert_parameters / expert_parallel / split.pipeline_stages
+        over = facts.model_state_plan(strategy, options, max(1, split.data_parallel // expert_parallel), recipe)
+        states = plan_bytes(plan, rank.held - experts)["total"] + plan_bytes(over, experts)["total"]
     working = facts.working_memory(strategy, options, rank, recipe)
     logits = logits_bytes(model, micro_batch=micro_batch, recipe=recipe,
                           vocabulary_split=split.tensor_parallel if vocabulary_split else 1, loss=loss)

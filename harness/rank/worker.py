@@ -27,7 +27,7 @@ import psutil
 import torch
 
 from harness.rank.routing import RoutingRecord, routing_measurements
-from harness.strategies.expert_parallel import ExpertParallelExperts, plant_dispatch_fault
+from harness.strategies.expert_parallel import Dispatcher, plant_dispatch_fault
 from harness.rank.comm_counter import CollectiveCounter
 from harness.rank.bare_loop import run_bare_loop
 from harness.rank.compute_only import CompletedPass, compute_only_pass
@@ -149,7 +149,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     _phase(context.rank, "model wrapped")
     fault = fault_from_environment()
     if fault and fault.kind in DISPATCH_KINDS:
-        plant_dispatch_fault([m for layer in layers for m in layer.modules() if isinstance(m, ExpertParallelExperts)],
+        plant_dispatch_fault([m for layer in layers for m in layer.modules() if isinstance(m, Dispatcher)],
                              fault.kind)
     # A checkpoint cell's launch (harness.rank.checkpointed_run): it may start from a save, save at step K, stop there.
     run = CheckpointedRun.from_environment(strategy.checkpoint_method,
@@ -293,6 +293,7 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                               "compute_only": compute_only_raw,
                               "model_states": _model_state_figures(model_states, growth),
                               "parameters_held": trainer.parameters_held(parameters),
+                              "expert_parameters_held": trainer.expert_parameters_held(),
                               "parameters_kept_whole": trainer.parameters_kept_whole(),
                               "saved_activations": census.peak, "recompute": recompute, "outcomes": outcomes,
                               "offloaded": offloaded, "strategy_figures": trainer.rank_figures(),
@@ -564,6 +565,12 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
         "weights_kept_whole_parameters_by_rank": [r["parameters_kept_whole"] for r in by_rank],
         "largest_module_own_parameters": largest_module,
     }
+    degree = strategy.expert_parallel_degree(context.world_size, strategy.resolved(spec))
+    if degree:
+        # The routed experts' states: the plan over the ranks holding the same experts (ZeRO shards them there).
+        figures["expert_model_state_plan"] = strategy.model_state_plan(
+            layout.data_parallel // degree, trainer.precision_recipe, strategy.resolved(spec)).to_dict()
+        figures["expert_parameters_held_by_rank"] = [r["expert_parameters_held"] for r in by_rank]
     if readings[0]["unavailable_because"]:
         figures["model_state_unavailable_because"] = readings[0]["unavailable_because"]
     else:

@@ -25,6 +25,7 @@ from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strate
 from harness.strategies.compiling import compiles
 from harness.strategies.dataparallel import DataParallel
 from harness.strategies.ddp import DDP
+from harness.strategies.deepspeed_moe import DeepSpeedMoE
 from harness.strategies.ep import ExpertParallel
 from harness.strategies.fsdp2 import FSDP2
 from harness.strategies.fsdp2_tp import FSDP2TensorParallel
@@ -59,6 +60,7 @@ STRATEGIES: dict[str, Strategy] = {
     "ps-async": AsyncParameterServer(),
     "ep": ExpertParallel(),
     "horovod-ep": HorovodExpertParallel(),
+    "deepspeed-moe": DeepSpeedMoE(),
 }
 
 

@@ -233,6 +233,11 @@ class Trainer(abc.ABC):
         """Parameters a sharding strategy also keeps unsharded on this rank beside their shard."""
         return 0
 
+    def expert_parameters_held(self) -> int:
+        """Of `parameters_held`, the routed experts' this rank holds where the strategy shards an MoE model's experts
+        (`Strategy.expert_parallel_degree`): their states follow its plan over the ranks holding the same experts."""
+        return 0
+
     def local_parameters(self) -> tuple[list[torch.Tensor], bool]:
         """This rank's part of every trainable parameter, each once (a tied weight once), and whether the
         parts are disjoint shards whose squares add up across ranks (True) or whole replicas (False)."""

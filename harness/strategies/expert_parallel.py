@@ -161,11 +161,21 @@ class Group:
     coordinate: int
 
 
-class ExpertParallelExperts(nn.Module):
+class Dispatcher(nn.Module):
+    """A block's experts behind a dispatch to the ranks holding them, called as workloads.moe.GroupedExperts is
+    (tokens, chosen experts, gate weights): `degree` ranks in its expert-parallel group, and `planted`, a dispatch bug
+    planted in it (harness.rank.faults.DISPATCH_KINDS), "" in an honest run."""
+
+    degree: int = 1
+    planted: str = ""
+
+
+class ExpertParallelExperts(Dispatcher):
     """This rank's `E / degree` experts of a block, with the dispatch and combine around them (module docstring)."""
 
     def __init__(self, whole: GroupedExperts, group: Group, log: RoutingLog) -> None:
         super().__init__()
+        self.degree = group.degree
         experts = whole.w_gate_up.shape[0]
         self.n_experts, self.local_experts = experts, experts // group.degree
         first = group.coordinate * self.local_experts
@@ -225,13 +235,13 @@ def _rolled_blocks(rows: torch.Tensor, sizes: list[int], back: bool = False) -> 
     return blocks[1:] + blocks[:1] if back else blocks[-1:] + blocks[:-1]
 
 
-def plant_dispatch_fault(modules: list[ExpertParallelExperts], kind: str) -> None:
+def plant_dispatch_fault(modules: list[Dispatcher], kind: str) -> None:
     """Make every dispatch wrong in the way `kind` names (harness.rank.faults.DISPATCH_KINDS); ValueError where it
     would change nothing (a planted bug that plants none would pass parity and prove nothing): no dispatch (experts
     replicated), or one rank's group, where `misroute` sends each rank's rows back to it."""
     if not modules:
         raise ValueError(f"the planted dispatch bug {kind!r} needs an expert-parallel dispatch, and this cell has none")
-    if kind == "misroute" and modules[0].group.degree < 2:
+    if kind == "misroute" and modules[0].degree < 2:
         raise ValueError("the planted dispatch bug 'misroute' needs 2 or more expert-parallel ranks to send rows to")
     for module in modules:
         module.planted = kind
@@ -328,6 +338,9 @@ class ExpertParallelParts:
 
     def parameters_held(self, whole_model: int) -> int:
         return sum(p.numel() for p in self._trainable())
+
+    def expert_parameters_held(self) -> int:
+        return sum(p.numel() for name, p in zip(self.parameter_names(), self._trainable()) if name in self.expert_names)
 
     def rank_figures(self):
         """The rows this rank sent to and received from its group per step, and the all-to-all bytes they make its

@@ -26,7 +26,7 @@ from harness.environment import horovod_build_flags
 from harness.spec import Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, accumulate, apply_update,
                                      half_dtype_names, make_adamw, optimizer_description, recipe_of)
-from harness.strategies.base import squared_norm
+from harness.strategies.base import PrecisionRecipe, squared_norm
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
 from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.expert_parallel import (ExpertGradients, ExpertParallelParts, Group, HorovodExchange,
@@ -78,6 +78,9 @@ class HorovodEPTrainer(ExpertParallelParts, HorovodTrainer):
 
 class HorovodExpertParallel(Horovod):
     name = "horovod-ep"
+    # fp32 alone: its combine sends the experts' bf16 outputs under autocast, which Horovod 0.28.1's alltoall refuses
+    # (`layout_refusal`), and fp16 is refused for every MoE cell (workloads.moe.MoEWorkload.precision_refusal).
+    precision_recipes = (PrecisionRecipe.FP32,)
     launcher = "horovodrun"
     checkpoint_method = ""
     description = "expert parallelism through Horovod: experts sharded, tokens exchanged by hvd.alltoall (horovodrun)"
@@ -91,10 +94,11 @@ class HorovodExpertParallel(Horovod):
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
         if spec.precision is Precision.BF16:
-            # Measured: the dispatch's rows are bf16 under autocast, and hvd.alltoall raised "Tensor type
-            # torch.BFloat16Tensor is not supported" on every rank (Horovod 0.28.1, CPU, 2026-11-29).
+            # Measured: hvd.alltoall raised "Tensor type torch.BFloat16Tensor is not supported" on every rank (Horovod
+            # 0.28.1, CPU, 2026-11-29); the dispatched rows are fp32 under autocast (the RMSNorm's output), the
+            # experts' outputs the combine sends back bf16.
             return ("Horovod 0.28.1's alltoall takes no bfloat16 tensor (its torch operations have none for it), and "
-                    "the rows the dispatch sends are bf16 under autocast")
+                    "the experts' outputs the combine sends back are bf16 under autocast")
         return moe_refusal(spec, spec.world_size)
 
     def expert_parallel_degree(self, world_size: int, options) -> int:

@@ -298,6 +298,10 @@ class ZeRO(Strategy):
     def start(self, spec):
         return start_deepspeed(spec)
 
+    def stage_of(self, options) -> int:
+        """The ZeRO stage a cell runs: this strategy's own (deepspeed-moe's is an option)."""
+        return self.stage
+
     def _half_weights(self, spec: RunSpec) -> bool:
         return sixteen_bit_weights(spec, self.resolved(spec))
 
@@ -367,10 +371,11 @@ class ZeRO(Strategy):
             return ExpectedCollective(collective=kind, size_bytes=size, calls=calls, ranks=data_parallel)
 
         gradients, weights, k = traffic.gradients_reduced, traffic.parameters_gathered, micro_batches
-        if self.stage == 1:
+        stage = self.stage_of(options)
+        if stage == 1:
             return ExpectedTraffic(collectives=(collective(Collective.REDUCE_SCATTER, gradients, 1),
                                                 collective(Collective.ALL_GATHER, weights, 1)))
-        if self.stage == 2:
+        if stage == 2:
             return ExpectedTraffic(collectives=(collective(Collective.REDUCE_SCATTER, gradients, k),
                                                 collective(Collective.ALL_GATHER, weights, 1)))
         whole = min(traffic.parameters_kept_whole, traffic.parameters)
@@ -415,8 +420,9 @@ class ZeRO(Strategy):
         compares a torch.device with a device-name string, which never match in 0.19.8; the census of a
         CPU run finds the copy.)"""
         weights = 2 if recipe in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16) else 4
-        plan = zero_plan(self.stage, data_parallel, weights, weights, 12,
-                         basis=f"{recipe.value}: DeepSpeed ZeRO-{self.stage}, {weights}-byte weights and gradients, "
+        stage = self.stage_of(options)
+        plan = zero_plan(stage, data_parallel, weights, weights, 12,
+                         basis=f"{recipe.value}: DeepSpeed ZeRO-{stage}, {weights}-byte weights and gradients, "
                                f"fp32 master partition + AdamW moments (K = 12)")
         if options.get("offload_optimizer", "none") == "none":
             return plan
@@ -426,7 +432,7 @@ class ZeRO(Strategy):
         # offload_param). From stage 2 on the device keeps no gradient beyond its buckets (estimate_zero2 with
         # cpu_offload: 2 bytes a parameter on the device, the weights); stage 1 keeps its whole 16-bit or fp32
         # gradients there until the boundary's reduction, so its host copy joins the optimizer's bytes.
-        if self.stage == 1:
+        if stage == 1:
             optimizer = dataclasses.replace(plan.optimizer, bytes_per_parameter=16)
             return offloaded_to_host(dataclasses.replace(plan, optimizer=optimizer), "optimizer")
         plan = dataclasses.replace(plan, gradients=dataclasses.replace(plan.gradients, bytes_per_parameter=4))
@@ -444,14 +450,14 @@ class ZeRO(Strategy):
         return held_once(self.model_state_plan(1, recipe, {}), self.checkpoint_holds(options))
 
     def deepspeed_estimate_bytes(self, parameters, largest_module_parameters, gpus_per_node, nodes, options):
-        estimate = deepspeed_estimate(self.stage, parameters, largest_module_parameters, gpus_per_node, nodes=nodes,
+        estimate = deepspeed_estimate(self.stage_of(options), parameters, largest_module_parameters, gpus_per_node, nodes=nodes,
                                       offload_optimizer=options.get("offload_optimizer") == "cpu",
                                       offload_param=options.get("offload_param") == "cpu")
         return estimate["gpu_bytes"] if estimate else None
 
     def zero_config(self, spec: RunSpec) -> dict[str, Any]:
         o = self.resolved(spec)
-        config: dict[str, Any] = {"stage": self.stage, "contiguous_gradients": o["contiguous_gradients"],
+        config: dict[str, Any] = {"stage": self.stage_of(o), "contiguous_gradients": o["contiguous_gradients"],
                                   "reduce_bucket_size": o["reduce_bucket_size"]}
         if o["overlap_comm"] is not None:
             config["overlap_comm"] = o["overlap_comm"]
