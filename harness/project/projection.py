@@ -422,6 +422,15 @@ def schedule_at(basis: Basis, world_size: int, micro_batches: int, facts: Strate
     stand_ins = _stand_ins(basis.schedule, then)
     scheduled, notes = [], []
     for item in basis.schedule:
+        if item.collective == ALL_TO_ALL and _shards_experts(facts, basis):
+            # Expert parallelism's dispatch and combine: a call per block and micro-batch, each a rank's routed rows
+            # of one micro-batch, as many at any world size under a fixed micro-batch (its tokens, k copies, spread
+            # over the group's experts); so the calls follow the micro-batches a rank runs, the size stays, and a
+            # group of every rank (ep = the world size) grows with it. The routing taken as the row's.
+            scheduled.append(replace(item, calls=item.calls * micro_batches / basis.micro_batches))
+            notes.append(f"counted all_to_all: {basis.strategy}'s dispatch and combine, its calls following the "
+                         "micro-batches a rank runs, each call the size counted")
+            continue
         role = stand_ins.get(item.collective, item.collective)
         if item.group is not None or not then.get(role, (0.0, 0.0))[0] or role not in now:
             if item.group is None and role not in now:
@@ -445,6 +454,16 @@ def schedule_at(basis: Basis, world_size: int, micro_batches: int, facts: Strate
             notes.append(f"{collective} expected by {basis.strategy} but not counted at world size "
                          f"{basis.world_size}: taken from its expected traffic")
     return tuple(scheduled), tuple(notes)
+
+
+ALL_TO_ALL = "all_to_all"
+
+
+def _shards_experts(facts: StrategyFacts, basis: "Basis") -> bool:
+    """Whether the basis's strategy shards an MoE model's experts (`Strategy.expert_parallel_degree`); False for facts
+    that cannot say (a test's own)."""
+    degree = getattr(facts, "expert_parallel_degree", None)
+    return bool(degree and degree(basis.strategy, basis.options, basis.world_size or 1))
 
 
 def _stand_ins(schedule: Sequence[Scheduled], expected: Mapping[str, tuple[float, float]]) -> dict[str, str]:
@@ -1017,6 +1036,11 @@ def description_basis(*, strategy: str, parameters: int, compute_s: float, gradi
         raise SpecError(f"a description needs parameters >= 1 and compute seconds > 0, got {parameters} and {compute_s}")
     if gradient_element_bytes <= 0 or (gathered_element_bytes is not None and gathered_element_bytes <= 0):
         raise SpecError("bytes per gradient (and gathered) element must be > 0")
+    from harness.project.facts import REGISTRY_FACTS
+
+    if REGISTRY_FACTS.expert_parallel_degree(strategy, dict(options or {}), 1):
+        raise SpecError(f"{strategy} shards an MoE model's experts, whose traffic a parameter count does not give: "
+                        "harness plan --model or --shape ...,experts=N lays it out; harness project takes its rows")
     if per_device_batch < 1:
         raise SpecError(f"per-device batch must be >= 1, got {per_device_batch}")
     if isinstance(exposed_fraction, bool) or not isinstance(exposed_fraction, (int, float)) or not (

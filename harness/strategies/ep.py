@@ -117,6 +117,17 @@ class ExpertParallel(Strategy):
                                                   calls=1, ranks=replicas, group=EXPERT_REPLICAS, stride=degree))
         return ExpectedTraffic(collectives=tuple(collectives))
 
+    def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
+        """DDP's one all-reduce of the gradients `traffic` gives a step, among the data-parallel ranks: what the
+        projection carries a row's counted dense all-reduce by (the same at every world size). The experts'
+        all-reduce among their replicas runs in a group of its own, and the all-to-alls follow the routing: a row's
+        counted ones are carried as they are (harness.project.projection.schedule_at)."""
+        if data_parallel == 1:
+            return ExpectedTraffic()
+        return ExpectedTraffic(collectives=(ExpectedCollective(collective=Collective.ALL_REDUCE,
+                                                               size_bytes=traffic.gradients_reduced, calls=1,
+                                                               ranks=data_parallel),))
+
     def gradient_reduce_dtypes(self, spec: RunSpec, model: nn.Module) -> tuple[str, ...]:
         """DDP reduces the dense gradients in fp32, but under autocast an expert's weight gradient is one bf16 matrix
         multiply over the rows of every rank of its group (x^T dy, summed over the rows in bf16 and rounded once),
