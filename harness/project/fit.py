@@ -296,7 +296,11 @@ class NodesCalibration:
             return measured
         if collective in ("send", "recv"):
             return self.within_node if world_size <= self.ranks_per_node else self.across_nodes
-        return self.within_node if ranks * max(1, stride) <= self.ranks_per_node else self.across_nodes
+        if ranks * max(1, stride) <= self.ranks_per_node:
+            return self.within_node
+        if collective == "all_to_all" and stride <= 1 and self.ranks_per_node > 1:
+            return SharedLinkAllToAll(self.within_node, self.across_nodes, self.ranks_per_node)
+        return self.across_nodes
 
     def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
         # Without a stride or world size: a collective among `ranks` neighbours.
@@ -304,6 +308,30 @@ class NodesCalibration:
 
     def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
         return self.for_group(collective, ranks, 1, ranks).algorithm(collective, size_bytes, ranks)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedLinkAllToAll:
+    """An all-to-all among ranks packed g to a node, each node's link shared by its g ranks (the emulated cluster's:
+    ranks of a node on its loopback, every node on one shaped link). Pairwise (harness.project.collectives
+    `_pairwise_all_to_all`): a rank's buffer of n bytes sends n / p to each peer, g - 1 of them on its node and
+    p - g across, where its node's g ranks send at once, g (p - g) n / p bytes through the link. Priced as the
+    within-node all-to-all of the g ranks' share (n g / p among g) and the one across nodes that puts those bytes
+    through a link: the 2-rank all-to-all (one rank a node) of 2 g (p - g) n / p, which sends half of it across.
+    The one-level form would put (p - 1) / p n through the link whatever g is: at 4 ranks on 2 nodes 3/4 n where
+    the link carries n."""
+
+    within_node: Calibration
+    across_nodes: Calibration
+    ranks_per_node: int
+
+    def collective_seconds(self, collective: str, size_bytes: float, ranks: int) -> float:
+        g = self.ranks_per_node
+        return (self.within_node.collective_seconds(collective, size_bytes * g / ranks, g)
+                + self.across_nodes.collective_seconds(collective, 2 * g * (ranks - g) * size_bytes / ranks, 2))
+
+    def algorithm(self, collective: str, size_bytes: float, ranks: int) -> str:
+        return self.across_nodes.algorithm(collective, size_bytes, 2)
 
 
 def fit_calibration(records: Iterable[Mapping[str, Any]], algorithms: Mapping[str, str] | None = None) -> Calibration:

@@ -515,7 +515,16 @@ def grouped_schedule_at(basis: Basis, world_size: int, global_batch: int, facts:
                                group=int(e["ranks"]), origin="expected", label=str(e.get("group", "")),
                                stride=int(e.get("stride", 1)))
                      for e in expected["collectives"] if e["calls"])
-    return schedule, data_parallel, max(1, global_batch // (data_parallel * basis.micro_batch)), held
+    micro_batches = max(1, global_batch // (data_parallel * basis.micro_batch))
+    if basis.world_size is not None and _shards_experts(facts, basis):
+        # The all-to-alls follow the routing, so no expected traffic holds them: the row's counted ones, carried as
+        # `schedule_at` carries them (calls with the micro-batches, each call's size kept), among the expert group
+        # the strategy forms at this size.
+        degree = facts.expert_parallel_degree(basis.strategy, basis.options, world_size)
+        schedule += tuple(replace(item, calls=item.calls * micro_batches / basis.micro_batches, group=degree,
+                                  stride=1, label="ep")
+                          for item in basis.schedule if item.collective == ALL_TO_ALL)
+    return schedule, data_parallel, micro_batches, held
 
 
 def is_grouped(m: Mapping[str, Any]) -> bool:
