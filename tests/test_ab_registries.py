@@ -30,6 +30,8 @@ from harness.touched import FAMILY_MODULES, must_time, touched_strategies
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
 DEEPSPEED = ("zero1", "zero2", "zero3", "pipeline", "autotp")
+# DeepSpeed's launcher starts DeepSpeed-MoE too, whose cell skips gpt-tiny (the A/B tier names it, times none of it).
+LAUNCHED_BY_DEEPSPEED = (*DEEPSPEED, "deepspeed-moe")
 BUILT_IN = {name: strategy for name, strategy in STRATEGIES.items() if type(strategy).__module__.startswith("harness.")}
 
 
@@ -167,7 +169,7 @@ def test_a_change_to_deepspeeds_launcher_touches_the_strategies_it_starts(projec
     base = _git(project, "rev-parse", "HEAD")
     _commit(project, "harness/launch/launcher/deepspeed.py", _append_comment)
     assert touched_strategies(project, base, BUILT_IN) == {name: ["harness/launch/launcher/deepspeed.py"]
-                                                           for name in DEEPSPEED}
+                                                           for name in LAUNCHED_BY_DEEPSPEED}
 
 
 @pytest.mark.launch
@@ -186,23 +188,26 @@ def test_a_change_to_deepspeed_common_times_zero_1_2_3_and_names_the_others(proj
     head = _commit(project, "harness/strategies/deepspeed_common.py", _append_comment)
     choice = select_cells(project, base, head)
     assert choice.timed == ("zero1", "zero2", "zero3") and choice.launches == 5
-    assert set(choice.left_out) == {"pipeline", "autotp", "ddp"}
+    assert set(choice.left_out) == {"pipeline", "autotp", "ddp", "deepspeed-moe"}
     assert all(choice.left_out[name].startswith("its own code changed, but past the 1000-s budget")
                for name in ("pipeline", "autotp"))
+    # DeepSpeed-MoE runs deepspeed_common.py too, but its cell skips gpt-tiny: named with the reason, not timed.
+    assert choice.left_out["deepspeed-moe"].startswith("its cell skips gpt-tiny (expert parallelism shards")
 
 
 @pytest.mark.launch
 def test_a_change_to_expert_parallelism_times_ddp_and_names_why_the_expert_strategies_are_not_timed(project):
-    # ep and horovod-ep lay out an MoE model's experts: their gpt-tiny cell ends skipped on both sides, so the gate
-    # would judge nothing of them (CI failed on the skipped rows); named with the reason, never launched here.
+    # ep, horovod-ep and deepspeed-moe lay out an MoE model's experts: their gpt-tiny cell ends skipped on both sides,
+    # so the gate would judge nothing of them (CI failed on the skipped rows); named with the reason, never launched.
     base = _git(project, "rev-parse", "HEAD")
     head = _commit(project, "harness/strategies/expert_parallel.py", _append_comment)
-    assert set(touched_strategies(project, base, BUILT_IN, workload="gpt-tiny")) == {"ep", "horovod-ep"}
+    assert set(touched_strategies(project, base, BUILT_IN, workload="gpt-tiny")) == {"ep", "horovod-ep",
+                                                                                     "deepspeed-moe"}
     choice = select_cells(project, base, head)
     assert choice.timed == ("ddp",) and choice.new == ()
     because = "its cell skips gpt-tiny (expert parallelism shards an MoE model's experts: gpt-tiny has none)"
     assert {name: why.split(": nothing")[0] for name, why in choice.left_out.items()} == {
-        "ep": because, "horovod-ep": because}
+        "ep": because, "horovod-ep": because, "deepspeed-moe": because}
     assert f"not timed: ep ({because}: nothing to time here" in choice.describe()
 
 

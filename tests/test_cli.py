@@ -72,7 +72,8 @@ def test_the_module_entry_point_reports_errors_the_same_way(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["parbench: error: unknown strategy 'mpi'; known: "
                                                 "plain, bare, dataparallel, ddp, horovod, zero1, zero2, zero3, fsdp2, "
-                                                "pipeline, tp, fsdp2-tp, autotp, ps, ps-async"]
+                                                "pipeline, tp, fsdp2-tp, autotp, ps, ps-async, ep, horovod-ep, "
+                                                "deepspeed-moe"]
 
 
 def test_memory_prints_the_zero_predictions_without_running(capsys):

@@ -41,11 +41,12 @@ def repo(tmp_path):
 
 
 @pytest.mark.launch
-def test_a_change_to_zero_touches_the_three_stages_and_autotp_and_nothing_else(repo):
+def test_a_change_to_zero_touches_the_three_stages_autotp_and_deepspeed_moe_and_nothing_else(repo):
+    # DeepSpeed-MoE is a ZeRO strategy (harness/strategies/deepspeed_moe.py subclasses it).
     with (repo / "harness" / "strategies" / "zero.py").open("a") as f:
         f.write("# a change\n")
     assert touched_strategies(repo, "HEAD", STRATEGIES) == {
-        name: ["harness/strategies/zero.py"] for name in ("zero1", "zero2", "zero3", "autotp")}
+        name: ["harness/strategies/zero.py"] for name in ("zero1", "zero2", "zero3", "autotp", "deepspeed-moe")}
 
 
 @pytest.mark.launch
