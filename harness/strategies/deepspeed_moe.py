@@ -44,6 +44,7 @@ from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option
 from harness.strategies.checkpointing import OPTION_NAME, checkpointed_blocks, interval_of
 from harness.strategies.compiling import OPTION_NAME as COMPILE_NAME
 from harness.strategies.deepspeed_common import base_config, precision_config, throughput_timer_state
+from harness.strategies.ep import ExpertGroups
 from harness.strategies.expert_parallel import Dispatcher
 from harness.strategies.zero import ZeRO, DeepSpeedTrainer
 from workloads import get_workload
@@ -256,7 +257,7 @@ def plain_parts(module: nn.Module) -> list[tuple[str, list[int], bool]]:
     return [(name, indices, expert) for name, (indices, expert) in grouped.items()]
 
 
-class DeepSpeedMoE(ZeRO):
+class DeepSpeedMoE(ExpertGroups, ZeRO):
     """DeepSpeed-MoE under ZeRO-1 or ZeRO-2 (module docstring)."""
 
     checkpoint_method = ""
@@ -279,32 +280,11 @@ class DeepSpeedMoE(ZeRO):
     def stage_of(self, options) -> int:
         return int(options.get("zero_stage", 2))
 
-    def degree(self, spec: RunSpec) -> int:
-        return self.expert_parallel_degree(spec.world_size, self.resolved(spec))
-
-    def expert_parallel_degree(self, world_size: int, options) -> int:
-        return int(options.get("ep", 0)) or world_size
-
     def validate(self, spec: RunSpec) -> None:
-        degree = self.degree(spec)
-        if spec.world_size % degree:
-            raise SpecError(f"strategy deepspeed-moe: ep={degree} must divide the world size {spec.world_size}")
+        self.check_degree(spec)
         if self.resolved(spec)["offload_optimizer"] != "none":
             raise SpecError("strategy deepspeed-moe: offload_optimizer is not built with DeepSpeed-MoE here (allowed: "
                             "none)")
-
-    def layout_refusal(self, spec: RunSpec) -> str | None:
-        from harness.strategies.ep import moe_refusal
-
-        return moe_refusal(spec, self.degree(spec))
-
-    def compute_only_unavailable(self, spec: RunSpec) -> str:
-        return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
-
-    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
-        from harness.strategies.ep import held_with_experts_over
-
-        return held_with_experts_over(layers, self.degree(spec))
 
     def deepspeed_estimate_bytes(self, parameters, largest_module_parameters, gpus_per_node, nodes, options):
         """None: DeepSpeed's estimate_zero2_model_states_mem_needs takes a whole model sharded over every rank, not

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.derive.comm import Collective
 from harness.spec import RunSpec, SpecError
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option, Strategy, accumulate, apply_update,
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option, Strategy, accumulate,
                                      half_dtype_names, make_adamw, optimizer_description, recipe_of, torchrun_context,
                                      unwrapped_parameter_names)
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
@@ -61,18 +61,37 @@ class EPTrainer(ExpertParallelParts, DDPTrainer):
     def train_step(self, micro_batches, gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
                           no_sync=self.model.no_sync, multipliers=self.loss_multipliers, scaler=self.scaler)
-        self.experts.reduce()
-        self.routed_by_step.append(self.routing.take())
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if gradients_ready is not None:
-            gradients_ready()
-        self.step_outcome = apply_update(self.optimizer, self.scaler)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.reduce_experts_and_update(gradients_ready)
         return loss
 
 
-class ExpertParallel(Strategy):
+class ExpertGroups:
+    """What a strategy whose `ep` option shards an MoE model's experts over groups of `ep` ranks (0: every rank) owns
+    of it, written once for `ep` and `deepspeed-moe`: the degree, its rule, the refusal of a model without experts,
+    what a rank holds, and why no compute-only pass exists."""
+
+    def degree(self, spec: RunSpec) -> int:
+        return self.expert_parallel_degree(spec.world_size, self.resolved(spec))
+
+    def expert_parallel_degree(self, world_size: int, options) -> int:
+        return int(options.get("ep", 0)) or world_size
+
+    def check_degree(self, spec: RunSpec) -> None:
+        degree = self.degree(spec)
+        if spec.world_size % degree:
+            raise SpecError(f"strategy {self.name}: ep={degree} must divide the world size {spec.world_size}")
+
+    def layout_refusal(self, spec: RunSpec) -> str | None:
+        return moe_refusal(spec, self.degree(spec))
+
+    def compute_only_unavailable(self, spec: RunSpec) -> str:
+        return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
+
+    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
+        return held_with_experts_over(layers, self.degree(spec))
+
+
+class ExpertParallel(ExpertGroups, Strategy):
     name = "ep"
     launcher = "torchrun"
     description = "torch expert parallelism: experts sharded, tokens exchanged by all_to_all_single, DDP (torchrun)"
@@ -84,22 +103,8 @@ class ExpertParallel(Strategy):
                               "graph at every block; torchtitan compiles expert parallelism's blocks with its own "
                               "token-group alignment, not built here")
 
-    def degree(self, spec: RunSpec) -> int:
-        return self.expert_parallel_degree(spec.world_size, self.resolved(spec))
-
-    def expert_parallel_degree(self, world_size: int, options) -> int:
-        return int(options.get("ep", 0)) or world_size
-
     def validate(self, spec: RunSpec) -> None:
-        degree = self.degree(spec)
-        if spec.world_size % degree:
-            raise SpecError(f"strategy ep: ep={degree} must divide the world size {spec.world_size}")
-
-    def layout_refusal(self, spec: RunSpec) -> str | None:
-        return moe_refusal(spec, self.degree(spec))
-
-    def compute_only_unavailable(self, spec: RunSpec) -> str:
-        return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
+        self.check_degree(spec)
 
     def expected_traffic(self, spec: RunSpec, layers) -> ExpectedTraffic:
         """DDP's all-reduce of the dense gradients and, where groups replicate the experts, the experts' all-reduce
@@ -136,9 +141,6 @@ class ExpertParallel(Strategy):
         ranks, 2026-11-29: an expert tensor's gradient 1.8e-5 to 3.1e-5 off the plain loop's, its update 9.5e-5 to
         3.2e-4, against 2e-5 and 2e-5 for bf16 with an fp32 reduction; in fp32 every tensor within 1e-5)."""
         return (*half_dtype_names(spec), "float32")
-
-    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
-        return held_with_experts_over(layers, self.degree(spec))
 
     def start(self, spec):
         return torchrun_context(spec.device)

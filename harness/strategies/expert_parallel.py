@@ -324,6 +324,21 @@ class ExpertParallelParts:
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def reduce_experts_and_update(self, gradients_ready) -> None:
+        """A step's end once backward and the dense part's reduction are done: the experts' gradients reduced
+        (`ExpertGradients`), the step's routing recorded, the gradients unscaled where a loss scale is kept, the
+        probe given them (`gradients_ready`), and the update."""
+        from harness.strategies.base import apply_update
+
+        self.experts.reduce()
+        self.routed_by_step.append(self.routing.take())
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if gradients_ready is not None:
+            gradients_ready()
+        self.step_outcome = apply_update(self.optimizer, self.scaler)
+        self.optimizer.zero_grad(set_to_none=True)
+
     def _parts(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """A dense (replicated) tensor on rank 0 alone, an expert slice on the ranks that report experts (the first
         group's: the other groups hold the same experts again), an empty part elsewhere."""

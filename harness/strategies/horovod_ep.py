@@ -24,14 +24,14 @@ from torch import nn
 from harness.derive.comm import Collective
 from harness.environment import horovod_build_flags
 from harness.spec import Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, accumulate, apply_update,
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, accumulate,
                                      half_dtype_names, make_adamw, optimizer_description, recipe_of)
 from harness.strategies.base import PrecisionRecipe, squared_norm
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME
 from harness.strategies.compiling import COMPILE, OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.expert_parallel import (ExpertGradients, ExpertParallelParts, Group, HorovodExchange,
                                                 RoutingLog, shard_experts)
-from harness.strategies.ep import expert_names_of, held_with_experts_over, moe_refusal, split_bytes
+from harness.strategies.ep import ExpertGroups, expert_names_of, split_bytes
 from harness.strategies.horovod import Horovod, HorovodTrainer
 from harness.strategies.loss_scaling import scaler_for
 
@@ -55,14 +55,7 @@ class HorovodEPTrainer(ExpertParallelParts, HorovodTrainer):
         gradients = [p.grad for p in self.dense if p.grad is not None]
         if gradients and self.context.world_size > 1:
             self.hvd.grouped_allreduce_(gradients, op=self.hvd.Average, name="parbench.dense")
-        self.experts.reduce()
-        self.routed_by_step.append(self.routing.take())
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if gradients_ready is not None:
-            gradients_ready()
-        self.step_outcome = apply_update(self.optimizer, self.scaler)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.reduce_experts_and_update(gradients_ready)
         return loss
 
     def global_norm(self, tensors, sharded: bool) -> float:
@@ -76,7 +69,7 @@ class HorovodEPTrainer(ExpertParallelParts, HorovodTrainer):
         return squares.sqrt().tolist()
 
 
-class HorovodExpertParallel(Horovod):
+class HorovodExpertParallel(ExpertGroups, Horovod):
     name = "horovod-ep"
     # fp32 alone: its combine sends the experts' bf16 outputs under autocast, which Horovod 0.28.1's alltoall refuses
     # (`layout_refusal`), and fp16 is refused for every MoE cell (workloads.moe.MoEWorkload.precision_refusal).
@@ -99,13 +92,7 @@ class HorovodExpertParallel(Horovod):
             # experts' outputs the combine sends back bf16.
             return ("Horovod 0.28.1's alltoall takes no bfloat16 tensor (its torch operations have none for it), and "
                     "the experts' outputs the combine sends back are bf16 under autocast")
-        return moe_refusal(spec, spec.world_size)
-
-    def expert_parallel_degree(self, world_size: int, options) -> int:
-        return world_size                       # every rank holds experts / world size (shard_experts over all)
-
-    def compute_only_unavailable(self, spec: RunSpec) -> str:
-        return "a rank's experts compute on tokens the all-to-all brings: without it, the rank has no such work"
+        return super().layout_refusal(spec)     # no `ep` option: every rank holds experts / world size
 
     def expected_collectives(self, *, data_parallel, micro_batches, options, traffic):
         """Not from a whole-model size: the dense part's all-reduce needs the split of the layers
@@ -132,8 +119,6 @@ class HorovodExpertParallel(Horovod):
         """As `ep`'s (ExpertParallel.gradient_reduce_dtypes): an expert's gradient sums its group's rows in bf16."""
         return (*half_dtype_names(spec), "float32")
 
-    def planned_parameters_held(self, spec: RunSpec, layers) -> int:
-        return held_with_experts_over(layers, spec.world_size)
 
     def wrap(self, spec, context, workload, layers):
         import horovod.torch as hvd
