@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from harness.machine import Machine
-from harness.matrix import EXPERT_PARALLEL, Selection, build_matrix
+from harness.matrix import EXPERT_PARALLEL, SEQUENCE_PARALLEL_STRATEGIES, Selection, build_matrix
 from harness.spec import DeviceKind, RunSpec, SpecError
 
 # The matrix whose cells show what each strategy can do here: every strategy, each at the sizes this machine holds.
@@ -101,9 +101,11 @@ def launchers_line() -> Finding:
 
 def strategy_lines(machine: Machine) -> list[Finding]:
     """Which strategies can run here, and why each other cannot: the reason of its first cell in the `full` matrix on
-    this machine (the `moe` matrix for those that shard experts), where none of its cells can run."""
+    this machine (the `moe` matrix for those that shard experts, `long-context` for those that split a sequence), where
+    none of its cells can run."""
     reasons: dict[str, list[str | None]] = {}
-    for spec in build_matrix(STRATEGY_MATRIX, machine, Selection()) + _expert_parallel_cells(machine, reasons):
+    own = [cell for matrix, strategies in OWN_MATRICES for cell in _own_matrix_cells(machine, matrix, strategies, reasons)]
+    for spec in build_matrix(STRATEGY_MATRIX, machine, Selection()) + own:
         reasons.setdefault(spec.strategy, []).append(skip_reason(spec))
     can = [name for name, why in reasons.items() if None in why]
     cannot = {name: next(reason for reason in why if reason) for name, why in reasons.items() if None not in why}
@@ -113,13 +115,18 @@ def strategy_lines(machine: Machine) -> list[Finding]:
     return lines
 
 
-def _expert_parallel_cells(machine: Machine, reasons: dict[str, list[str | None]]) -> list[RunSpec]:
-    """The `moe` matrix's cells of the strategies that shard experts; where it plans none on this machine, its reason
-    for each of them in `reasons`."""
+# The strategies whose cells only a matrix of their own plans, and that matrix.
+OWN_MATRICES = ((EXPERT_MATRIX, EXPERT_PARALLEL), ("long-context", SEQUENCE_PARALLEL_STRATEGIES))
+
+
+def _own_matrix_cells(machine: Machine, matrix: str, strategies: tuple[str, ...],
+                      reasons: dict[str, list[str | None]]) -> list[RunSpec]:
+    """`matrix`'s cells of `strategies`; where it plans none on this machine, its reason for each of them in
+    `reasons`."""
     try:
-        return [spec for spec in build_matrix(EXPERT_MATRIX, machine, Selection()) if spec.strategy in EXPERT_PARALLEL]
+        return [spec for spec in build_matrix(matrix, machine, Selection()) if spec.strategy in strategies]
     except SpecError as error:
-        reasons.update({name: [str(error)] for name in EXPERT_PARALLEL})
+        reasons.update({name: [str(error)] for name in strategies})
         return []
 
 

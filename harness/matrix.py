@@ -104,7 +104,10 @@ GPU_PLANS = {
 REFERENCES = (REFERENCE_STRATEGY, BARE_STRATEGY)
 # The strategies that shard an MoE model's experts: they run on the `moe` matrix's MoE workloads alone.
 EXPERT_PARALLEL = ("ep", "horovod-ep", "deepspeed-moe")
-ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES if name not in (*REFERENCES, *EXPERT_PARALLEL))
+# The strategies that split a sample's sequence over ranks: they run on the `long-context` matrix's workloads alone.
+SEQUENCE_PARALLEL_STRATEGIES = ("ulysses", "cp")
+ALL_BUT_REFERENCES = tuple(name for name in STRATEGIES
+                           if name not in (*REFERENCES, *EXPERT_PARALLEL, *SEQUENCE_PARALLEL_STRATEGIES))
 ASYNCHRONOUS_PS = "ps-async"
 
 # The strategies whose users' 16-bit recipe (`Strategy.usual_mixed_recipe`) the GPU matrices run in each 16-bit cell
@@ -564,6 +567,42 @@ def moe(machine: Machine, select: Selection) -> list[RunSpec]:
     return cells.specs
 
 
+# The decoders at 4 times their default sequence (256 tokens), two samples a micro-batch: at 4 ranks a DDP rank runs one
+# micro-batch, a group of 4 sequence-parallel ranks four (the global batch of 8 is one replica's). Short runs: what is
+# checked is parity at the full sequence, the attention's traffic and the activations a rank saves. On GPUs the same
+# cells for now, 2 ranks sharing one GPU where there is one: `cp`'s ring (CUDA's kernels alone) checked there.
+LONG_CONTEXT_PLAN = BatchPlan(micro_batch=2, per_device_batch=2, warmup_steps=2, timed_steps=3)
+LONG_CONTEXT_PLANS = {kind: {name: LONG_CONTEXT_PLAN for name in ("gpt-tiny-long", "llama-tiny-long")}
+                      for kind in (DeviceKind.CPU, DeviceKind.CUDA)}
+# Beside the plain loop at the full sequence, the data-parallel strategies each rank of which holds whole samples.
+LONG_CONTEXT_BASELINES = ("ddp", "fsdp2")
+
+
+def long_context(machine: Machine, select: Selection) -> list[RunSpec]:
+    """Sequence parallelism beside the strategies that keep whole samples: gpt-tiny-long and llama-tiny-long at world
+    sizes 1, 2 and 4 in fp32 and bf16 (on GPUs bf16 at 1 and 2, sharing one GPU where there is one), `ulysses` and
+    `cp` over every rank and, at 4, over groups of 2 (two replicas, each a group); each against the plain loop at the
+    full sequence in its precision. A cell a model refuses (llama-tiny-long's 2 key/value heads over 4 Ulysses ranks)
+    and `cp` on the CPU are skipped with their reasons."""
+    on_cpu = machine.device is DeviceKind.CPU
+    precisions = (Precision.FP32, Precision.BF16) if on_cpu else (Precision.BF16,)
+    sizes = (1, 2, 4) if on_cpu else (1, *(_powers_of_two_up_to(machine.devices)[1:] or (2,)))
+    cells = Cells(machine, select, Plan((*LONG_CONTEXT_BASELINES, *SEQUENCE_PARALLEL_STRATEGIES), sizes, repeats=1,
+                                        precision=precisions[0]))
+    degree_option = {"ulysses": "sp", "cp": "cp"}
+    for workload, plan in _plans(machine, select, LONG_CONTEXT_PLANS, "long-context plan").items():
+        global_batch = plan.global_batch(cells.largest)
+        for precision in precisions:
+            cells.add(workload, plan, REFERENCE_STRATEGY, 1, global_batch, precision=precision)
+            for strategy in cells.chosen:
+                for world_size in (size for size in cells.sizes_for(strategy) if size > 1):
+                    cells.add(workload, plan, strategy, world_size, global_batch, precision=precision)
+                    if strategy in SEQUENCE_PARALLEL_STRATEGIES and world_size == 4:
+                        cells.add(workload, plan, strategy, world_size, global_batch,
+                                  options={degree_option[strategy]: 2}, precision=precision)
+    return cells.specs
+
+
 # Short runs, as the memory sweep's: the questions are the bytes saved for backward (counted in a warm-up step),
 # parity and the recompute pass, which times its own steps. The micro-batch is larger than the memory sweep's
 # one sample so that activations, not model states, are what a GPU's peak holds.
@@ -782,6 +821,7 @@ MATRICES: dict[str, Callable[[Machine, Selection], list[RunSpec]]] = {
     "fault-tolerance": fault_tolerance,
     "reference": reference,
     "moe": moe,
+    "long-context": long_context,
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.matrix import EXPERT_PARALLEL
+from harness.matrix import EXPERT_PARALLEL, SEQUENCE_PARALLEL_STRATEGIES
 from harness.strategies import STRATEGIES
 from launch_budget import LaunchBudget, add_options
 from launch_guard import LaunchGuard
@@ -78,7 +78,7 @@ def _fp32(name: str, workload: str, strategies: tuple[str, ...]) -> Stream:
 # launches are in tests/test_parameter_server_async.py, the bare loop, which measures nothing those streams judge
 # (tests/test_bare_loop.py launches its own), and expert parallelism, which shards an MoE model's experts and skips
 # these dense workloads (tests/test_moe_cells.py launches the moe matrix).
-SHARED = tuple(s for s in STRATEGIES if s not in ("ps-async", "bare", *EXPERT_PARALLEL))
+SHARED = tuple(s for s in STRATEGIES if s not in ("ps-async", "bare", *EXPERT_PARALLEL, *SEQUENCE_PARALLEL_STRATEGIES))
 
 # Every strategy at 2 ranks on gpt-tiny in fp32, and the plain loop: the ci matrix's cells. Two streams of about
 # the same length (measured one at a time: the three ZeRO stages 16-17 s a launch, the pipeline 12 s, the rest

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workloads.attention import CausalAttention, positions_of
 from workloads.base import Family, Tie, Workload
 from workloads.data import token_batch
 
@@ -64,6 +65,8 @@ class GPTConfig:
 
 
 class TokenEmbedding(nn.Module):
+    position_ids: torch.Tensor | None = None     # the tokens' places in the whole sequence (workloads.attention)
+
     def __init__(self, vocab_size: int, seq_len: int, n_embd: int) -> None:
         super().__init__()
         # Kept so a pipeline stage can build its own copy of this (tied) layer.
@@ -74,7 +77,7 @@ class TokenEmbedding(nn.Module):
         nn.init.normal_(self.wpe.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        positions = positions_of(self, tokens.shape[1], tokens.device)
         return self.wte(tokens) + self.wpe(positions)
 
 
@@ -89,6 +92,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(d)
         self.c_fc = nn.Linear(d, 4 * d)
         self.mlp_proj = nn.Linear(4 * d, d)
+        self.attention_core = CausalAttention()
         for linear in (self.c_attn, self.attn_proj, self.c_fc, self.mlp_proj):
             nn.init.normal_(linear.weight, std=0.02)
             nn.init.zeros_(linear.bias)
@@ -103,9 +107,9 @@ class Block(nn.Module):
         batch, d = x.shape[0], x.shape[-1]
         q, k, v = self.c_attn(self.ln_1(x)).chunk(3, dim=2)
         seq = q.shape[1]
-        q, k, v = (t.reshape(batch, seq, -1, d // self.n_head).transpose(1, 2) for t in (q, k, v))
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(attention.transpose(1, 2).reshape(batch, seq, -1))
+        q, k, v = (t.reshape(batch, seq, -1, d // self.n_head) for t in (q, k, v))
+        attention = self.attention_core(q, k, v)
+        x = x + self.attn_proj(attention.reshape(batch, seq, -1))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
@@ -214,6 +218,9 @@ def _gpt2(n_layer: int, n_embd: int, n_head: int) -> GPTConfig:
 
 GPT_CONFIGS = {
     "gpt-tiny": (GPTConfig(vocab_size=512, seq_len=64, n_layer=4, n_embd=64, n_head=4), None),
+    # gpt-tiny at 4 times its sequence: the long-context matrix's CPU shape, whose sequence a degree of 2 or 4
+    # splits into shards of 128 or 64 tokens (and 8 chunks of 32 under the causal ring's load balancing).
+    "gpt-tiny-long": (GPTConfig(vocab_size=512, seq_len=256, n_layer=4, n_embd=64, n_head=4), None),
     "gpt2-small": (_gpt2(12, 768, 12), 124_439_808),
     "gpt2-medium": (_gpt2(24, 1024, 16), 354_823_168),
     "gpt2-large": (_gpt2(36, 1280, 20), 774_030_080),

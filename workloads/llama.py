@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workloads.attention import CausalAttention, positions_of
 from workloads.base import Family, Tie
 from workloads.gpt import VOCAB_ROWS_MULTIPLE, DecoderWorkload
 
@@ -99,13 +100,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k (batch, heads, seq, head_dim) rotated by their positions 0..seq-1 (Su et al. 2021, in the
-    half-split layout of Hugging Face's Llama: dimension i pairs with i + head_dim / 2)."""
-    seq, dim = q.shape[-2], q.shape[-1]
+def rotary(q: torch.Tensor, k: torch.Tensor, theta: float,
+           positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k (batch, seq, heads, head_dim) rotated by their `positions` in the sequence (0..seq-1 where None; Su
+    et al. 2021, in the half-split layout of Hugging Face's Llama: dimension i pairs with i + head_dim / 2)."""
+    seq, dim = q.shape[1], q.shape[-1]
+    if positions is None:
+        positions = torch.arange(seq, device=q.device)
     inverse = 1.0 / theta ** (torch.arange(0, dim, 2, device=q.device, dtype=torch.float32) / dim)
-    angles = torch.outer(torch.arange(seq, device=q.device, dtype=torch.float32), inverse)
-    angles = torch.cat((angles, angles), dim=-1)
+    angles = torch.outer(positions.to(torch.float32), inverse)
+    angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)       # (seq, 1, head_dim): the same for every head
     cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
     return q * cos + rotate_half(q) * sin, k * cos.to(k.dtype) + rotate_half(k) * sin.to(k.dtype)
 
@@ -127,6 +131,8 @@ class LlamaBlock(nn.Module):
     replaces it with experts and keeps the rest). Built and initialised in one fixed order, so that a seed gives
     every strategy the same weights."""
 
+    position_ids: torch.Tensor | None = None     # the tokens' places in the whole sequence (workloads.attention)
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         d, hd = config.n_embd, config.head_dim
@@ -137,6 +143,7 @@ class LlamaBlock(nn.Module):
         self.wqkv = nn.Linear(d, (config.n_head + 2 * config.n_kv_head) * hd, bias=False)
         self.wo = nn.Linear(config.n_head * hd, d, bias=False)
         self.ffn_norm = nn.RMSNorm(d, eps=config.norm_eps)
+        self.attention_core = CausalAttention()
         self.build_feed_forward(config)
         self.initialise(config)
 
@@ -157,10 +164,10 @@ class LlamaBlock(nn.Module):
         # This module's key/value heads, from its own width: (group + 2) heads of head_dim a key/value head.
         kv_heads = qkv.shape[-1] // (self.head_dim * (self.group + 2))
         sizes = (self.group * kv_heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim)
-        q, k, v = (t.reshape(batch, seq, -1, self.head_dim).transpose(1, 2) for t in qkv.split(sizes, dim=-1))
-        q, k = rotary(q, k, self.rope_theta)
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
-        return x + self.wo(attention.transpose(1, 2).reshape(batch, seq, -1))
+        q, k, v = (t.reshape(batch, seq, -1, self.head_dim) for t in qkv.split(sizes, dim=-1))
+        q, k = rotary(q, k, self.rope_theta, positions_of(self, seq, q.device))
+        attention = self.attention_core(q, k, v)
+        return x + self.wo(attention.reshape(batch, seq, -1))
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(h).chunk(2, dim=-1)
@@ -237,6 +244,10 @@ LLAMA_CONFIGS = {
     # 4 does not; a vocabulary of 500 padded to 512 rows.
     "llama-tiny": (LlamaConfig(vocab_size=500, seq_len=64, n_layer=4, n_embd=64, n_head=4, n_kv_head=2,
                                intermediate_size=192), None),
+    # llama-tiny at 4 times its sequence (the long-context matrix's): its 2 key/value heads take a sequence-parallel
+    # degree of 2 under Ulysses, and refuse 4.
+    "llama-tiny-long": (LlamaConfig(vocab_size=500, seq_len=256, n_layer=4, n_embd=64, n_head=4, n_kv_head=2,
+                                    intermediate_size=192), None),
     # meta-llama/Llama-3.2-1B's config.json: hidden 2048, 16 layers, 32 heads, 8 key/value heads, intermediate
     # 8192, vocabulary 128,256, tied embeddings. Its model card: "1B (1.23B)", "Shared Embeddings: Yes"; the
     # released weights hold 1,235,814,400. A sequence of 2048 tokens.

@@ -120,6 +120,19 @@ saved tensors and the flash kernel's offsets (tests/test_loss_memory.py), and it
 weights, its optimizer states, the census and 2 T V + 8 T V to 0.45% of the peak (84 MB above them: 1.02% of the
 2 T V + 8 T V, not accounted for).
 
+**A sequence split over ranks** (`cp` ranks: Ulysses, harness/strategies/ulysses.py; torch's ring attention,
+harness/strategies/cp.py). A rank holds s / cp of every sample's tokens, and every term above is of its tokens: s / cp
+in place of s, the rotary tables too (computed from the rank's positions). Ulysses adds one tensor and drops one:
+its core runs on the all-to-alls' q, k and v (every token, a / cp heads: as many values as the rank's tokens' q, k,
+v) and saves them and its output; the projection's input is the output's all-to-all back, a tensor of its own (GPT's
+12 h becomes 13 h); on the Llama block v is no longer a view keeping wqkv's whole output alive, the all-to-all having
+copied it (3 h + 3 h_kv becomes 3 h + 2 h_kv). Measured on the CPU, to the byte, at cp = 2 and 4 on gpt-tiny-long
+and at 2 on llama-tiny-long, fp32, whole models (tests/test_long_context_cells.py): the blocks at these terms, the
+final norm, head and loss at the rank's s / cp tokens, and the loss's 4-byte total weight. Under autocast the head's
+bf16 weight copy does not shrink with the tokens (2 V h bytes). The ring (cp) is at s / cp with nothing added: read
+from torch's ring, which saves each rank's q, k, v and output (`_templated_ring_attention`), not measured (no CPU
+kernel runs it).
+
 **An MLP of another width, sequence parallelism** (for layouts `harness plan` describes and published runs it lays
 out; not measured here). A GPT-style block whose MLP is f wide instead of 4 h (`ffn`) saves GeLU's input and output at
 f each: its split term is s b (4 h + 2 f) e_c / t, 12 h at f = 4 h. Under Megatron's sequence parallelism
@@ -184,17 +197,21 @@ def _check_bf16_weights(bf16_weights: bool, compute_bytes: int) -> None:
 
 def block_activations(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                       compute_bytes: int = 4, bf16_weights: bool = False, fused_norm: bool = False,
-                      ffn: int | None = None, sequence_parallel: bool = False) -> BlockActivations:
+                      ffn: int | None = None, sequence_parallel: bool = False, cp: int = 1,
+                      ulysses: bool = False) -> BlockActivations:
     """The bytes above for a block of `hidden` features and `heads` heads on `micro_batch` samples of `seq_len`
     tokens, split over `tp` ranks, computing in `compute_bytes` per value (4: fp32, 2: bf16 autocast, or bf16 weights
     where `bf16_weights`: a bf16 residual stream and no weight copies). `fused_norm` where the layer norms are CUDA's
     kernel, which keeps its statistics in fp32 under bf16 weights too (the CPU's keeps them in bf16); it changes
     nothing in fp32 or under autocast. `ffn`: the MLP's width (None: 4 h, the workloads'); `sequence_parallel`:
-    Megatron's, splitting the whole terms and the norms' statistics over the `tp` ranks (module docstring)."""
+    Megatron's, splitting the whole terms and the norms' statistics over the `tp` ranks (module docstring); `cp`: the
+    ranks the sequence is split over (context parallelism, module docstring's "A sequence split over ranks"), with
+    `ulysses` where DeepSpeed-Ulysses' all-to-alls surround the attention core."""
     if tp < 1 or heads % tp or hidden % heads:
         raise ValueError(f"tensor parallelism of {tp} must divide the {heads} heads, which must divide {hidden}")
     _check_bf16_weights(bf16_weights, compute_bytes)
-    tokens = seq_len * micro_batch
+    _check_split(seq_len, cp, heads if ulysses else cp)
+    tokens = seq_len // cp * micro_batch
     values = tokens * hidden
     norm_input_bytes = BF16_BYTES if bf16_weights else LAYER_NORM_INPUT_BYTES
     # The CPU's layer norm keeps its statistics in its parameters' dtype: half of the fp32 ones under bf16 weights.
@@ -203,31 +220,40 @@ def block_activations(*, seq_len: int, micro_batch: int, hidden: int, heads: int
     along_sequence = tp if sequence_parallel else 1
     return BlockActivations(
         whole=values * (2 * norm_input_bytes + 2 * compute_bytes) / along_sequence,
-        split=tokens * (4 * hidden + 2 * width) * compute_bytes / tp,
+        split=tokens * (4 * hidden + 2 * width + (hidden if ulysses else 0)) * compute_bytes / tp,
         statistics=norm_statistics * tokens / along_sequence + LOG_SUM_EXP_BYTES * heads * tokens / tp,
         weight_copies=2 * (4 * hidden + 2 * width) * hidden / tp if compute_bytes == 2 and not bf16_weights else 0.0)
 
 
+def _check_split(seq_len: int, cp: int, heads: int) -> None:
+    if cp < 1 or seq_len % cp or heads % cp:
+        raise ValueError(f"a sequence split over cp = {cp} ranks must divide its {seq_len} tokens (and, under "
+                         f"Ulysses, the {heads} heads)")
+
+
 def llama_block_activations(*, seq_len: int, micro_batch: int, hidden: int, heads: int, kv_heads: int,
                             intermediate: int, tp: int = 1, compute_bytes: int = 4, fused_norm: bool = False,
-                            bf16_weights: bool = False, sequence_parallel: bool = False) -> BlockActivations:
+                            bf16_weights: bool = False, sequence_parallel: bool = False, cp: int = 1,
+                            ulysses: bool = False) -> BlockActivations:
     """The Llama block's bytes (module docstring) for `hidden` features, `heads` query heads and `kv_heads`
     key/value heads, an MLP `intermediate` wide, on `micro_batch` samples of `seq_len` tokens, split over `tp`
     ranks, computing in `compute_bytes` per value; `fused_norm` where RMSNorm is torch's fused kernel (CUDA),
     which keeps no normalised copy of its input; `bf16_weights` where the block's parameters are bf16 and no
     autocast runs (no weight copies; the fused kernel's input bf16, the composite's fp32 copies as under
-    autocast); `sequence_parallel` as `block_activations` takes it."""
+    autocast); `sequence_parallel`, `cp` and `ulysses` as `block_activations` takes them."""
     if tp < 1 or heads % tp or kv_heads % tp or intermediate % tp:
         raise ValueError(f"tensor parallelism of {tp} must divide the {heads} heads, the {kv_heads} key/value heads "
                          f"and the MLP's width {intermediate}")
     if hidden % heads or heads % kv_heads:
         raise ValueError(f"the {heads} heads must divide {hidden}, and the {kv_heads} key/value heads the heads")
     _check_bf16_weights(bf16_weights, compute_bytes)
-    tokens = seq_len * micro_batch
+    _check_split(seq_len, cp, kv_heads if ulysses else cp)
+    tokens = seq_len // cp * micro_batch
     head_dim = hidden // heads
     kv_width = kv_heads * head_dim
     # wqkv's output whole (v is a view of it), the rotated q and k, the attention's output; gate|up, silu, product.
-    split_width = 3 * hidden + 3 * kv_width + 4 * intermediate
+    # Under Ulysses the core saves the all-to-alls' q, k and v, wo's input is the output's exchange, not a view.
+    split_width = (3 * hidden + 2 * kv_width if ulysses else 3 * hidden + 3 * kv_width) + 4 * intermediate
     # The composite upcasts a bf16 input to fp32 (x and x / rms(x), fp32, on either recipe); the fused kernel keeps
     # its input as it came: the fp32 residual stream under autocast, the bf16 one under bf16 weights.
     if fused_norm:
@@ -241,24 +267,25 @@ def llama_block_activations(*, seq_len: int, micro_batch: int, hidden: int, head
         split=tokens * split_width * compute_bytes / tp,
         statistics=RMS_NORM_STATISTICS_BYTES * tokens / along_sequence + LOG_SUM_EXP_BYTES * heads * tokens / tp,
         weight_copies=copies if compute_bytes == 2 and not bf16_weights else 0.0,
-        rotary=2 * seq_len * head_dim * compute_bytes)
+        rotary=2 * seq_len // cp * head_dim * compute_bytes)
 
 
 def block_bytes(*, seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1, compute_bytes: int = 4,
                 kv_heads: int | None = None, intermediate: int | None = None, fused_norm: bool = False,
                 bf16_weights: bool = False, ffn: int | None = None,
-                sequence_parallel: bool = False) -> BlockActivations:
+                sequence_parallel: bool = False, cp: int = 1, ulysses: bool = False) -> BlockActivations:
     """A GPT block's bytes (`block_activations`, its MLP `ffn` wide), or a Llama block's (`llama_block_activations`)
     where its `intermediate` width is given (`kv_heads` then defaulting to `heads`); `fused_norm` (CUDA's norm
     kernels), `bf16_weights` and `sequence_parallel` passed on to either."""
     if intermediate is None:
         return block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
                                  compute_bytes=compute_bytes, bf16_weights=bf16_weights, fused_norm=fused_norm,
-                                 ffn=ffn, sequence_parallel=sequence_parallel)
+                                 ffn=ffn, sequence_parallel=sequence_parallel, cp=cp, ulysses=ulysses)
     return llama_block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads,
                                    kv_heads=heads if kv_heads is None else kv_heads, intermediate=intermediate,
                                    tp=tp, compute_bytes=compute_bytes, fused_norm=fused_norm,
-                                   bf16_weights=bf16_weights, sequence_parallel=sequence_parallel)
+                                   bf16_weights=bf16_weights, sequence_parallel=sequence_parallel, cp=cp,
+                                   ulysses=ulysses)
 
 
 def block_sizes(shape: Mapping[str, Any], *, device: str, compute_bytes: int) -> dict[str, Any] | None:
@@ -389,6 +416,9 @@ def predicted_activation_bytes(row_spec: Mapping[str, Any], m: Mapping[str, Any]
     if m.get("precision_recipe") not in ("fp32", "autocast"):
         return None
     tp = int((m.get("strategy_config") or {}).get("tensor_parallel") or 1)
+    # A sequence split over ranks (harness.strategies.sequence_parallel): each rank's tokens, Ulysses' exchanges.
+    cp = int((m.get("strategy_config") or {}).get("sequence_split") or 1)
+    ulysses = (m.get("strategy_config") or {}).get("sequence_attention") == "ulysses"
     # Autocast computes in 2 bytes at bf16 and fp16 alike (gpt2-small's fp16 autocast row on an H200 saved what its
     # bf16 one did, 4 B apart: ../shared/gpu-h200/rows.jsonl).
     compute_bytes = 2 if row_spec["precision"] in ("bf16", "fp16") else 4
@@ -396,7 +426,8 @@ def predicted_activation_bytes(row_spec: Mapping[str, Any], m: Mapping[str, Any]
     if sizes is None:
         return None
     seq_len, micro_batch, hidden = int(shape["seq_len"]), int(row_spec["micro_batch"]), int(shape["n_embd"])
-    block = block_bytes(seq_len=seq_len, micro_batch=micro_batch, tp=tp, compute_bytes=compute_bytes, **sizes)
+    block = block_bytes(seq_len=seq_len, micro_batch=micro_batch, tp=tp, compute_bytes=compute_bytes, cp=cp,
+                        ulysses=ulysses, **sizes)
     checkpointed = int(m.get("activation_checkpointed_blocks") or 0)
-    recomputed = recomputed_block_activations(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden)
+    recomputed = recomputed_block_activations(seq_len=seq_len // cp, micro_batch=micro_batch, hidden=hidden)
     return (int(shape["n_layer"]) - checkpointed) * block.total + checkpointed * recomputed

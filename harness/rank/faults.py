@@ -78,6 +78,9 @@ Two kinds are bugs of an expert-parallel dispatch (harness.strategies.expert_par
 - `misroute`: each rank sends the rows meant for one rank's experts to the next rank's, which run them through the
   expert at the same place among theirs, and the outputs come back to their tokens: tokens sent to the wrong rank;
 - `ungated-combine`: the combine adds each expert's output to its token without the router's gate weight.
+- `causal-leak`: the attention core's causal mask lets the last query before each shard boundary of a sequence split
+  over ranks see the first key after it (workloads.attention), as a wrong offset in a sharded mask would: a
+  sequence-parallel cell whose core sees the whole sequence (`ulysses`) alone; parity must call it a mismatch.
 A loud kind fires in the first attempt of a group alone: an attempt its launcher restarted (torchrun's
 TORCHELASTIC_RESTART_COUNT > 0) resumes past it, as a job does once the failed host is replaced.
 
@@ -110,7 +113,9 @@ CHECKPOINT_WITHOUT_OPTIMIZER, RESUME_DATA_FROM_START = CHECKPOINT_KINDS = ("chec
                                                                           "resume-data-from-start")
 LEAK, LEAK_PER_STEP = LEAK_KINDS = ("leak", "leak-per-step")
 MISROUTE, UNGATED_COMBINE = DISPATCH_KINDS = ("misroute", "ungated-combine")
-KINDS = LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,) + CHECKPOINT_KINDS + LEAK_KINDS + DISPATCH_KINDS
+CAUSAL_LEAK = "causal-leak"
+KINDS = (LOUD_KINDS + SILENT_KINDS + CHANGE_KINDS + (SLOW_STEP,) + CHECKPOINT_KINDS + LEAK_KINDS + DISPATCH_KINDS
+         + (CAUSAL_LEAK,))
 FACTOR_KINDS = ("grad-scale", LR_SCALE, SLOW_STEP)
 LEAK_IN = ("tensor", "numpy")       # what a leak allocates: a torch tensor on the rank's device, a numpy array
 BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -168,9 +173,9 @@ class Fault:
         if onward and kind not in (*SILENT_KINDS, LEAK_PER_STEP):
             raise ValueError(f"{FAULT_ENV}={text!r}: step=S+ (every step from S on) is for the silent kinds alone: "
                              f"{', '.join(SILENT_KINDS)}")
-        if kind in (*CHECKPOINT_KINDS, *DISPATCH_KINDS) and (rank != ALL_RANKS or step != 0):
+        if kind in (*CHECKPOINT_KINDS, *DISPATCH_KINDS, CAUSAL_LEAK) and (rank != ALL_RANKS or step != 0):
             raise ValueError(f"{FAULT_ENV}={text!r}: {kind} takes rank=all:step=0 alone: it changes every rank's "
-                             "save, load or resumed data, or every rank's dispatch from the start")
+                             "save, load or resumed data, or every rank's dispatch or attention from the start")
         if kind == EXTRA_ALL_REDUCE and rank != ALL_RANKS:
             raise ValueError(f"{FAULT_ENV}={text!r}: {EXTRA_ALL_REDUCE} needs rank=all: an all-reduce that one "
                              "rank issues alone never completes")

@@ -28,12 +28,13 @@ import torch
 
 from harness.rank.routing import RoutingRecord, routing_measurements
 from harness.strategies.expert_parallel import Dispatcher, plant_dispatch_fault
+from harness.strategies.sequence_parallel import plant_causal_leak
 from harness.rank.comm_counter import CollectiveCounter
 from harness.rank.bare_loop import run_bare_loop
 from harness.rank.compute_only import CompletedPass, compute_only_pass
 from harness.rank.checkpointed_run import CheckpointedRun, restart_count
 from harness.rank.horovod_elastic import ElasticSteps, is_elastic
-from harness.rank.faults import (CHECKPOINT_WITHOUT_OPTIMIZER, DISPATCH_KINDS, RESUME_DATA_FROM_START, Fault,
+from harness.rank.faults import (CAUSAL_LEAK, CHECKPOINT_WITHOUT_OPTIMIZER, DISPATCH_KINDS, RESUME_DATA_FROM_START, Fault,
                                  fault_from_environment)
 from harness.rank.memory_model import (ModelStateReader, PeakRssSince, TimedStepsGrowth, import_optimizer_modules,
                                        largest_module_own_parameters, outside_census_flag_bytes, reset_peak_memory,
@@ -151,6 +152,8 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
     if fault and fault.kind in DISPATCH_KINDS:
         plant_dispatch_fault([m for layer in layers for m in layer.modules() if isinstance(m, Dispatcher)],
                              fault.kind)
+    if fault and fault.kind == CAUSAL_LEAK:
+        plant_causal_leak(layers, spec, strategy)
     # A checkpoint cell's launch (harness.rank.checkpointed_run): it may start from a save, save at step K, stop there.
     run = CheckpointedRun.from_environment(strategy.checkpoint_method,
                                            omit_optimizer=bool(fault and fault.kind == CHECKPOINT_WITHOUT_OPTIMIZER))
@@ -200,9 +203,9 @@ def run_cell(spec: RunSpec, strategy: Strategy, context: RankContext, counter: C
                 fault.before_step(context.rank, step, trainer.torch_optimizer)
             # The planted `resume-data-from-start` bug: a resumed launch reads the data from the start again.
             data_step = step - first_step if fault and fault.kind == RESUME_DATA_FROM_START else step
-            micro_batches = [workload.batch(spec.seed, data_step, strategy.sample_indices(spec, context, index),
-                                            context.device)
-                             for index in range(layout.micro_batches)]
+            micro_batches = [strategy.rank_batch(spec, context, workload.batch(
+                spec.seed, data_step, strategy.sample_indices(spec, context, index), context.device))
+                for index in range(layout.micro_batches)]
             routing.before_step()
             growth.before_step(step)        # before the barrier: its gc.collect() delays no rank's clock
             trainer.barrier()
@@ -559,7 +562,7 @@ def _model_state_facts(spec: RunSpec, strategy: Strategy, layout, context: RankC
     DeepSpeed's own estimate."""
     readings = [r["model_states"] for r in by_rank]
     figures: dict[str, Any] = {
-        "model_state_plan": strategy.model_state_plan(layout.data_parallel, trainer.precision_recipe,
+        "model_state_plan": strategy.model_state_plan(strategy.state_sharding_ranks(spec), trainer.precision_recipe,
                                                       strategy.resolved(spec)).to_dict(),
         "parameters_held_by_rank": [r["parameters_held"] for r in by_rank],
         "weights_kept_whole_parameters_by_rank": [r["parameters_kept_whole"] for r in by_rank],

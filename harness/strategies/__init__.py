@@ -20,6 +20,7 @@ from typing import Mapping
 from harness.launch.launcher import LAUNCHERS
 from harness.strategies.autotp import AutoTP
 from harness.strategies.bare import Bare
+from harness.strategies.cp import ContextParallel
 from harness.spec import Layout, OptionValue, RunSpec, SpecError
 from harness.strategies.base import Option, PrecisionRecipe, RankContext, Strategy, Trainer
 from harness.strategies.compiling import compiles
@@ -36,6 +37,7 @@ from harness.strategies.parameter_server_async import AsyncParameterServer
 from harness.strategies.pipeline import Pipeline
 from harness.strategies.plain import Plain
 from harness.strategies.tp import TensorParallel
+from harness.strategies.ulysses import Ulysses
 from harness.strategies.state_checkpoint import (OPTION_NAME as CHECKPOINT_OPTION, check_plan, plan_of, saving_spec,
                                               shrunk_spec)
 from harness.strategies.zero import ZeRO
@@ -61,6 +63,8 @@ STRATEGIES: dict[str, Strategy] = {
     "ep": ExpertParallel(),
     "horovod-ep": HorovodExpertParallel(),
     "deepspeed-moe": DeepSpeedMoE(),
+    "ulysses": Ulysses(),
+    "cp": ContextParallel(),
 }
 
 

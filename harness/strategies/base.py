@@ -390,6 +390,12 @@ class Strategy(abc.ABC):
         replica): what `harness memory` divides a model by. The default: each replica one rank, holding it whole."""
         return ModelSplit(data_parallel=replicas)
 
+    def state_sharding_ranks(self, spec: RunSpec) -> int:
+        """The ranks a sharding strategy's model states are spread over in `spec`'s cell (its plan's
+        `data_parallel`): its data-parallel replicas, unless ranks of one replica shard them too (a sequence split
+        over ranks that hold the same samples: harness.strategies.sequence_parallel)."""
+        return self.layout(spec).data_parallel
+
     def expert_parallel_degree(self, world_size: int, options: Mapping[str, OptionValue]) -> int:
         """The ranks an MoE model's routed experts are sharded over at `world_size` (`harness memory`, `harness plan`:
         each rank holds experts / degree of them); 0 for a strategy that shards no experts, which an MoE model's
@@ -568,6 +574,12 @@ class Strategy(abc.ABC):
         """This rank's data-parallel index."""
         return context.rank
 
+    def rank_batch(self, spec: RunSpec, context: RankContext, batch: MicroBatch) -> MicroBatch:
+        """What this rank feeds of a micro-batch of its replica's samples: all of it, unless the strategy splits a
+        sample over ranks (Ulysses: the rank's slice of the sequence). The step's data, made before its clock
+        starts."""
+        return batch
+
 
 # ---- pieces shared by the strategies -------------------------------------------------------------
 
@@ -656,20 +668,25 @@ def accumulate(model: nn.Module | Callable, loss_fn: Callable, micro_batches: Se
                spec: RunSpec, device: torch.device,
                no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
                multipliers: Sequence[float] | None = None,
-               scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+               scaler: torch.amp.GradScaler | None = None,
+               around: Callable[[MicroBatch], tuple[contextlib.AbstractContextManager, MicroBatch]] | None = None,
+               ) -> torch.Tensor:
     """Forward and backward over micro-batches, each loss scaled by 1/K so gradients are the batch mean.
 
     `no_sync` (DDP's, for instance) suppresses gradient communication on all but the last micro-batch.
     `multipliers` (a fault's, `Trainer.loss_multipliers`) scale each micro-batch's loss before backward.
     `scaler` (fp16's, harness.strategies.loss_scaling) multiplies what backward starts from by its scale.
+    `around` (context parallelism's) gives a micro-batch's forward and backward a context to run in and the tensors
+    to run on (which that context may shard in place).
     Returns the mean unscaled loss (detached).
     """
     count = len(micro_batches)
     total = torch.zeros((), device=device)
-    for index, (inputs, targets) in enumerate(micro_batches):
+    for index, batch in enumerate(micro_batches):
         last = index == count - 1
         context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
-        with context, saved_on_host(spec):
+        sequence, (inputs, targets) = around(batch) if around is not None else (contextlib.nullcontext(), batch)
+        with context, saved_on_host(spec), sequence:
             with autocast(spec, device):
                 outputs = model(inputs)
             loss = loss_fn(outputs, targets)

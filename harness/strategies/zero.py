@@ -73,6 +73,9 @@ class DeepSpeedTrainer(Trainer):
     loss_scaled: bool = False       # fp16: read what each step did under loss scaling (harness.strategies.loss_scaling)
     backward_scale: float = 1.0     # fp16: the loss scale of the last step's backward
     spec: RunSpec | None = None
+    # The share of a sample's tokens this rank's loss is the mean over, which its backward is weighted by: 1, but
+    # under Ulysses (harness.strategies.ulysses), where ZeRO sums the gradients over the sequence-parallel ranks.
+    token_share: float = 1.0
 
     # DeepSpeed's own norm of the reduced gradients, which it computes in the optimizer step (below).
     gradient_norm_after_step = True
@@ -89,7 +92,8 @@ class DeepSpeedTrainer(Trainer):
         for index, (inputs, targets) in enumerate(micro_batches):
             with saved_on_host(self.spec):
                 loss = self.workload.loss(self.engine(inputs), targets)
-                self.engine.backward(loss if multipliers is None else loss * multipliers[index])
+                weighted = loss if self.token_share == 1.0 else loss * self.token_share
+                self.engine.backward(weighted if multipliers is None else weighted * multipliers[index])
             if gradients_ready is not None and index == len(micro_batches) - 1:
                 gradients_ready()
             self.engine.step()
