@@ -22,7 +22,8 @@ from workloads import get_workload
 # The strategies whose wrap compiles the blocks (the bare loop through the plain loop's wrap; ZeRO through DeepSpeed's
 # engine.compile()), and those that refuse a compiled cell before launch.
 COMPILING = {"plain", "bare", "ddp", "horovod", "zero1", "zero2", "zero3", "fsdp2", "tp", "fsdp2-tp"}
-REFUSING = {"dataparallel", "pipeline", "autotp", "ps", "ps-async", "ep", "horovod-ep", "deepspeed-moe"}
+REFUSING = {"dataparallel", "pipeline", "autotp", "ps", "ps-async", "ep", "horovod-ep", "deepspeed-moe", "ulysses",
+            "cp"}
 SMOKE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
 
 

@@ -31,7 +31,7 @@ GPU_SHAPES = [Machine(device=DeviceKind.CUDA, devices_per_node=gpus, nodes=nodes
 # The matrices that run FSDP2 in bf16 or fp16 on GPUs, written out: every other runs it in fp32 (smoke, ci) or not at
 # all (parameter-server).
 SIXTEEN_BIT_FSDP2_MATRICES = {"full", "wide", "scaling", "zero-memory", "hybrid", "memory-techniques", "fault-tolerance",
-                              "reference", "moe"}
+                              "reference", "moe", "long-context"}
 # Where the autocast variant is kept beside the policy, at FSDP2's smallest world size.
 AUTOCAST_VARIANT_MATRICES = {"full", "wide"}
 

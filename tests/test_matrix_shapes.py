@@ -70,7 +70,7 @@ def test_every_matrix_builds_valid_cells_that_fit_the_machine(matrix, machine):
             # Their two ranks check communication and sharding, which one rank cannot: on a one-device
             # machine they share it (docs/methodology.md, "Batch plans").
             limit = max(limit, 2)
-        if matrix in ("hybrid", "fault-tolerance", "moe"):
+        if matrix in ("hybrid", "fault-tolerance", "moe", "long-context"):
             # World sizes 2 and 4 on any CPU (model parallelism and resharded resume are checked, not sped up); 2 on
             # one GPU.
             limit = max(limit, 4 if machine.device is DeviceKind.CPU else 2)

@@ -46,6 +46,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     memory.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed's estimator")
 
 
+# The strategies that split a sample's sequence over ranks (harness.strategies.sequence_parallel).
+SEQUENCE_SPLITTING = ("ulysses", "cp")
+
+
+def sequence_split_refusal(name: str, degree: int, ranks: int, model) -> str | None:
+    """Why `name` cannot split the described model's sequence over `degree` of `ranks` GPUs, or None: the rules its
+    strategy enforces on a workload (`SequenceGroups.sequence_refusal`, `Ulysses.layout_refusal`)."""
+    option = "sp" if name == "ulysses" else "cp"
+    if model is None:
+        return "a sequence split needs the model's shape and sequence: --model or --shape (and --seq-len)"
+    if degree < 2 or ranks % degree:
+        return f"{option}={degree} must be 2 or more and divide the {ranks} GPUs"
+    pieces = degree if name == "ulysses" else 2 * degree
+    if model.seq_len % pieces:
+        return f"the sequence of {model.seq_len} tokens does not split into {pieces} pieces ({option}={degree})"
+    if name == "ulysses" and (model.heads % degree or model.kv_heads_count % degree):
+        return (f"Ulysses gives each of sp={degree} ranks whole heads: the {model.heads} heads and "
+                f"{model.kv_heads_count} key/value heads must both divide by it")
+    return None
+
+
 def command_memory(args: argparse.Namespace) -> int:
     """Each strategy's model states per rank (`model_state_plan` over the parameters one of its ranks holds, as its
     `model_split` lays out --dp replicas), DeepSpeed's estimate beside ZeRO-2/3's, with a model's shape every other
@@ -122,6 +143,9 @@ def command_memory(args: argparse.Namespace) -> int:
                 refusal = f"ep={experts_over} must divide the world size {split.ranks} (--dp and the replicas' ranks)"
             elif model.experts % experts_over:
                 refusal = f"the {model.experts} experts do not divide over {experts_over} expert-parallel ranks"
+        split_over = strategy.sequence_split_degree(split.ranks, options)
+        if refusal is None and name in SEQUENCE_SPLITTING:
+            refusal = sequence_split_refusal(name, split_over, split.ranks, model)
         if refusal:
             refused[name] = refusal
             rows.append(f"{name:<13} {layout:>12} {'-':>11} {'-':>12} {'-':>10} {'-':>10} {'-':>10} {'-':>9} "
@@ -155,7 +179,8 @@ def command_memory(args: argparse.Namespace) -> int:
                                   micro_batch=args.micro_batch, micro_batches=args.micro_batches,
                                   checkpointed=options.get("activation_checkpointing", "none") not in ("none", None),
                                   facts=REGISTRY_FACTS, vocabulary_split=vocabulary_split,
-                                  expert_parallel=max(1, experts_over))
+                                  expert_parallel=max(1, experts_over), context_parallel=split_over,
+                                  ulysses=name == "ulysses")
             row += (f" {terms.activations / gib:>11.3f} {terms.logits / gib:>8.3f} {terms.working_total / gib:>8.3f} "
                     f"{terms.total / gib:>10.3f}")
         rows.append(row + shown_options)
@@ -193,6 +218,8 @@ def command_memory(args: argparse.Namespace) -> int:
         print(f"stages={stages}{default}, {', '.join(names)}: the layers cut into {stages} stages, each counted as "
               f"holding 1/{stages} of the parameters; a stage that holds a tied weight's copy holds more")
     if model is not None:
+        print("ulysses, cp: a sample's sequence split over sp / cp ranks of the --dp (every one by default: --option "
+              "sp=N, cp=N), each rank's activations and logits at its seq / N tokens, the states sharded over all")
         print(f"activations, logits: at micro-batch {args.micro_batch} of {model.seq_len} tokens, "
               f"{args.micro_batches} micro-batch(es) a step (harness.derive.activations: the family's block and the "
               f"workloads' loss); working: the strategy's buckets, gathered parameters and accumulated gradients; "

@@ -79,6 +79,13 @@ def command_plan(args: argparse.Namespace) -> int:
               "equivalent within the error. No dry run follows: parbench's GPU MoE cells are moe-tiny's "
               "(python -m harness run --matrix moe --device cuda), which check the dispatch, not this model's step")
         return 0
+    if chosen.layout.context_parallel > 1:
+        # The hybrid matrix's GPU transformers run whole samples: a sequence split runs on the long-context matrix's.
+        print(f"\nfollowed: {chosen.layout.label}, micro-batch {chosen.micro_batch}, the simplest of the {len(group)} "
+              "equivalent within the error. No dry run follows: parbench's sequence-split cells are the long-context "
+              "matrix's (python -m harness run --matrix long-context --device cuda), which check parity and traffic, "
+              "not this model's step")
+        return 0
     argv, workload = plan_run_arguments(chosen, model, cluster.gpus_per_node, args.nodes, args.cluster, args.set)
     what = (f"{workload} itself" if workload == model.name else
             f"{workload}, the largest of the hybrid matrix's GPU transformers this layout takes (it has none of this "

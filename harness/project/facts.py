@@ -151,6 +151,12 @@ class RegistryFacts:
         chosen, resolved = self._strategy(strategy, options)
         return int(chosen.expert_parallel_degree(world_size, resolved))
 
+    def sequence_split_degree(self, strategy: str, options: Mapping[str, Any], world_size: int) -> int:
+        """The ranks the strategy splits a sample's sequence over at `world_size`, 1 where it splits none
+        (`Strategy.sequence_split_degree`)."""
+        chosen, resolved = self._strategy(strategy, options)
+        return int(chosen.sequence_split_degree(world_size, resolved))
+
     def recipe_refusal(self, strategy: str, recipe: str) -> str | None:
         """Why the strategy cannot run `recipe`, or None (`Strategy.recipe_refusal`)."""
         chosen, _ = self._strategy(strategy, {})

@@ -22,6 +22,9 @@ out as (harness.project.published_runs), so that the plan is checked on the same
 - **experts** (an MoE model, harness.project.model): compute from its active parameters; under `ep` the dense
   gradients all-reduced among every rank and each expert's among the G / ep ranks holding it (as DDP's buckets),
   and the tokens' all-to-alls among the ep ranks (`all_to_all_schedule`).
+- **a sequence split** over P ranks (`ulysses`, `cp`): the model states sharded over every rank, dp / P replicas
+  of the batch, each rank's activations and logits at its s / P tokens, and the exchanges around attention
+  (`attention_schedule`).
 - **step** = compute + communication.
 
 Torch-free: the strategies' facts come through harness.project.facts.
@@ -67,6 +70,18 @@ class Layout:
     recipe: str = "autocast"
     sequence_parallel: bool = False
     expert_parallel: int = 0        # the ranks an MoE model's experts are sharded over, 0: none (expert_parallel_degree)
+    # The ranks a sample's sequence is split over (Ulysses', the ring's: sequence_split_degree); the split's
+    # data-parallel ranks, over which the model states are sharded, hold split.data_parallel / it replicas.
+    context_parallel: int = 1
+
+    @property
+    def batch_replicas(self) -> int:
+        """The replicas the global batch is split over: groups of `context_parallel` ranks share their samples."""
+        return self.split.data_parallel // self.context_parallel
+
+    @property
+    def ulysses(self) -> bool:
+        return self.strategy == "ulysses"
 
     @property
     def options_dict(self) -> dict[str, Any]:
@@ -85,7 +100,8 @@ class Layout:
     def label(self) -> str:
         s = self.split
         parts = ([f"tp={s.tensor_parallel}"] if s.tensor_parallel > 1 else []) + (
-            [f"pp={s.pipeline_stages}"] if s.pipeline_stages > 1 else []) + [f"dp={s.data_parallel}"]
+            [f"pp={s.pipeline_stages}"] if s.pipeline_stages > 1 else []) + [f"dp={self.batch_replicas}"] + (
+            [f"cp={self.context_parallel}"] if self.context_parallel > 1 else [])
         # Experts sharded over ep of the dp ranks: a tag, not a factor of the GPUs as tp and pp are.
         tags = ([f"ep={self.expert_parallel}"] if self.expert_parallel > 1 else []) + (
             ["sp"] if self.sequence_parallel else []) + (
@@ -105,7 +121,8 @@ def layout_at(strategy: str, options: tuple[tuple[str, Any], ...], gpus: int, re
         raise SpecError(f"{strategy}'s replica of {per_replica} ranks does not divide {gpus} GPUs")
     return Layout(strategy=strategy, options=options, split=facts.split(strategy, dict(options), gpus // per_replica,
                                                                           gpus), recipe=recipe,
-                  expert_parallel=facts.expert_parallel_degree(strategy, dict(options), gpus))
+                  expert_parallel=facts.expert_parallel_degree(strategy, dict(options), gpus),
+                  context_parallel=facts.sequence_split_degree(strategy, dict(options), gpus))
 
 
 def shape_refusal(split: ModelSplit, model: Decoder, gpus_per_node: int | None, uneven_stages: bool = False) -> str:
@@ -168,6 +185,38 @@ def all_to_all_schedule(layout: Layout, model: Decoder, micro_batch: int, micro_
                                  (COMBINE_BYTES[layout.recipe], forwards + 1))]
 
 
+# The bytes of a value Ulysses' and the ring's exchanges carry: q, k, v and the output come out of linear layers in
+# the compute dtype; the ring's key/value gradients go round in fp32 (torch's convert_to_f32).
+EXCHANGE_BYTES = {"fp32": 4, "autocast": 2, "deepspeed-bf16": 2, "deepspeed-fp16": 2, "fsdp-mp-policy": 2}
+
+
+def attention_schedule(layout: Layout, model: Decoder, micro_batch: int, micro_batches: int) -> list[Scheduled]:
+    """A sequence split's exchanges around attention a step on a rank, per block and micro-batch (the strategies'
+    `expected_traffic`: harness/strategies/ulysses.py, harness/strategies/cp.py): Ulysses' all-to-alls of q and the
+    output (b s/P a d values each) and of k and v (b s/P a_kv d), forward and backward, the forward's again where
+    recomputed; the ring's all-gather of every rank's keys and values (P blocks of 2 b s/P a_kv d) forward and again
+    backward (and in the recomputed forward), and its P passes of the key/value gradients, fp32. All priced exposed:
+    Ulysses' exchanges sit between the projections and the core; the ring overlaps its passes with the blocks'
+    attention, which the price does not credit (an upper bound)."""
+    p = layout.context_parallel
+    if p == 1:
+        return []
+    width, tokens = EXCHANGE_BYTES[layout.recipe], micro_batch * model.seq_len // p
+    head_dim = model.hidden // model.heads
+    blocks = model.layers * micro_batches
+    forwards = 2 if layout.checkpointed else 1
+
+    def exchange(collective: str, size: float, calls: float) -> Scheduled:
+        return Scheduled(collective=collective, size_bytes=float(size), calls=float(calls * blocks), group=p,
+                         origin="expected", label="cp")
+
+    if layout.ulysses:
+        return [exchange("all_to_all", tokens * heads * head_dim * width, 2 * (forwards + 1))
+                for heads in (model.heads, model.kv_heads_count)]
+    block = 2 * tokens * model.kv_heads_count * head_dim
+    return [exchange("all_gather", p * block * width, forwards + 1), exchange("all_to_all", block * 4, p)]
+
+
 # The data-parallel collectives an expert layout runs on its dense part and its experts: `ep`'s are DDP's;
 # deepspeed-moe's its own ZeRO stage's.
 EXPERT_LAYOUT_DATA_PARALLEL = {"ep": "ddp"}
@@ -227,6 +276,7 @@ def schedule_of(layout: Layout, model: Decoder, micro_batch: int, micro_batches:
                                    calls=float(e["calls"]), group=split.data_parallel if grouped else None,
                                    origin="expected", label="dp", stride=split.tensor_parallel)
                          for e in expected["collectives"] if e["calls"]]
+    schedule += attention_schedule(layout, model, micro_batch, micro_batches)
     if split.tensor_parallel > 1:
         forward, backward = facts.tensor_parallel_all_reduces(
             micro_batch=micro_batch, seq_len=model.seq_len, hidden=model.hidden,
@@ -274,7 +324,7 @@ def price_step(layout: Layout, model: Decoder, cluster: Cluster, *, global_batch
                compute_mfu: float, peak: float, facts: RegistryFacts = REGISTRY_FACTS) -> StepPrice:
     """The layout's step at `micro_batch` samples a forward over `global_batch` samples a step (module docstring)."""
     split = layout.split
-    micro_batches = global_batch // split.data_parallel // micro_batch
+    micro_batches = global_batch // layout.batch_replicas // micro_batch
     gpus = split.ranks
     model_flops = global_batch * model.seq_len * model.flops_per_token / gpus
     executed = model_flops * (RECOMPUTE_FACTOR if layout.checkpointed else 1.0)
@@ -291,7 +341,8 @@ def memory_of(layout: Layout, model: Decoder, *, micro_batch: int, micro_batches
                          recipe=layout.recipe, micro_batch=micro_batch, micro_batches=micro_batches,
                          checkpointed=layout.checkpointed, facts=facts, sequence_parallel=layout.sequence_parallel,
                          vocabulary_split=layout.vocabulary_split, loss=loss,
-                         expert_parallel=max(1, layout.expert_parallel))
+                         expert_parallel=max(1, layout.expert_parallel), context_parallel=layout.context_parallel,
+                         ulysses=layout.ulysses)
 
 
 # ---- the hybrids of a described model at any world size (`harness project --params`) ----------------------------

@@ -11,7 +11,10 @@ Projected from a description alone, no measured row (docs/projection.md, "Planni
   `autotp` (ZeRO-1 across) at each tensor-parallel degree t that divides the heads, the key/value heads and a
   node's GPUs, dp = G / t; `tp` alone at t = G (one replica); the pipeline at each stage count S that divides the
   blocks and G, dp = G / S; FSDP2 and fsdp2-tp also reduce-scattering every micro-batch (`gradient_sync=every`)
-  where a replica runs more than one; each with activation checkpointing off and on (every block). Each in the
+  where a replica runs more than one; a sequence split over P ranks at each P that divides G and the sequence:
+  `ulysses` (ZeRO-1 and ZeRO-2; P dividing the heads and the key/value heads) and torch's ring `cp` (FSDP2), dp =
+  G / P replicas of the batch, the states sharded over all G; each with activation checkpointing off and on (every
+  block). Each in the
   recipe its users run (`Strategy.usual_mixed_recipe`: FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16 section,
   torch.autocast elsewhere) unless --recipe names one for all. Offload is left out: its step is the host's
   optimizer and PCIe copies, which nothing here prices.
@@ -64,15 +67,19 @@ DEFAULT_RECIPE = USERS
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 2 ** 20
 # Simplest first, for the group a plan follows: one launcher and no sharding (DDP), then sharding of growing depth,
 # then Horovod (its own launcher and build), then tensor parallelism and the pipeline, which change the model's code.
-SIMPLICITY = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "horovod", "ep", "deepspeed-moe", "tp", "fsdp2-tp", "autotp",
-              "pipeline")
+SIMPLICITY = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "horovod", "ep", "deepspeed-moe", "ulysses", "cp", "tp",
+              "fsdp2-tp", "autotp", "pipeline")
+# A sequence split over P ranks, at each P from 2 that divides the GPUs and the sequence (twice over for the ring's
+# head-tail chunks; Ulysses' also the heads and the key/value heads): Ulysses under ZeRO-1 and ZeRO-2, torch's ring
+# under FSDP2 (harness.matrix.long_context's strategies).
+ULYSSES_STAGES = (1, 2)
 # An MoE model's layouts: the moe matrix's baselines with every expert replicated (harness.matrix.moe: DDP, FSDP2),
 # and expert parallelism at each degree that divides the experts and the GPUs: `ep` (DDP's copies) and deepspeed-moe
 # under ZeRO-1 and ZeRO-2. The other strategies' cells of the MoE family are not run here (harness.matrix.moe), so
 # they are not laid out for one.
 MOE_REPLICATED = ("ddp", "fsdp2")
 # FSDP's layouts that also run reduce-scattering every micro-batch.
-GRADIENT_SYNC_EVERY = ("fsdp2", "fsdp2-tp")
+GRADIENT_SYNC_EVERY = ("fsdp2", "fsdp2-tp", "cp")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,7 +150,8 @@ class Planned:
     @property
     def simplicity(self) -> tuple:
         s = self.layout.split
-        return ((s.tensor_parallel > 1) + (s.pipeline_stages > 1), self.layout.checkpointed,
+        return ((s.tensor_parallel > 1) + (s.pipeline_stages > 1) + (self.layout.context_parallel > 1),
+                self.layout.checkpointed,
                 SIMPLICITY.index(self.layout.strategy), self.layout.options_dict.get("gradient_sync") == "every",
                 s.tensor_parallel, s.pipeline_stages)
 
@@ -194,6 +202,10 @@ def layouts(model: Decoder, cluster: Cluster, nodes: int, settings: Settings,
         chosen += [(name, (("tp", t), *shared)) for t in degrees for name in MESH]
         chosen.append(("tp", shared))
         chosen += [("pipeline", (("stages", s), *shared)) for s in stages]
+        splits = [p for p in range(2, gpus + 1) if gpus % p == 0 and model.seq_len % p == 0]
+        chosen += [("ulysses", (("sp", p), ("zero_stage", z), *shared)) for p in splits
+                   if model.heads % p == 0 and model.kv_heads_count % p == 0 for z in ULYSSES_STAGES]
+        chosen += [("cp", (("cp", p), *shared)) for p in splits if model.seq_len % (2 * p) == 0]
         chosen += [(name, (*options, ("gradient_sync", "every"))) for name, options in chosen
                    if name in GRADIENT_SYNC_EVERY]
         for name, options in chosen:
@@ -215,11 +227,12 @@ def layout_refusal(layout: Layout, model: Decoder, cluster: Cluster, settings: S
     refusal = shape_refusal(split, model, cluster.gpus_per_node)
     if refusal:
         return refusal
-    if settings.global_batch % split.data_parallel:
-        return f"the global batch of {settings.global_batch} samples does not split over {split.data_parallel} replicas"
-    if settings.micro_batch is not None and (settings.global_batch // split.data_parallel) % settings.micro_batch:
+    replicas = layout.batch_replicas
+    if settings.global_batch % replicas:
+        return f"the global batch of {settings.global_batch} samples does not split over {replicas} replicas"
+    if settings.micro_batch is not None and (settings.global_batch // replicas) % settings.micro_batch:
         return (f"--micro-batch {settings.micro_batch} does not divide a replica's "
-                f"{settings.global_batch // split.data_parallel} samples")
+                f"{settings.global_batch // replicas} samples")
     return ""
 
 
@@ -246,7 +259,7 @@ def plan_layout(layout: Layout, model: Decoder, cluster: Cluster, nodes: int, se
     fitted = fitted or validation(facts)
     peak, memory = gpu_figures(cluster, settings)
     split, gpus = layout.split, nodes * cluster.gpus_per_node
-    per_replica = settings.global_batch // split.data_parallel
+    per_replica = settings.global_batch // layout.batch_replicas
     compute_mfu = compute_mfu_of(layout, model, cluster, settings, fitted)
     compute_error = fitted.held_out_median
     found = confidence(layout.strategy)
@@ -257,7 +270,7 @@ def plan_layout(layout: Layout, model: Decoder, cluster: Cluster, nodes: int, se
         price = price_step(layout, model, cluster, global_batch=settings.global_batch, micro_batch=micro_batch,
                            compute_mfu=compute_mfu, peak=peak, facts=facts)
         data_parallel_s, other_s = data_parallel_seconds(price, gpus, cluster)
-        all_to_all = comm_seconds([s for s in price.schedule if s.label == "ep"], gpus, ClusterModel(cluster))
+        all_to_all = comm_seconds([s for s in price.schedule if s.label in ("ep", "cp")], gpus, ClusterModel(cluster))
         return price, fitted.model.exposed_s(data_parallel_s, other_s), all_to_all
 
     for micro_batch in _micro_batches_to_try(per_replica, settings):
@@ -406,6 +419,12 @@ def format_plan(planned: Sequence[Planned], model: Decoder, cluster: Cluster, no
                 lines.append(f"{'':>6}all-to-all: {p.all_to_all_s:.3f} s a step at micro-batch {p.micro_batch}, "
                              f"{p.all_to_all_s / p.unfit_step_s:.1%} of the {p.unfit_step_s:.2f} s step it would take "
                              f"were there memory for it ({among})")
+        if p.layout.context_parallel > 1 and p.fits:
+            p_ = p.layout.context_parallel
+            what = "all-to-alls of q, k, v and the output" if p.layout.ulysses else "ring's key/value passes"
+            lines.append(f"{'':>6}attention: {p.all_to_all_s:.3f} s a step, {p.all_to_all_s / p.step_s:.1%} of it "
+                         f"(the {what} among {p_} ranks, "
+                         f"{'inside a node' if p_ <= cluster.gpus_per_node else 'across nodes'}; priced exposed)")
     group = equivalent(planned)
     lines.append("")
     if group:
@@ -417,7 +436,7 @@ def format_plan(planned: Sequence[Planned], model: Decoder, cluster: Cluster, no
         "MFU and TFLOP/s: the model's FLOPs (no recomputation) over the step and the peak; GPU-hours: "
         f"{settings.tokens:,.0f} tokens at that throughput, on all {nodes * cluster.gpus_per_node} GPUs",
         "left out: offload (ZeRO-Offload, FSDP2's CPUOffloadPolicy: its step is the host's optimizer and PCIe "
-        "copies, not priced here), sequence parallelism, selective recomputation (the strategies recompute whole "
+        "copies, not priced here), Megatron's sequence parallelism, selective recomputation (the strategies recompute whole "
         "blocks only), the pipeline's tied-weight all-reduce and uneven stages",
     ]
     if model.is_moe:

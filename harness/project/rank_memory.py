@@ -7,7 +7,7 @@ GPU of the layout (`harness plan`, `harness memory`):
   the parameters a rank holds (`Decoder.held_by_rank`: its tensor-parallel and pipeline share, the norms, the
   row-parallel biases, the embeddings and an untied head whole on every tensor-parallel rank, an MoE model's
   routed experts over the expert-parallel ranks);
-- **activations**: what the blocks save for backward, by the family's own block formula
+- **activations** (at a rank's s / cp tokens where a sequence is split over cp ranks): what the blocks save for backward, by the family's own block formula
   (harness.derive.activations: GPT's or Llama's, measured on the workloads' blocks) under the layout's recipe,
   x the blocks of a stage x the micro-batches in flight (1F1B: min(stages, K) at the first stage, 1 at the
   last); checkpointed, each block's input and one block whole, the one being recomputed; an MoE block as Llama's
@@ -86,7 +86,7 @@ class MemoryTerms:
 
 
 def block_bytes(model: Decoder, *, micro_batch: int, recipe: str, tensor_parallel: int,
-                sequence_parallel: bool = False) -> float:
+                sequence_parallel: bool = False, context_parallel: int = 1, ulysses: bool = False) -> float:
     """One block's saved bytes on a tensor-parallel rank at `micro_batch` samples (harness.derive.activations: the
     family's block, the recipe's compute bytes, its weight copies under autocast)."""
     compute = COMPUTE_BYTES[recipe]
@@ -94,7 +94,8 @@ def block_bytes(model: Decoder, *, micro_batch: int, recipe: str, tensor_paralle
     # its statistics in fp32 (harness.derive.activations).
     sizes: dict[str, Any] = dict(seq_len=model.seq_len, micro_batch=micro_batch, hidden=model.hidden,
                                  heads=model.heads, tp=tensor_parallel, compute_bytes=compute, fused_norm=True,
-                                 bf16_weights=recipe in SIXTEEN_BIT_WEIGHTS, sequence_parallel=sequence_parallel)
+                                 bf16_weights=recipe in SIXTEEN_BIT_WEIGHTS, sequence_parallel=sequence_parallel,
+                                 cp=context_parallel, ulysses=ulysses)
     if model.mlp is Mlp.SWIGLU:
         sizes.update(kv_heads=model.kv_heads_count, intermediate=model.ffn_width * model.mlps_a_token)
     else:
@@ -115,14 +116,15 @@ def routing_bytes(model: Decoder, *, micro_batch: int, recipe: str) -> float:
 
 
 def activation_bytes(model: Decoder, split: ModelSplit, *, micro_batch: int, micro_batches: int, recipe: str,
-                     checkpointed: bool, in_flight: int, sequence_parallel: bool = False) -> float:
+                     checkpointed: bool, in_flight: int, sequence_parallel: bool = False, context_parallel: int = 1,
+                     ulysses: bool = False) -> float:
     """The blocks of one stage at `in_flight` micro-batches held for backward (module docstring)."""
     blocks = -(-model.layers // split.pipeline_stages)
     whole = block_bytes(model, micro_batch=micro_batch, recipe=recipe, tensor_parallel=split.tensor_parallel,
-                        sequence_parallel=sequence_parallel)
+                        sequence_parallel=sequence_parallel, context_parallel=context_parallel, ulysses=ulysses)
     if not checkpointed:
         return blocks * in_flight * whole
-    kept = formulas.recomputed_block_activations(seq_len=model.seq_len, micro_batch=micro_batch,
+    kept = formulas.recomputed_block_activations(seq_len=model.seq_len // context_parallel, micro_batch=micro_batch,
                                                  hidden=model.hidden, bf16_weights=recipe in SIXTEEN_BIT_WEIGHTS)
     if sequence_parallel:
         kept /= split.tensor_parallel
@@ -135,13 +137,13 @@ WORKLOADS_LOSS, FUSED_LOSS = "workloads", "fused"
 
 
 def logits_bytes(model: Decoder, *, micro_batch: int, recipe: str, vocabulary_split: int = 1,
-                 loss: str = WORKLOADS_LOSS) -> float:
+                 loss: str = WORKLOADS_LOSS, context_parallel: int = 1) -> float:
     """The logits and the loss of one micro-batch at the loss's backward peak, held and transient
     (harness.derive.activations.loss_bytes, or fused_loss_bytes for a `loss` that is not the workloads'), split
     over the tensor-parallel ranks by loss parallelism (`vocabulary_split` > 1) or whole on each."""
     if not model.vocab:
         return 0.0
-    tokens, compute = model.seq_len * micro_batch, COMPUTE_BYTES[recipe]
+    tokens, compute = model.seq_len // context_parallel * micro_batch, COMPUTE_BYTES[recipe]
     if loss == FUSED_LOSS:
         return formulas.fused_loss_bytes(tokens=tokens, vocab_rows=model.vocab, compute_bytes=compute).peak
     found = formulas.loss_bytes(tokens=tokens, vocab_rows=model.vocab, compute_bytes=compute, tp=vocabulary_split,
@@ -165,7 +167,8 @@ def rank_parameters(model: Decoder, split: ModelSplit, micro_batches: int, vocab
 def layout_memory(*, model: Decoder, strategy: str, options: Mapping[str, Any], split: ModelSplit, recipe: str,
                   micro_batch: int, micro_batches: int, checkpointed: bool, facts: Any,
                   sequence_parallel: bool = False, vocabulary_split: bool = False,
-                  loss: str = WORKLOADS_LOSS, expert_parallel: int = 1) -> MemoryTerms:
+                  loss: str = WORKLOADS_LOSS, expert_parallel: int = 1, context_parallel: int = 1,
+                  ulysses: bool = False) -> MemoryTerms:
     """The busiest GPU's MemoryTerms: with pipeline stages, the larger of the first stage (most micro-batches in
     flight) and the last (one in flight, the logits); `loss` the workloads' unless a published run says."""
     rank = rank_parameters(model, split, micro_batches, vocabulary_split, expert_parallel)
@@ -179,9 +182,10 @@ def layout_memory(*, model: Decoder, strategy: str, options: Mapping[str, Any], 
         states = plan_bytes(plan, rank.held - experts)["total"] + plan_bytes(over, experts)["total"]
     working = facts.working_memory(strategy, options, rank, recipe)
     logits = logits_bytes(model, micro_batch=micro_batch, recipe=recipe,
-                          vocabulary_split=split.tensor_parallel if vocabulary_split else 1, loss=loss)
+                          vocabulary_split=split.tensor_parallel if vocabulary_split else 1, loss=loss,
+                          context_parallel=context_parallel)
     shared = dict(micro_batch=micro_batch, micro_batches=micro_batches, recipe=recipe, checkpointed=checkpointed,
-                  sequence_parallel=sequence_parallel)
+                  sequence_parallel=sequence_parallel, context_parallel=context_parallel, ulysses=ulysses)
     if split.pipeline_stages == 1:
         acts = activation_bytes(model, split, in_flight=1, **shared)
         return MemoryTerms(states=states, activations=acts, logits=logits, working=working)

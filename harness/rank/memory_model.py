@@ -70,6 +70,9 @@ HONEST_OUTSIDE_CENSUS_CPU_MIB: dict[str, tuple[float, float]] = {
     # flagged: the experts' matrix multiplies take a new shape every step (each expert's tokens), and oneDNN's bf16
     # kernels for each new shape stay resident (ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 halved the plain loop's gap).
     "deepspeed-moe": (55.3, 63.6),
+    # ulysses on gpt-tiny-long and llama-tiny-long in fp32 and bf16 at 2 ranks and 4 (every rank, and sp=2), once each,
+    # 2026-11-29: DeepSpeed's engine as ZeRO's. `cp` runs on CUDA alone.
+    "ulysses": (53.4, 66.7),
 }
 # Room above the highest honest gap for what another machine adds: 3.6 times the widest spread of one strategy
 # measured (ZeRO-2's 8.8 MiB over two workloads, two precisions and its options); four threads a rank

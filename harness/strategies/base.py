@@ -390,6 +390,11 @@ class Strategy(abc.ABC):
         replica): what `harness memory` divides a model by. The default: each replica one rank, holding it whole."""
         return ModelSplit(data_parallel=replicas)
 
+    def sequence_split_degree(self, world_size: int, options: Mapping[str, OptionValue]) -> int:
+        """The ranks a sample's sequence is split over at `world_size` (`harness plan`: each holds 1/degree of its
+        tokens and their activations), 1 for a strategy that keeps whole samples on a rank."""
+        return 1
+
     def state_sharding_ranks(self, spec: RunSpec) -> int:
         """The ranks a sharding strategy's model states are spread over in `spec`'s cell (its plan's
         `data_parallel`): its data-parallel replicas, unless ranks of one replica shard them too (a sequence split

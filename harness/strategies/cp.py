@@ -21,7 +21,8 @@ block and micro-batch the keys and values of the rank's s / P tokens (one block,
 `ring_exchange_bytes`) go round the ring forward and again backward (torch 2.13, `_templated_ring_attention` and its
 backward): under "allgather" one all-gather of the P blocks each time, under "alltoall" P - 1 passes of one block
 (`permute_tensor`, an all_to_all_single); backward also passes the key/value gradients on at each of the ring's P
-steps, as all-to-alls under either method, accumulated in fp32 (`_cp_options.convert_to_f32`). Read from torch's
+steps, as all-to-alls under either method, accumulated in fp32 (`_cp_options.convert_to_f32`); a checkpointed
+block's recomputed forward passes the keys and values once more. Read from torch's
 source, not measured: no CPU runs it.
 """
 
@@ -38,6 +39,8 @@ from harness.derive.comm import Collective
 from harness.spec import DeviceKind, Precision, RunSpec
 from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option, accumulate, apply_update,
                                      make_adamw, optimizer_description, recipe_of, torchrun_context)
+from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, count_checkpointed, interval_of
+from harness.strategies.compiling import OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.fsdp2 import FSDP2, FSDP2Trainer
 from harness.strategies.loss_scaling import scaler_for
 from harness.strategies.sequence_parallel import SequenceGroups, causal_work_by_rank
@@ -106,12 +109,12 @@ class ContextParallel(SequenceGroups, FSDP2):
     cannot_compile_because = "torch's context_parallel swaps attention's kernel at run time; compiling it is not built here"
 
     def __init__(self) -> None:
-        kept = ("reshard_after_forward", "mixed_precision", "gradient_sync")
+        kept = ("reshard_after_forward", "mixed_precision", "gradient_sync", COMPILE_NAME)
         self.options = {"cp": Option(0, "context-parallel ranks, each holding 2 of 2 cp chunks of every sample's "
                                         "tokens (0: every rank)", minimum=0),
                         "rotate_method": Option("allgather", "how the ring passes keys and values (torch's "
                                                 "set_rotate_method)", choices=ROTATE_METHODS),
-                        **{name: FSDP2.options[name] for name in kept}}
+                        **{name: FSDP2.options[name] for name in kept}, OPTION_NAME: ACTIVATION_CHECKPOINTING}
 
     def validate(self, spec: RunSpec) -> None:
         self.check_degree(spec)
@@ -146,6 +149,7 @@ class ContextParallel(SequenceGroups, FSDP2):
         block = ring_exchange_bytes(**shape, element_bytes=4 if spec.precision is Precision.FP32 else 2)
         gradient_block = ring_exchange_bytes(**shape, element_bytes=4)      # accumulated in fp32 (convert_to_f32)
         blocks = config.n_layer * micro_batches
+        recomputed = count_checkpointed(layers, interval_of(options)) * micro_batches     # a forward's gather again
 
         def exchange(kind: Collective, size: int, calls: int) -> ExpectedCollective:
             return ExpectedCollective(collective=kind, size_bytes=size, calls=calls, ranks=degree, group=GROUP_LABEL)
@@ -153,9 +157,9 @@ class ContextParallel(SequenceGroups, FSDP2):
         # The key/value gradients go round as all-to-alls under either method: one each of the ring's P steps.
         ring = [exchange(Collective.ALL_TO_ALL, gradient_block, degree * blocks)]
         if options["rotate_method"] == "allgather":         # forward's gather and backward's again
-            ring.append(exchange(Collective.ALL_GATHER, block * degree, 2 * blocks))
+            ring.append(exchange(Collective.ALL_GATHER, block * degree, 2 * blocks + recomputed))
         else:                                               # P - 1 passes forward and again backward
-            ring.append(exchange(Collective.ALL_TO_ALL, block, 2 * (degree - 1) * blocks))
+            ring.append(exchange(Collective.ALL_TO_ALL, block, (degree - 1) * (2 * blocks + recomputed)))
         return ExpectedTraffic(collectives=(*fsdp, *ring))
 
     def wrap(self, spec, context, workload, layers):
@@ -178,7 +182,7 @@ class ContextParallel(SequenceGroups, FSDP2):
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=AUTOCAST_DTYPES[spec.precision],
                                                              reduce_dtype=torch.float32)
             recipe, run_spec = PrecisionRecipe.FSDP_MP_POLICY, spec.replace(precision=Precision.FP32)
-        model = nn.Sequential(*layers).to(context.device)
+        model = nn.Sequential(*blocks_as_run(layers, options)).to(context.device)
         for block in (layer for layer in model if is_block(layer)):
             fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)

@@ -36,7 +36,10 @@ class SequenceGroups:
     load_balanced: bool = False
 
     def degree(self, spec: RunSpec) -> int:
-        return int(self.resolved(spec).get(self.degree_option, 0)) or spec.world_size
+        return self.sequence_split_degree(spec.world_size, self.resolved(spec))
+
+    def sequence_split_degree(self, world_size: int, options) -> int:
+        return int(options.get(self.degree_option, 0)) or world_size
 
     def check_degree(self, spec: RunSpec) -> None:
         degree = self.degree(spec)

@@ -21,7 +21,8 @@ Grouped-query attention as DeepSpeed splits it: the degree must divide the query
 Traffic per optimizer step per rank, K micro-batches of b samples of s tokens, L blocks, a query and a_kv key/value
 heads of d values, P ranks a group: per block and micro-batch four all-to-alls forward (q, k, v, the output) and four
 backward (their gradients, the reverse exchanges), q's and the output's b s/P a d values each, k's and v's b s/P a_kv d
-(`ulysses_all_to_all_sizes`), in the compute dtype (fp32, bf16 under autocast); plus ZeRO's reduction and gather
+(`ulysses_all_to_all_sizes`), in the compute dtype (fp32, bf16 under autocast), and the four forward ones again in a
+block checkpointed (`activation_checkpointing`: its forward runs again in backward); plus ZeRO's reduction and gather
 among all W ranks (harness.strategies.zero). On the wire each all-to-all sends (P - 1) / P of its input.
 """
 
@@ -36,6 +37,9 @@ from torch import nn
 from harness.derive.comm import Collective
 from harness.spec import Precision, RunSpec, SpecError
 from harness.strategies.base import ExpectedCollective, ExpectedTraffic, Option, make_adamw, optimizer_description
+from harness.strategies.checkpointing import (ACTIVATION_CHECKPOINTING, OPTION_NAME, checkpointed_blocks,
+                                              count_checkpointed, interval_of)
+from harness.strategies.compiling import OPTION_NAME as COMPILE_NAME
 from harness.strategies.deepspeed_common import base_config, precision_config, throughput_timer_state
 from harness.strategies.sequence_parallel import SequenceGroups, token_indices, ulysses_all_to_all_sizes
 from harness.strategies.zero import ZeRO, DeepSpeedTrainer
@@ -86,11 +90,11 @@ class Ulysses(SequenceGroups, ZeRO):
                             "around attention, ZeRO-1 or 2 (DeepSpeed's launcher)")
         self.comm_interception = "torch.distributed: DeepSpeed's reductions and DistributedAttention's all_to_all_single"
         kept = ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
-                "offload_optimizer", "precision_recipe")
+                "offload_optimizer", "precision_recipe", COMPILE_NAME)
         self.options = {"sp": Option(0, "sequence-parallel ranks (DeepSpeed's sequence_parallel_size), each holding "
                                         "1/sp of every sample's tokens (0: every rank)", minimum=0),
                         "zero_stage": Option(2, "ZeRO stage of the rest (1 or 2)", choices=(1, 2)),
-                        **{name: self.options[name] for name in kept}}
+                        **{name: self.options[name] for name in kept}, OPTION_NAME: ACTIVATION_CHECKPOINTING}
 
     def stage_of(self, options) -> int:
         return int(options.get("zero_stage", 2))
@@ -144,14 +148,15 @@ class Ulysses(SequenceGroups, ZeRO):
         micro_batches = self.layout(spec).micro_batches
         zero = self.expected_collectives(data_parallel=spec.world_size, micro_batches=micro_batches, options=options,
                                          traffic=self.traffic_bytes(spec, nn.Sequential(*layers))).collectives
+        # Each of the two sizes twice a block (q and the output; k and v), forward and backward, and once more in a
+        # checkpointed block's recomputed forward.
         blocks = get_workload(spec.workload).config.n_layer
+        calls = (4 * blocks + 2 * count_checkpointed(layers, interval_of(options))) * micro_batches
         query_bytes, kv_bytes = self.all_to_all_sizes(spec)
         exchanges = [ExpectedCollective(collective=Collective.ALL_TO_ALL, size_bytes=size,
-                                        calls=4 * blocks * micro_batches, ranks=degree, group=GROUP_LABEL)
+                                        calls=calls * (2 if query_bytes == kv_bytes else 1), ranks=degree,
+                                        group=GROUP_LABEL)
                      for size in sorted({query_bytes, kv_bytes})]
-        if query_bytes == kv_bytes:         # one size: q, k, v and the output, 8 calls a block and micro-batch
-            exchanges = [ExpectedCollective(collective=Collective.ALL_TO_ALL, size_bytes=query_bytes,
-                                            calls=8 * blocks * micro_batches, ranks=degree, group=GROUP_LABEL)]
         return ExpectedTraffic(collectives=(*zero, *exchanges))
 
     def wrap(self, spec, context, workload, layers):
@@ -171,7 +176,7 @@ class Ulysses(SequenceGroups, ZeRO):
         precision, recipe = precision_config(spec, options)
         config = {**base_config(spec, self.layout(spec).micro_batches), **precision,
                   "zero_optimization": self.zero_config(spec)}
-        model = nn.Sequential(*layers).to(context.device)
+        model = nn.Sequential(*checkpointed_blocks(layers, interval_of(options))).to(context.device)
         model_config = get_workload(spec.workload).config
         seq_len = model_config.seq_len
         coordinate = context.rank % degree
