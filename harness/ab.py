@@ -325,9 +325,10 @@ def select_cells(repo: Path, base_commit: str, head: str, budget_s: float = AB_B
 
 
 def refused_cells(names: Sequence[str]) -> dict[str, str]:
-    """{strategy: why} for the registered strategies among `names` that cannot lay out the tier's cell, the smoke
-    matrix's on AB_WORKLOAD (Strategy.layout_refusal: expert parallelism on a model without experts): timed there,
-    each launch would end skipped, and a new one's proving launch would prove nothing."""
+    """{strategy: why} for the registered strategies among `names` that cannot run the tier's cell, the smoke
+    matrix's on AB_WORKLOAD, on the tier's CPU (Strategy.skip_reason: expert parallelism on a model without experts,
+    torch's ring attention on a CPU): timed there, each launch would end skipped, and a new one's proving launch would
+    prove nothing."""
     from harness.matrix import Machine, Selection, build_matrix
     from harness.strategies import STRATEGIES
 
@@ -335,7 +336,7 @@ def refused_cells(names: Sequence[str]) -> dict[str, str]:
     refused = {}
     for name in (n for n in names if n in STRATEGIES):
         cells = build_matrix(AB_MATRIX, machine, Selection(workloads=(AB_WORKLOAD,), strategies=(name,)))
-        reasons = [reason for cell in cells if (reason := STRATEGIES[name].layout_refusal(cell))]
+        reasons = [reason for cell in cells if (reason := STRATEGIES[name].skip_reason(cell, machine))]
         if reasons:
             refused[name] = reasons[0]
     return refused

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "reference" / "ci-cpu" / "smoke.jsonl"
 DEEPSPEED = ("zero1", "zero2", "zero3", "pipeline", "autotp")
 # DeepSpeed's launcher starts DeepSpeed-MoE too, whose cell skips gpt-tiny (the A/B tier names it, times none of it).
-LAUNCHED_BY_DEEPSPEED = (*DEEPSPEED, "deepspeed-moe")
+LAUNCHED_BY_DEEPSPEED = (*DEEPSPEED, "deepspeed-moe", "ulysses")
 BUILT_IN = {name: strategy for name, strategy in STRATEGIES.items() if type(strategy).__module__.startswith("harness.")}
 
 
@@ -188,9 +188,9 @@ def test_a_change_to_deepspeed_common_times_zero_1_2_3_and_names_the_others(proj
     head = _commit(project, "harness/strategies/deepspeed_common.py", _append_comment)
     choice = select_cells(project, base, head)
     assert choice.timed == ("zero1", "zero2", "zero3") and choice.launches == 5
-    assert set(choice.left_out) == {"pipeline", "autotp", "ddp", "deepspeed-moe"}
+    assert set(choice.left_out) == {"pipeline", "autotp", "ulysses", "ddp", "deepspeed-moe"}
     assert all(choice.left_out[name].startswith("its own code changed, but past the 1000-s budget")
-               for name in ("pipeline", "autotp"))
+               for name in ("pipeline", "autotp", "ulysses"))
     # DeepSpeed-MoE runs deepspeed_common.py too, but its cell skips gpt-tiny: named with the reason, not timed.
     assert choice.left_out["deepspeed-moe"].startswith("its cell skips gpt-tiny (expert parallelism shards")
 

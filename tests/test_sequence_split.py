@@ -149,3 +149,10 @@ def test_the_long_context_matrix_runs_ulysses_and_cp_beside_whole_samples():
             assert f"{workload}/ulysses[sp=2]/ws4/gb8/mb2/{precision}/cpu" in labels
             assert f"{workload}/cp[cp=2]/ws4/gb8/mb2/{precision}/cpu" in labels
     assert {spec_.strategy for spec_ in cells} == {"plain", "ddp", "fsdp2", "ulysses", "cp"}
+
+
+def test_the_ab_tier_names_the_ring_as_skipped_on_its_cpu_and_times_ulysses():
+    from harness.ab import refused_cells
+
+    refused = refused_cells(["cp", "ulysses"])
+    assert set(refused) == {"cp"} and refused["cp"].startswith("torch's context parallelism handles the CUDA")

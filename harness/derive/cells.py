@@ -23,6 +23,7 @@ from harness.derive.beyond_ws1 import step_beyond_ws1
 from harness.derive.activations import predicted_activation_bytes
 from harness.derive.comm import comm_columns
 from harness.derive.experts import expert_columns
+from harness.derive.sequence import sequence_columns
 from harness.derive.compiled import cell_compile, compile_columns
 from harness.derive.exposed import exposed_columns
 from harness.derive.hosts import cell_host_load, row_host_load
@@ -68,6 +69,7 @@ def launch_record(row: Row, basis: Basis) -> dict[str, Any]:
     record.update(technique_columns(m))
     record.update(_communication(m))
     record.update(expert_columns(m))
+    record.update(sequence_columns(m))
     record.update(server_link_columns(m))
     record.update(checkpoint_columns(row))
     record.update(compile_columns(m))
@@ -163,10 +165,12 @@ MEDIAN_COLUMNS = ("step_time_median_s", "step_time_unstalled_median_s", "samples
                   "checkpoint_save_s", "checkpoint_load_s", "checkpoint_save_GBps", "checkpoint_bytes",
                   "recovery_s", "steps_recomputed", "restarts",
                   "checkpoint_async_blocked_s", "checkpoint_async_write_s", "load_imbalance",
-                  "all_to_all_bytes_per_step", "all_to_all_expected_bytes_per_step", "all_to_all_counted_over_expected")
+                  "all_to_all_bytes_per_step", "all_to_all_expected_bytes_per_step", "all_to_all_counted_over_expected",
+                  "sequence_split", "causal_balance", "attention_bytes_per_step", "attention_expected_bytes_per_step",
+                  "attention_counted_over_expected")
 FIRST_COLUMNS = ("activation_checkpointing", "activation_offload", "compute_only_kind", "exposed_comm_note",
                  "framework_overhead_note", "mfu_unavailable_because", "peak_flops_source", "workers", "servers",
-                 "busiest_link", "link_rate_bits_per_s", "checkpoint_method", "checkpoint_files")
+                 "busiest_link", "link_rate_bits_per_s", "checkpoint_method", "checkpoint_files", "sequence_attention")
 # A cell's resume verdict and size check are its worst launch's, as its parity is: one launch that resumed wrong is a
 # cell that resumes wrong, whatever order the rows were read in.
 RESUME_ORDER = ("mismatch", "not judged", "match")

@@ -62,6 +62,7 @@ TECHNIQUES_HEADING = "Memory saved, step time paid"
 PARAMETER_SERVER_HEADING = "Parameter server against all-reduce"
 CHECKPOINT_HEADING = "Checkpoint and resume"
 EXPERTS_HEADING = "Experts: all-to-all and load"
+SEQUENCE_HEADING = "Long sequences: attention's exchanges and memory a rank"
 
 
 def _verdict_sections(found: Verdicts, memory: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
@@ -75,6 +76,7 @@ def _verdict_sections(found: Verdicts, memory: Sequence[str] = ()) -> list[tuple
     first += [(PARAMETER_SERVER_HEADING, found.parameter_server)] if found.parameter_server else []
     first += [(CHECKPOINT_HEADING, found.checkpoint)] if found.checkpoint else []
     first += [(EXPERTS_HEADING, found.experts)] if found.experts else []
+    first += [(SEQUENCE_HEADING, found.sequence)] if found.sequence else []
     return (first + [(group.heading, group.lines) for group in found.groups]
             + [("Loss parity", found.parity), ("Failed or skipped cells", found.not_run)])
 

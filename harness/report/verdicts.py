@@ -28,6 +28,7 @@ from harness.derive.harness_overhead import BARE_STRATEGY, overhead_verdict
 from harness.derive.parity import REFERENCE_STRATEGY
 from harness.report.checkpoint import checkpoint_lines
 from harness.report.experts import expert_lines
+from harness.report.sequence import sequence_lines
 from harness.report.parameter_server import parameter_server_lines
 from harness.report.techniques import technique_lines
 from harness.spec import DeviceKind
@@ -114,6 +115,9 @@ class Verdicts:
     checkpoint: list[str] = field(default_factory=list)
     # each MoE cell's all-to-all against its routing's expectation and its load imbalance (harness.report.experts)
     experts: list[str] = field(default_factory=list)
+    # each sequence-split cell's exchanges around attention and a rank's saved bytes by its tokens
+    # (harness.report.sequence)
+    sequence: list[str] = field(default_factory=list)
 
 
 def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdicts:
@@ -126,7 +130,7 @@ def verdicts(cells: pd.DataFrame, launches: pd.DataFrame | None = None) -> Verdi
     groups = [_group(key, group) for key, group in cells.groupby(COMPARABLE, sort=False, dropna=False)]
     return Verdicts(groups=groups, parity=_parity(cells), not_run=_not_run(cells, launches),
                     techniques=technique_lines(cells, COMPARABLE), parameter_server=parameter_server_lines(cells),
-                    checkpoint=checkpoint_lines(cells), experts=expert_lines(cells))
+                    checkpoint=checkpoint_lines(cells), experts=expert_lines(cells), sequence=sequence_lines(cells))
 
 
 def cell_name(line: Mapping[str, Any]) -> str:
