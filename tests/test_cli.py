@@ -73,7 +73,7 @@ def test_the_module_entry_point_reports_errors_the_same_way(tmp_path):
     assert done.stderr.strip().splitlines() == ["parbench: error: unknown strategy 'mpi'; known: "
                                                 "plain, bare, dataparallel, ddp, horovod, zero1, zero2, zero3, fsdp2, "
                                                 "pipeline, tp, fsdp2-tp, autotp, ps, ps-async, ep, horovod-ep, "
-                                                "deepspeed-moe"]
+                                                "deepspeed-moe, ulysses, cp"]
 
 
 def test_memory_prints_the_zero_predictions_without_running(capsys):

@@ -41,12 +41,13 @@ def repo(tmp_path):
 
 
 @pytest.mark.launch
-def test_a_change_to_zero_touches_the_three_stages_autotp_and_deepspeed_moe_and_nothing_else(repo):
-    # DeepSpeed-MoE is a ZeRO strategy (harness/strategies/deepspeed_moe.py subclasses it).
+def test_a_change_to_zero_touches_the_three_stages_autotp_deepspeed_moe_and_ulysses_and_nothing_else(repo):
+    # DeepSpeed-MoE and Ulysses are ZeRO strategies (harness/strategies/deepspeed_moe.py and ulysses.py subclass it).
     with (repo / "harness" / "strategies" / "zero.py").open("a") as f:
         f.write("# a change\n")
     assert touched_strategies(repo, "HEAD", STRATEGIES) == {
-        name: ["harness/strategies/zero.py"] for name in ("zero1", "zero2", "zero3", "autotp", "deepspeed-moe")}
+        name: ["harness/strategies/zero.py"] for name in ("zero1", "zero2", "zero3", "autotp", "deepspeed-moe",
+                                                          "ulysses")}
 
 
 @pytest.mark.launch
