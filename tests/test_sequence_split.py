@@ -156,3 +156,39 @@ def test_the_ab_tier_names_the_ring_as_skipped_on_its_cpu_and_times_ulysses():
 
     refused = refused_cells(["cp", "ulysses"])
     assert set(refused) == {"cp"} and refused["cp"].startswith("torch's context parallelism handles the CUDA")
+
+
+def test_a_rows_attention_figures_and_the_report_lines_worked_by_hand():
+    import pandas as pd
+
+    from harness.derive.sequence import sequence_columns
+    from harness.report.sequence import sequence_lines
+
+    # Two ranks: 8,388,608 and 8,388,608 B of all-to-alls in `sp`, beside a ZeRO all-gather in another group, against
+    # 64 expected calls of 131,072 B.
+    counted = {"all_to_all": {"bytes": 8_388_608.0, "by_group": {"sp": {"bytes": 8_388_608.0, "calls": 128.0}}},
+               "all_gather": {"bytes": 996_864.0, "by_group": {"group 2 of 2": {"bytes": 996_864.0}}}}
+    m = {"strategy_config": {"sequence_split": 2, "sequence_attention": "ulysses"},
+         "comm_per_step_by_rank": [counted, counted],
+         "comm_expected_per_step": {"collectives": [
+             {"collective": "all_to_all", "size_bytes": 131_072, "calls": 64, "ranks": 2, "group": "sp"},
+             {"collective": "all_gather", "size_bytes": 996_864, "calls": 1, "ranks": 2, "group": "world"}]},
+         "strategy_figures_by_rank": [{"sequence_parallel": {"causal_work_by_rank": [65_792, 65_792]}}] * 2}
+    columns = sequence_columns(m)
+    assert columns == {"sequence_split": 2, "sequence_attention": "ulysses", "causal_balance": 1.0,
+                       "attention_bytes_per_step": 8_388_608.0, "attention_expected_bytes_per_step": 8_388_608.0,
+                       "attention_counted_over_expected": 1.0}
+    assert sequence_columns({"strategy_config": {}}) == {}
+    off = {**columns, "attention_bytes_per_step": 4_194_304.0, "attention_counted_over_expected": 0.5}
+    cells = pd.DataFrame([
+        {"label": "gpt-tiny-long/plain/ws1/gb8/mb2/fp32/cpu", "workload": "gpt-tiny-long", "precision": "fp32",
+         "world_size": 1, "status": "ok", "saved_activation_bytes": 9_771_012.0, "sequence_split": None},
+        {"label": "gpt-tiny-long/ulysses/ws2/gb8/mb2/fp32/cpu", "workload": "gpt-tiny-long", "precision": "fp32",
+         "world_size": 2, "status": "ok", "saved_activation_bytes": 5_147_652.0, **columns},
+        {"label": "gpt-tiny-long/ulysses[sp=2]/ws4/gb8/mb2/fp32/cpu", "workload": "gpt-tiny-long",
+         "precision": "fp32", "world_size": 4, "status": "ok", "saved_activation_bytes": 5_147_652.0, **off}])
+    lines = sequence_lines(cells)
+    assert lines[0].endswith("Ulysses' all-to-alls 8 MiB a step on its busiest rank, as its strategy expects.")
+    assert "EXPECTED 8 MiB (counted / expected 0.5 on its furthest rank)" in lines[1]
+    assert lines[2] == ("gpt-tiny-long fp32: saved for backward a rank, by the tokens of a sample it holds: 256 tokens "
+                        "9.32 MiB (plain ws1); 128 tokens 4.91 MiB (ulysses ws2, ulysses[sp=2] ws4).")

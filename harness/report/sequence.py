@@ -32,14 +32,16 @@ def sequence_lines(cells: pd.DataFrame) -> list[str]:
         if not group["sequence_split"].map(_present).any():
             continue
         seq_len = _seq_len(workload)
-        held = []
+        by_tokens: dict[int, dict[float, list[str]]] = {}
         for row in group.to_dict("records"):
             if not _present(row.get("saved_activation_bytes")):
                 continue
             degree = int(row["sequence_split"]) if _present(row.get("sequence_split")) else 1
-            held.append((seq_len // degree, row["label"].split("/")[1], float(row["saved_activation_bytes"])))
-        shown = "; ".join(f"{tokens} tokens ({name}) {saved / MIB:.3g} MiB" for tokens, name, saved in
-                          sorted(held, key=lambda h: (-h[0], h[1])))
+            name = f"{row['label'].split('/')[1]} ws{int(row['world_size'])}"
+            by_tokens.setdefault(seq_len // degree, {}).setdefault(float(row["saved_activation_bytes"]), []).append(name)
+        shown = "; ".join(f"{tokens} tokens " + ", ".join(f"{saved / MIB:.3g} MiB ({', '.join(names)})"
+                                                          for saved, names in by_saved.items())
+                          for tokens, by_saved in sorted(by_tokens.items(), reverse=True))
         lines.append(f"{workload} {precision}: saved for backward a rank, by the tokens of a sample it holds: {shown}.")
     return lines
 

@@ -128,9 +128,6 @@ class Ulysses(SequenceGroups, ZeRO):
         return ("a rank's attention runs on the heads and tokens the all-to-alls bring: without them it has no such "
                 "work")
 
-    def deepspeed_estimate_bytes(self, parameters, largest_module_parameters, gpus_per_node, nodes, options):
-        return None
-
     def all_to_all_sizes(self, spec: RunSpec) -> tuple[int, int]:
         config = get_workload(spec.workload).config
         compute_bytes = 4 if spec.precision is Precision.FP32 else 2
