@@ -28,7 +28,6 @@ source, not measured: no CPU runs it.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +36,8 @@ from torch import nn
 
 from harness.derive.comm import Collective
 from harness.spec import DeviceKind, Precision, RunSpec
-from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option, accumulate, apply_update,
-                                     make_adamw, optimizer_description, recipe_of, torchrun_context)
+from harness.strategies.base import (ExpectedCollective, ExpectedTraffic, Option, make_adamw, optimizer_description,
+                                     recipe_of)
 from harness.strategies.checkpointing import ACTIVATION_CHECKPOINTING, OPTION_NAME, count_checkpointed, interval_of
 from harness.strategies.compiling import OPTION_NAME as COMPILE_NAME, blocks_as_run
 from harness.strategies.fsdp2 import FSDP2, FSDP2Trainer
@@ -67,30 +66,17 @@ class ContextParallelTrainer(FSDP2Trainer):
     cp_mesh: Any = None
     figures: dict[str, Any] = field(default_factory=dict)
 
-    def train_step(self, micro_batches, gradients_ready=None) -> torch.Tensor:
+    def around(self, batch):
+        """The micro-batch's forward and backward inside torch's context_parallel, which shards its tokens, targets and
+        positions along the sequence, in place, as the ring's load balancer cuts them."""
         from torch.distributed.tensor.experimental import context_parallel
 
-        seq_len = micro_batches[0][0].shape[1]
-        device = self.context.device
-
-        def sharded(batch):
-            # context_parallel shards its buffers in place (resizing them): fresh tensors, none requiring grad.
-            inputs, targets = (tensor.clone() for tensor in batch)
-            positions = torch.arange(seq_len, device=device)
-            set_positions(self.model, positions)
-            return context_parallel(self.cp_mesh, buffers=[inputs, targets, positions], buffer_seq_dims=[1, 1, 0],
-                                    no_restore_buffers={inputs, targets, positions}), (inputs, targets)
-
-        loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, device,
-                          no_sync=None if self.sync_every_micro_batch else self._no_sync,
-                          multipliers=self.loss_multipliers, scaler=self.scaler, around=sharded)
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if gradients_ready is not None:
-            gradients_ready()
-        self.step_outcome = apply_update(self.optimizer, self.scaler)
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss
+        # context_parallel resizes its buffers in place: fresh tensors, none requiring grad.
+        inputs, targets = (tensor.clone() for tensor in batch)
+        positions = torch.arange(inputs.shape[1], device=inputs.device)
+        set_positions(self.model, positions)
+        return context_parallel(self.cp_mesh, buffers=[inputs, targets, positions], buffer_seq_dims=[1, 1, 0],
+                                no_restore_buffers={inputs, targets, positions}), (inputs, targets)
 
     def rank_figures(self) -> dict[str, Any]:
         return {"sequence_parallel": self.figures}

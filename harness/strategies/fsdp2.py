@@ -53,10 +53,15 @@ class FSDP2Trainer(Trainer):
     scaler: torch.amp.GradScaler | None = None      # fp16's (harness.strategies.loss_scaling)
     sync_every_micro_batch: bool = False            # `gradient_sync=every`: reduce-scatter each micro-batch
 
+    def around(self, batch: MicroBatch):
+        """What a micro-batch's forward and backward run inside, and on (`accumulate`'s `around`): nothing, and the
+        batch as it is; context parallelism's ring (harness.strategies.cp) shards it."""
+        return contextlib.nullcontext(), batch
+
     def train_step(self, micro_batches: list[MicroBatch], gradients_ready=None) -> torch.Tensor:
         loss = accumulate(self.model, self.workload.loss, micro_batches, self.spec, self.context.device,
                           no_sync=None if self.sync_every_micro_batch else self._no_sync,
-                          multipliers=self.loss_multipliers, scaler=self.scaler)
+                          multipliers=self.loss_multipliers, scaler=self.scaler, around=self.around)
         if self.scaler is not None:
             # Each rank unscales its shards; the scaler all-reduces the inf/NaN verdict over the DTensors' mesh,
             # so that every rank steps or skips together.
