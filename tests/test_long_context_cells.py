@@ -166,3 +166,27 @@ def test_on_a_gpu_the_ring_matches_the_plain_loop_and_passes_what_torch_s_source
         for rank in m["comm_per_step_by_rank"]:
             counted = sum((figures.get("by_group") or {}).get("cp", {}).get("bytes", 0.0) for figures in rank.values())
             assert counted == sum(c["size_bytes"] * c["calls"] for c in expected), label
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return launched(tmp_path_factory.mktemp("checkpointed"), [
+            "--workload", GPT, "--strategy", "plain,ulysses", "--world-sizes", "1,2",
+            "--option", "activation_checkpointing=blocks"], None, monkeypatch)
+
+
+def test_a_checkpointed_block_exchanges_its_forward_again_and_keeps_its_input_at_the_rank_s_tokens(checkpointed):
+    plain = checkpointed[label(GPT, "plain", 1, "[activation_checkpointing=blocks]")]
+    row = checkpointed[label(GPT, "ulysses", 2, "[activation_checkpointing=blocks]")]
+    assert judge([row, plain])[0].verdict is Verdict.MATCH
+    m = row["measurements"]
+    # 8 samples in micro-batches of 2 on one replica: 4 micro-batches x 4 blocks x (8 + the recomputed forward's 4)
+    # all-to-alls of 65,536 B.
+    for rank in m["comm_per_step_by_rank"]:
+        assert (rank["all_to_all"]["calls"], rank["all_to_all"]["bytes"]) == (4 * 4 * 12, 4 * 4 * 12 * GPT_P2)
+    # Each block keeps its fp32 input at the rank's 256 tokens (4 x 256 x 64 B), the head and loss as whole blocks do.
+    tokens = 256
+    head = (4 * tokens * 64 + 8 * tokens) + 4 * tokens * 64 + 4 * tokens * 512 + 8 * 128 + 4
+    assert m["saved_activation_bytes_by_rank"] == [4 * 4 * tokens * 64 + head] * 2 == [920_580] * 2
+    assert m["recompute_checkpointed_step_time_s"]          # the recompute pass ran beside the cell
