@@ -580,9 +580,9 @@ LONG_CONTEXT_BASELINES = ("ddp", "fsdp2")
 
 def long_context(machine: Machine, select: Selection) -> list[RunSpec]:
     """Sequence parallelism beside the strategies that keep whole samples: gpt-tiny-long and llama-tiny-long at world
-    sizes 1, 2 and 4 in fp32 and bf16 (on GPUs bf16 at 1 and 2, sharing one GPU where there is one), `ulysses` and
-    `cp` over every rank and, at 4, over groups of 2 (two replicas, each a group); each against the plain loop at the
-    full sequence in its precision. A cell a model refuses (llama-tiny-long's 2 key/value heads over 4 Ulysses ranks)
+    sizes 1, 2 and 4 in fp32 and bf16 (on GPUs bf16 at 1 and 2, sharing one GPU where there is one), `ulysses` (ZeRO-2;
+    ZeRO-3 at 2 ranks too) and `cp` over every rank and, at 4, over groups of 2 (two replicas, each a group); each
+    against the plain loop at the full sequence in its precision. A cell a model refuses (llama-tiny-long's 2 key/value heads over 4 Ulysses ranks)
     and `cp` on the CPU are skipped with their reasons."""
     on_cpu = machine.device is DeviceKind.CPU
     precisions = (Precision.FP32, Precision.BF16) if on_cpu else (Precision.BF16,)
@@ -600,6 +600,9 @@ def long_context(machine: Machine, select: Selection) -> list[RunSpec]:
                     if strategy in SEQUENCE_PARALLEL_STRATEGIES and world_size == 4:
                         cells.add(workload, plan, strategy, world_size, global_batch,
                                   options={degree_option[strategy]: 2}, precision=precision)
+                    if strategy == "ulysses" and world_size == 2:     # ZeRO-3, whose reduction averages (ulysses.py)
+                        cells.add(workload, plan, strategy, world_size, global_batch, options={"zero_stage": 3},
+                                  precision=precision)
     return cells.specs
 
 

@@ -57,6 +57,12 @@ def leaking(tmp_path_factory):
 
 
 def test_every_cell_ran_or_was_skipped_with_its_reason_and_ulysses_matches_the_plain_loop(rows):
+    # Under ZeRO-3 too, whose reduction averages over every rank where ZeRO-1/2's sums over the sequence's ranks:
+    # each weighs a rank's loss to match (Ulysses.token_share).
+    for workload in (GPT, LLAMA):
+        row = rows[label(workload, "ulysses", 2, "[zero_stage=3]")]
+        assert row["status"] == "ok" and judge([row, rows[label(workload, "plain", 1)]])[0].verdict is Verdict.MATCH
+        assert row["measurements"]["comm_per_step_by_rank"][0]["all_to_all"]["bytes"] == ALL_TO_ALL[workload, 2, None][1]
     for workload, world_size, sp in ULYSSES:
         row = rows[ulysses_label(workload, world_size, sp)]
         assert row["status"] == "ok", row.get("message")

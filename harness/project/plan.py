@@ -12,7 +12,7 @@ Projected from a description alone, no measured row (docs/projection.md, "Planni
   node's GPUs, dp = G / t; `tp` alone at t = G (one replica); the pipeline at each stage count S that divides the
   blocks and G, dp = G / S; FSDP2 and fsdp2-tp also reduce-scattering every micro-batch (`gradient_sync=every`)
   where a replica runs more than one; a sequence split over P ranks at each P that divides G and the sequence:
-  `ulysses` (ZeRO-1 and ZeRO-2; P dividing the heads and the key/value heads) and torch's ring `cp` (FSDP2), dp =
+  `ulysses` (ZeRO-1, 2 and 3; P dividing the heads and the key/value heads) and torch's ring `cp` (FSDP2), dp =
   G / P replicas of the batch, the states sharded over all G; each with activation checkpointing off and on (every
   block). Each in the
   recipe its users run (`Strategy.usual_mixed_recipe`: FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16 section,
@@ -70,9 +70,9 @@ DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 2 ** 20
 SIMPLICITY = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "horovod", "ep", "deepspeed-moe", "ulysses", "cp", "tp",
               "fsdp2-tp", "autotp", "pipeline")
 # A sequence split over P ranks, at each P from 2 that divides the GPUs and the sequence (twice over for the ring's
-# head-tail chunks; Ulysses' also the heads and the key/value heads): Ulysses under ZeRO-1 and ZeRO-2, torch's ring
+# head-tail chunks; Ulysses' also the heads and the key/value heads): Ulysses under ZeRO-1, 2 and 3, torch's ring
 # under FSDP2 (harness.matrix.long_context's strategies).
-ULYSSES_STAGES = (1, 2)
+ULYSSES_STAGES = (1, 2, 3)
 # An MoE model's layouts: the moe matrix's baselines with every expert replicated (harness.matrix.moe: DDP, FSDP2),
 # and expert parallelism at each degree that divides the experts and the GPUs: `ep` (DDP's copies) and deepspeed-moe
 # under ZeRO-1 and ZeRO-2. The other strategies' cells of the MoE family are not run here (harness.matrix.moe), so

@@ -4,15 +4,16 @@ ranks holds a contiguous slice of every sample's sequence (harness.strategies.se
 attention core is wrapped in DeepSpeed's own `deepspeed.sequence.layer.DistributedAttention`, which all-to-alls q, k
 and v from (its tokens, every head) to (every token, its heads), runs the core on the whole sequence for the rank's
 a / P heads, and all-to-alls the output back. Everything else (embeddings, norms, projections, MLP, head) works on
-the rank's tokens alone. The rest runs under DeepSpeed's ZeRO (stage 1 or 2, `zero_stage`) over every rank, its
+the rank's tokens alone. The rest runs under DeepSpeed's ZeRO (stage 1, 2 or 3, `zero_stage`) over every rank, its
 groups DeepSpeed's own: `deepspeed.runtime.sequence_parallel.parallel_state_sp` handed to `deepspeed.initialize` as
 its mpu, as DeepSpeed's Arctic long-sequence training does, so that ZeRO partitions and reduces over the sequence-data-
 parallel group (all W ranks) and counts W / P data-parallel replicas in its batch. ZeRO then divides the reduced
-gradients by W / P, not W (stage_1_and_2.py, `average_tensor`: dp_world_size / sequence_parallel_size): it sums
-over the sequence-parallel ranks, each of whose losses is taken to weigh its tokens' share of the sample, as
-DeepSpeed's long-sequence training weighs them (its loss: each rank's token losses summed, over all ranks' tokens).
-So each rank's backward starts from its tokens' mean loss times 1 / P (`token_share`), and the step's gradient is the
-plain loop's (measured before that weight: every gradient twice the plain loop's at P = 2).
+gradients by W / P, not W, in stages 1 and 2 (stage_1_and_2.py, `average_tensor`: dp_world_size /
+sequence_parallel_size): they sum over the sequence-parallel ranks, each of whose losses is taken to weigh its
+tokens' share of the sample, as DeepSpeed's long-sequence training weighs them (its loss: each rank's token losses
+summed, over all ranks' tokens). So there each rank's backward starts from its tokens' mean loss times 1 / P
+(`token_share`; measured before that weight: every gradient twice the plain loop's at P = 2). Stage 3's default
+reduction averages over all W instead (`Ulysses.token_share`), and takes the mean loss as it is.
 
 Grouped-query attention as DeepSpeed splits it: the degree must divide the query heads and the key/value heads
 (each rank takes a / P query heads and the a_kv / P key/value heads they read). DeepSpeed also splits an uneven count
@@ -76,7 +77,7 @@ class UlyssesTrainer(DeepSpeedTrainer):
 
 
 class Ulysses(SequenceGroups, ZeRO):
-    """DeepSpeed-Ulysses under ZeRO-1 or ZeRO-2 (module docstring)."""
+    """DeepSpeed-Ulysses under ZeRO-1, 2 or 3 (module docstring)."""
 
     degree_option = "sp"
     checkpoint_method = ""
@@ -87,22 +88,29 @@ class Ulysses(SequenceGroups, ZeRO):
         super().__init__(2)
         self.name = "ulysses"
         self.description = ("DeepSpeed-Ulysses: the sequence split over sp ranks, DistributedAttention's all-to-alls "
-                            "around attention, ZeRO-1 or 2 (DeepSpeed's launcher)")
+                            "around attention, ZeRO-1, 2 or 3 (DeepSpeed's launcher)")
         self.comm_interception = "torch.distributed: DeepSpeed's reductions and DistributedAttention's all_to_all_single"
         kept = ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
                 "offload_optimizer", "precision_recipe", COMPILE_NAME)
+        # Stage 3's own settings beside stages 1-2's: the stage is an option here (ZeRO.zero_config takes each's).
+        stage_3 = ZeRO(3).options
         self.options = {"sp": Option(0, "sequence-parallel ranks (DeepSpeed's sequence_parallel_size), each holding "
                                         "1/sp of every sample's tokens (0: every rank)", minimum=0),
-                        "zero_stage": Option(2, "ZeRO stage of the rest (1 or 2)", choices=(1, 2)),
-                        **{name: self.options[name] for name in kept}, OPTION_NAME: ACTIVATION_CHECKPOINTING}
+                        "zero_stage": Option(2, "ZeRO stage of the rest", choices=(1, 2, 3)),
+                        **{name: self.options[name] for name in kept},
+                        **{name: stage_3[name] for name in ("prefetch_bucket_size", "param_persistence_threshold",
+                                                            "offload_param")},
+                        OPTION_NAME: ACTIVATION_CHECKPOINTING}
 
     def stage_of(self, options) -> int:
         return int(options.get("zero_stage", 2))
 
     def validate(self, spec: RunSpec) -> None:
         self.check_degree(spec)
-        if self.resolved(spec)["offload_optimizer"] != "none":
-            raise SpecError("strategy ulysses: offload_optimizer is not built with Ulysses here (allowed: none)")
+        options = self.resolved(spec)
+        for name in ("offload_optimizer", "offload_param"):
+            if options[name] != "none":
+                raise SpecError(f"strategy ulysses: {name} is not built with Ulysses here (allowed: none)")
 
     def layout_refusal(self, spec: RunSpec) -> str | None:
         why = self.sequence_refusal(spec)
@@ -114,6 +122,15 @@ class Ulysses(SequenceGroups, ZeRO):
             return (f"Ulysses gives each of sp={degree} ranks whole heads: {spec.workload}'s {config.n_head} heads "
                     f"and {kv_heads} key/value heads must both divide by it")
         return None
+
+    def token_share(self, options, degree: int) -> float:
+        """What a rank's backward weighs its tokens' mean loss by, so that ZeRO's reduction gives the plain loop's
+        gradient (module docstring): DeepSpeed 0.19.8 sums over the sequence-parallel ranks in stages 1-2
+        (stage_1_and_2.py divides by W / P on both its paths) and averages over all W in stage 3, whose default path,
+        reduce_scatter on, is `__avg_scatter_grads` (reduce_scatter_coalesced, an average over its group; only the
+        contiguous path with reduce_scatter off divides by W / P). Measured: gradients 2.0 times the plain loop's in
+        ZeRO-2 and 0.5 times in ZeRO-3 with every loss weighed by 1 / 2 at P = 2."""
+        return 1.0 if self.stage_of(options) == 3 else 1.0 / degree
 
     def state_sharding_ranks(self, spec: RunSpec) -> int:
         return spec.world_size          # ZeRO over the sequence-data-parallel group: every rank
@@ -186,7 +203,7 @@ class Ulysses(SequenceGroups, ZeRO):
         query_bytes, kv_bytes = self.all_to_all_sizes(spec)
         return UlyssesTrainer(
             context=context, engine=engine, workload=workload, precision_recipe=recipe, spec=spec,
-            token_share=1.0 / degree,
+            token_share=self.token_share(options, degree),
             # Every rank's core runs the whole sequence for its a / P heads: the causal work is the same on each.
             figures={"tokens_held": [int(tokens[0]), int(tokens[-1]) + 1],
                      "causal_work_by_rank": [model_config.n_head // degree * seq_len * (seq_len + 1) // 2] * degree,

@@ -319,7 +319,7 @@ class ZeRO(Strategy):
         low = _communicated_in_bf16(model)      # in autocast's 16-bit dtype, bf16 or fp16: 2 bytes either way
         reduced = sum(p.numel() * (2 if id(p) in low else 4) for p in parameters)
         return TrafficBytes(parameters=count, gradients_reduced=reduced,
-                            parameters_gathered=reduced if self.stage == 3 else 4 * count)
+                            parameters_gathered=reduced if self.stage_of(self.resolved(spec)) == 3 else 4 * count)
 
     def described_traffic_bytes(self, parameters, recipe, options):
         """As `traffic_bytes`, every parameter a linear layer's: fp32 in fp32; 16 bits in DeepSpeed's bf16 or fp16
@@ -330,7 +330,7 @@ class ZeRO(Strategy):
         elif recipe in (PrecisionRecipe.DEEPSPEED_BF16, PrecisionRecipe.DEEPSPEED_FP16):
             gradients = gathered = 2
         else:
-            gradients, gathered = 2, 2 if self.stage == 3 else 4
+            gradients, gathered = 2, 2 if self.stage_of(options) == 3 else 4
         return TrafficBytes(parameters=parameters, gradients_reduced=gradients * parameters,
                             parameters_gathered=gathered * parameters)
 
@@ -350,10 +350,10 @@ class ZeRO(Strategy):
         if options.get("contiguous_gradients", True) and options.get("offload_optimizer", "none") == "none":
             reduced_in = {PrecisionRecipe.FP32: 4, PrecisionRecipe.AUTOCAST: 2 + 4}.get(recipe, 2)
             overlap = options.get("overlap_comm")
-            overlap = self.stage == 3 if overlap is None else overlap
-            copies = 2 if overlap and self.stage < 3 else 1
+            overlap = self.stage_of(options) == 3 if overlap is None else overlap
+            copies = 2 if overlap and self.stage_of(options) < 3 else 1
             terms["buckets"] = float(options["reduce_bucket_size"]) * reduced_in * copies
-        if self.stage == 3:
+        if self.stage_of(options) == 3:
             gathered_in = 4 if recipe is PrecisionRecipe.FP32 else 2
             live = min(STAGE3_MAX_LIVE_PARAMETERS, rank.largest_module + options["prefetch_bucket_size"])
             terms["gathered"] = live * gathered_in
@@ -400,11 +400,11 @@ class ZeRO(Strategy):
             kind = (f"{BOUND_PREFIX}the real step runs the optimizer on the host (offload_optimizer="
                     f"{options['offload_optimizer']}) and copies gradients and weights across; the baseline "
                     "steps on the device, so exposed time includes that work (an upper bound)")
-        elif self.stage == 3 and options["offload_param"] != "none":
+        elif self.stage_of(options) == 3 and options["offload_param"] != "none":
             kind = (f"{BOUND_PREFIX}the real step keeps parameters on the host (offload_param="
                     f"{options['offload_param']}) and copies them in for every gather; the baseline does not, "
                     "so exposed time includes those copies (an upper bound)")
-        return ComputeOnlyPlan(kind=kind, sharding=Sharding.FLAT if self.stage < 3 else Sharding.PER_PARAMETER,
+        return ComputeOnlyPlan(kind=kind, sharding=Sharding.FLAT if self.stage_of(options) < 3 else Sharding.PER_PARAMETER,
                                weights_dtype=AUTOCAST_DTYPES[spec.precision] if half_weights else torch.float32,
                                autocast=spec.precision.is_mixed and not half_weights)
 
@@ -412,7 +412,7 @@ class ZeRO(Strategy):
         # ZeRO-3's module holds empty placeholders of its partitioned parameters when saved; its fp32 partitions in the
         # optimizer's state are the weights (deepspeed/runtime/engine.py, `_save_zero_checkpoint`; zero_to_fp32.py
         # rebuilds the model from them alone).
-        return ("optimizer",) if self.stage == 3 else ("weights", "optimizer")
+        return ("optimizer",) if self.stage_of(options) == 3 else ("weights", "optimizer")
 
     def model_state_plan(self, data_parallel, recipe, options) -> ModelStatePlan:
         """The ZeRO paper's partitioning for this stage (sec. 5.1). In every recipe DeepSpeed's ZeRO
@@ -467,7 +467,7 @@ class ZeRO(Strategy):
             config["overlap_comm"] = o["overlap_comm"]
         if o["offload_optimizer"] != "none":
             config["offload_optimizer"] = {"device": o["offload_optimizer"]}
-        if self.stage < 3:
+        if self.stage_of(o) < 3:
             config["allgather_bucket_size"] = o["allgather_bucket_size"]
         else:
             config["stage3_prefetch_bucket_size"] = o["prefetch_bucket_size"]
