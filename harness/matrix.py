@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, Sequence
 
 from harness.derive.gate import DEFAULT_ALPHA, METRIC_NAMES, launches_needed_a_side
 from harness.derive.harness_overhead import BARE_STRATEGY
@@ -551,20 +551,26 @@ def moe(machine: Machine, select: Selection) -> list[RunSpec]:
     sizes = (1, 2, 4) if on_cpu else (1, *(_powers_of_two_up_to(machine.devices)[1:] or (2,)))
     cells = Cells(machine, select, Plan((*MOE_BASELINES, *EXPERT_PARALLEL), sizes, repeats=1,
                                         precision=precisions[0]))
-    for workload, plan in _plans(machine, select, MOE_PLANS, "MoE plan").items():
+    variants = {("ep", 4): ({"ep": 2},), ("deepspeed-moe", 4): ({"ep": 2},),
+                ("deepspeed-moe", 2): ({"zero_stage": 1},)}
+    _beside_the_plain_loop(cells, _plans(machine, select, MOE_PLANS, "MoE plan"), precisions, variants)
+    return cells.specs
+
+
+def _beside_the_plain_loop(cells: Cells, plans: dict[str, BatchPlan], precisions: Sequence[Precision],
+                           variants: Mapping[tuple[str, int], Sequence[dict[str, object]]]) -> None:
+    """Each workload's plain loop at 1 rank in each precision, and every chosen strategy at each of its sizes above 1
+    at the same global batch, with its `variants` at a size beside it ({(strategy, world size): options, ...})."""
+    for workload, plan in plans.items():
         global_batch = plan.global_batch(cells.largest)
         for precision in precisions:
             cells.add(workload, plan, REFERENCE_STRATEGY, 1, global_batch, precision=precision)
             for strategy in cells.chosen:
                 for world_size in (size for size in cells.sizes_for(strategy) if size > 1):
                     cells.add(workload, plan, strategy, world_size, global_batch, precision=precision)
-                    if strategy in ("ep", "deepspeed-moe") and world_size == 4:
-                        cells.add(workload, plan, strategy, world_size, global_batch, options={"ep": 2},
+                    for options in variants.get((strategy, world_size), ()):
+                        cells.add(workload, plan, strategy, world_size, global_batch, options=options,
                                   precision=precision)
-                    if strategy == "deepspeed-moe" and world_size == 2:
-                        cells.add(workload, plan, strategy, world_size, global_batch, options={"zero_stage": 1},
-                                  precision=precision)
-    return cells.specs
 
 
 # The decoders at 4 times their default sequence (256 tokens), two samples a micro-batch: at 4 ranks a DDP rank runs one
@@ -589,20 +595,10 @@ def long_context(machine: Machine, select: Selection) -> list[RunSpec]:
     sizes = (1, 2, 4) if on_cpu else (1, *(_powers_of_two_up_to(machine.devices)[1:] or (2,)))
     cells = Cells(machine, select, Plan((*LONG_CONTEXT_BASELINES, *SEQUENCE_PARALLEL_STRATEGIES), sizes, repeats=1,
                                         precision=precisions[0]))
-    degree_option = {"ulysses": "sp", "cp": "cp"}
-    for workload, plan in _plans(machine, select, LONG_CONTEXT_PLANS, "long-context plan").items():
-        global_batch = plan.global_batch(cells.largest)
-        for precision in precisions:
-            cells.add(workload, plan, REFERENCE_STRATEGY, 1, global_batch, precision=precision)
-            for strategy in cells.chosen:
-                for world_size in (size for size in cells.sizes_for(strategy) if size > 1):
-                    cells.add(workload, plan, strategy, world_size, global_batch, precision=precision)
-                    if strategy in SEQUENCE_PARALLEL_STRATEGIES and world_size == 4:
-                        cells.add(workload, plan, strategy, world_size, global_batch,
-                                  options={degree_option[strategy]: 2}, precision=precision)
-                    if strategy == "ulysses" and world_size == 2:     # ZeRO-3, whose reduction averages (ulysses.py)
-                        cells.add(workload, plan, strategy, world_size, global_batch, options={"zero_stage": 3},
-                                  precision=precision)
+    # Groups of 2 at 4 ranks; Ulysses under ZeRO-3 at 2, whose reduction averages where ZeRO-1/2's sums (ulysses.py).
+    variants = {("ulysses", 4): ({"sp": 2},), ("cp", 4): ({"cp": 2},), ("ulysses", 2): ({"zero_stage": 3},)}
+    _beside_the_plain_loop(cells, _plans(machine, select, LONG_CONTEXT_PLANS, "long-context plan"), precisions,
+                           variants)
     return cells.specs
 
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli import main
 from harness.derive.parity import Quantity, Verdict, judge
-from harness.record import read_rows
 from harness.rank.faults import FAULT_ENV
-from harness.spec import RunSpec
+from labelled_runs import labelled_run
 
 pytestmark = [pytest.mark.launch, pytest.mark.matrix]
 
@@ -28,13 +26,7 @@ FAULTS = ("misroute", "ungated-combine")
 
 
 def launched(tmp_path, arguments: list[str], fault: str | None, monkeypatch) -> dict[str, dict]:
-    if fault:
-        monkeypatch.setenv(FAULT_ENV, fault)
-    else:
-        monkeypatch.delenv(FAULT_ENV, raising=False)
-    out = tmp_path / "rows.jsonl"
-    main(["run", "--matrix", "moe", "--precision", "fp32", *arguments, "--out", str(out)])
-    return {RunSpec.from_dict(row["spec"]).label: row for row in read_rows([out])}
+    return labelled_run(tmp_path, ["--matrix", "moe", "--precision", "fp32", *arguments], fault, monkeypatch)
 
 
 @pytest.fixture(scope="module")

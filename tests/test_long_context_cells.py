@@ -16,6 +16,7 @@ from harness.derive.parity import Quantity, Verdict, judge
 from harness.rank.faults import FAULT_ENV
 from harness.record import read_rows
 from harness.spec import RunSpec
+from labelled_runs import labelled_run
 
 pytestmark = [pytest.mark.launch, pytest.mark.matrix]
 
@@ -32,14 +33,8 @@ def ulysses_label(workload: str, world_size: int, sp: int | None) -> str:
 
 
 def launched(tmp_path, arguments: list[str], fault: str | None, monkeypatch) -> dict[str, dict]:
-    if fault:
-        monkeypatch.setenv(FAULT_ENV, fault)
-    else:
-        monkeypatch.delenv(FAULT_ENV, raising=False)
-    out = tmp_path / "rows.jsonl"
-    main(["run", "--matrix", "long-context", "--precision", "fp32", "--global-batch", "8", *arguments,
-          "--out", str(out), "--allow-failed-cells"])
-    return {RunSpec.from_dict(row["spec"]).label: row for row in read_rows([out])}
+    return labelled_run(tmp_path, ["--matrix", "long-context", "--precision", "fp32", "--global-batch", "8", *arguments,
+                                   "--allow-failed-cells"], fault, monkeypatch)
 
 
 @pytest.fixture(scope="module")
